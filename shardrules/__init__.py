@@ -1,0 +1,59 @@
+"""shardrules: declarative sharding rules for JAX pytrees.
+
+```python
+import shardrules as sr
+
+rules = sr.load("sharding/llama.shard")
+params = sr.apply(params, rules, mesh)
+```
+"""
+
+from ._api import apply as apply
+from ._api import plan as plan
+from ._api import shardings as shardings
+from ._api import specs as specs
+from ._errors import Diagnostic as Diagnostic
+from ._errors import GroupNotFoundError as GroupNotFoundError
+from ._errors import IncludeNotFoundError as IncludeNotFoundError
+from ._errors import MeshError as MeshError
+from ._errors import PlacementError as PlacementError
+from ._errors import PlanError as PlanError
+from ._errors import RuleDefinitionError as RuleDefinitionError
+from ._errors import RuleSyntaxError as RuleSyntaxError
+from ._errors import ShardRulesError as ShardRulesError
+from ._errors import Span as Span
+from ._errors import TreeError as TreeError
+from ._format import format_text as format_text
+from ._load import load as load
+from ._load import loads as loads
+from ._plan import LeafPlan as LeafPlan
+from ._plan import Plan as Plan
+from ._rules import Rule as Rule
+from ._rules import RuleSet as RuleSet
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Diagnostic",
+    "GroupNotFoundError",
+    "IncludeNotFoundError",
+    "LeafPlan",
+    "MeshError",
+    "PlacementError",
+    "Plan",
+    "PlanError",
+    "Rule",
+    "RuleDefinitionError",
+    "RuleSet",
+    "RuleSyntaxError",
+    "ShardRulesError",
+    "Span",
+    "TreeError",
+    "apply",
+    "format_text",
+    "load",
+    "loads",
+    "plan",
+    "shardings",
+    "specs",
+]

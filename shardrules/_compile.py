@@ -1,0 +1,272 @@
+"""RuleSet × pytree × mesh → `Plan`.
+
+For each array leaf: the first rule whose pattern matches its path (else the
+group's `default`) gives a spec; `...` is expanded, optional axes that do not
+divide are dropped, `auto` picks a dimension, and every dimension is checked to
+divide by the mesh axes that shard it. Problems are collected, not raised, so a
+plan reports all of them at once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+from ._errors import Diagnostic, Span, did_you_mean, error_for
+from ._format import spec_text
+from ._load import iter_rules
+from ._match import Matcher
+from ._mesh import MeshLike, sizes_of
+from ._paths import LeafInfo, flatten, leaf_info, path_str
+from ._plan import LeafPlan, Plan
+from ._rules import ResolvedEntry, Rule, RuleSet
+
+_MAX_LISTED = 500
+
+SpecEntry = Any  # None | str | tuple[str, ...]
+
+
+class _LeafError(Exception):
+    def __init__(self, code: str, message: str, span: Span | None, hint: str = ""):
+        self.code, self.message, self.span, self.hint = code, message, span, hint
+
+
+def compile_plan(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -> Plan:
+    """Compile `rules[group]` for `tree` on `mesh` (sizes only are used; `None`
+    when no mesh is known, which works for specs without `?` or `auto`)."""
+    _check_group(rules, group)  # before flattening: a typo'd group fails fast
+    keyed, treedef = flatten(tree)
+    return compile_flat(keyed, treedef, rules, mesh, group)
+
+
+def compile_flat(keyed: list[tuple[Any, Any]], treedef: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -> Plan:
+    """`compile_plan` for a tree already flattened with its key paths."""
+    _check_group(rules, group)
+    sizes = sizes_of(mesh) if mesh is not None else None
+    group_rules = list(iter_rules(rules, group))
+    diagnostics: list[Diagnostic] = []
+    broken = _check_rules(group_rules, rules, sizes, diagnostics)
+    matcher = Matcher(group_rules)
+    default = rules.defaults.get(group)
+
+    memo: dict[tuple[int, tuple[int, ...], int], tuple[PartitionSpec, int]] = {}
+    plans: list[LeafPlan] = []
+    unmatched: list[LeafInfo] = []
+    for keypath, leaf in keyed:
+        info = leaf_info(path_str(keypath), leaf)
+        if info.shape is None or info.dtype is None:
+            plans.append(LeafPlan(info.path, None, None, None, None, 0, "not an array"))
+            continue
+        rule = matcher.first(info.path) or default
+        if info.size == 1 or not info.shape:
+            why = "scalar" if not info.shape else "size-1"
+            spec = PartitionSpec(*([None] * len(info.shape)))
+            plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, spec, info.nbytes, why))
+            continue
+        if rule is None:
+            unmatched.append(info)
+            plans.append(LeafPlan(info.path, info.shape, info.dtype, None, None, 0, "unmatched"))
+            continue
+        why = "default" if rule.is_default else "rule"
+        if id(rule) in broken:
+            plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, None, 0, "error"))
+            continue
+        key = (id(rule), info.shape, info.dtype.itemsize)
+        try:
+            spec, per_device = memo[key]
+        except KeyError:
+            try:
+                spec = leaf_spec(rule, info, sizes, rules)
+            except _LeafError as err:
+                diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, info.path, err.hint))
+                plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, None, 0, "error"))
+                continue
+            per_device = shard_bytes(info, spec, sizes)
+            memo[key] = (spec, per_device)
+        plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, spec, per_device, why))
+
+    if unmatched:
+        diagnostics.append(_unmatched(unmatched, rules, group))
+    return Plan(tuple(plans), treedef, tuple(diagnostics), group, rules, mesh)
+
+
+
+def _check_group(rules: RuleSet, group: str) -> None:
+    if group not in rules.group_names:
+        known = rules.group_names
+        hint = did_you_mean(group, known) or (
+            f"groups in {rules.name}: {', '.join(known)}" if known else "the file has no `rules GROUP:` header"
+        )
+        raise error_for(
+            [Diagnostic("SR018", "error", f"no `rules {group}:` group in {rules.name}", hint=hint)],
+            rules.sources,
+        )
+
+def _check_rules(
+    group_rules: list[Rule], rules: RuleSet, sizes: dict[str, int] | None, out: list[Diagnostic]
+) -> set[int]:
+    """Rule-level checks that need no leaf; returns the ids of broken rules."""
+    broken: set[int] = set()
+    for rule in group_rules:
+        axes = rule.spec.axes
+        twice = sorted({a for a in axes if axes.count(a) > 1})
+        if twice:
+            out.append(
+                Diagnostic(
+                    "SR102",
+                    "error",
+                    f"mesh axis `{twice[0]}` is used twice in one spec",
+                    rule.spec.span,
+                    hint="a mesh axis can shard only one dimension of an array; "
+                    "check what the aliases in this spec stand for",
+                )
+            )
+            broken.add(id(rule))
+        if sizes is None:
+            continue
+        for entry in rule.spec.entries:
+            for g in entry.groups:
+                for axis in g.axes:
+                    if axis not in sizes:
+                        out.append(_unknown_axis(axis, g.span or rule.spec.span, g.written, sizes))
+                        broken.add(id(rule))
+        if rule.spec.kind == "auto":
+            for axis in rule.spec.auto_axes:
+                if axis not in sizes:
+                    out.append(_unknown_axis(axis, rule.spec.span, axis, sizes))
+                    broken.add(id(rule))
+    for name in rules.aliases:
+        if sizes is not None and name in sizes:
+            out.append(
+                Diagnostic(
+                    "SR013",
+                    "error",
+                    f"alias `{name}` has the name of a mesh axis of this mesh",
+                    hint="rename the alias; a name cannot mean both",
+                )
+            )
+            broken.update(id(r) for r in group_rules)
+    return broken
+
+
+def _unknown_axis(axis: str, span: Span | None, written: str, sizes: dict[str, int]) -> Diagnostic:
+    via = f" (through alias `{written}`)" if written and written != axis else ""
+    mesh = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    hint = did_you_mean(axis, sizes) or f"the mesh has {mesh}"
+    return Diagnostic("SR101", "error", f"mesh axis `{axis}`{via} is not in the mesh ({mesh})", span, hint=hint)
+
+
+def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: RuleSet) -> PartitionSpec:
+    """The `PartitionSpec` `rule` gives the array `info`, or a `_LeafError`."""
+    assert info.shape is not None
+    shape = info.shape
+    spec = rule.spec
+    if spec.kind == "replicated":
+        return PartitionSpec(*([None] * len(shape)))
+    if spec.needs_sizes and sizes is None:
+        raise _LeafError(
+            "SR108",
+            f"`{spec_text(rule.written)}` needs the mesh's axis sizes, and no mesh is known",
+            spec.span,
+            "pass mesh=, run inside `with jax.set_mesh(mesh):`, or give sizes in the rule file's mesh line",
+        )
+    if spec.kind == "auto":
+        assert sizes is not None
+        return _auto(spec.auto_axes, spec.min_bytes, info, sizes)
+    entries = list(spec.entries)
+    written = [e for e in entries if e.kind != "ellipsis"]
+    has_ellipsis = len(written) != len(entries)
+    if len(written) != len(shape) and not (has_ellipsis and len(written) <= len(shape)):
+        shown = spec_text(rule.written)
+        raise _LeafError(
+            "SR103",
+            f"spec {shown} has {len(written)} entries but `{info.path}` has {len(shape)} "
+            f"dimensions (shape {shape})",
+            spec.span,
+            "write one entry per dimension, start the spec with `...` to leave leading dimensions "
+            "unsharded, or add an earlier rule that matches this path",
+        )
+    if has_ellipsis:
+        at = next(i for i, e in enumerate(entries) if e.kind == "ellipsis")
+        filler = [ResolvedEntry("unsharded")] * (len(shape) - len(written))
+        entries = entries[:at] + filler + entries[at + 1 :]
+    return PartitionSpec(*(_dim(e, dim, d, info, sizes) for d, (e, dim) in enumerate(zip(entries, shape))))
+
+
+def _dim(entry: ResolvedEntry, dim: int, index: int, info: LeafInfo, sizes: dict[str, int] | None) -> SpecEntry:
+    if entry.kind != "axes":
+        return None
+    kept: list[str] = []
+    product = 1
+    for group in entry.groups:
+        if sizes is None:
+            kept.extend(group.axes)
+            continue
+        size = math.prod(sizes[a] for a in group.axes)
+        if dim % (product * size) == 0:
+            kept.extend(group.axes)
+            product *= size
+        elif not group.optional:
+            raise _not_divisible(group.written or group.axes[0], group.span or entry.span, dim, index, info, product * size, sizes)
+    if not kept:
+        return None
+    return kept[0] if len(kept) == 1 else tuple(kept)
+
+
+def _not_divisible(
+    written: str, span: Span | None, dim: int, index: int, info: LeafInfo, by: int, sizes: dict[str, int]
+) -> _LeafError:
+    dividing = [f"`{a}`={s}" for a, s in sizes.items() if s > 1 and dim % s == 0]
+    options = f"{dim} divides by {', '.join(dividing)}; " if dividing else ""
+    return _LeafError(
+        "SR104",
+        f"dimension {index} of `{info.path}` (shape {info.shape}) has size {dim}, "
+        f"which does not divide by {by} (`{written}`)",
+        span,
+        f"{options}write `{written}?` to leave the dimension unsharded where it does not divide, "
+        f"or pad it to a multiple of {by}",
+    )
+
+
+def _auto(axes: tuple[str, ...], min_bytes: int, info: LeafInfo, sizes: dict[str, int]) -> PartitionSpec:
+    assert info.shape is not None
+    unsharded = [None] * len(info.shape)
+    if info.nbytes < min_bytes:
+        return PartitionSpec(*unsharded)
+    by = math.prod(sizes[a] for a in axes)
+    best = None
+    for i, dim in enumerate(info.shape):
+        if dim >= by and dim % by == 0 and (best is None or dim > info.shape[best]):
+            best = i
+    if best is not None:
+        unsharded[best] = axes[0] if len(axes) == 1 else tuple(axes)
+    return PartitionSpec(*unsharded)
+
+
+def shard_bytes(info: LeafInfo, spec: PartitionSpec, sizes: dict[str, int] | None) -> int:
+    """Bytes of the largest shard of `info` under `spec` (the whole array without sizes)."""
+    assert info.shape is not None and info.dtype is not None
+    if sizes is None:
+        return info.nbytes
+    count = 1
+    for dim, entry in zip(info.shape, spec):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        count *= -(-dim // math.prod(sizes[a] for a in axes))
+    return count * info.dtype.itemsize
+
+
+def _unmatched(leaves: list[LeafInfo], rules: RuleSet, group: str) -> Diagnostic:
+    shown = [f"    {leaf.path}  {leaf.shape} {leaf.dtype}" for leaf in leaves[:_MAX_LISTED]]
+    if len(leaves) > _MAX_LISTED:
+        shown.append(f"    ... and {len(leaves) - _MAX_LISTED} more")
+    noun = "array leaf matches" if len(leaves) == 1 else "array leaves match"
+    return Diagnostic(
+        "SR105",
+        "error",
+        f"{len(leaves)} {noun} no rule in group `{group}` of {rules.name}:\n" + "\n".join(shown),
+        None,
+        leaves[0].path,
+        f"add rules for these paths, or a fallback such as `default -> replicated` under `rules {group}:`",
+    )

@@ -1,0 +1,201 @@
+"""Diagnostics and the exception hierarchy.
+
+Every problem shardrules reports is a `Diagnostic`: a stable code (`SRnnn`), a
+severity, a message, where it happened (a span in a rule file and/or a leaf's
+path) and a hint that says how to fix it. Exceptions carry one or more
+diagnostics and render them with the offending source line and a caret.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+Severity = Literal["error", "warning"]
+
+_MAX_SHOWN = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """A region of a rule file: 1-based line and column, end exclusive."""
+
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnostic:
+    """One finding about a rule file or a plan.
+
+    **Attributes:**
+
+    - `code`: stable identifier such as `"SR104"` (catalogue: docs/diagnostics.md).
+    - `severity`: `"error"` or `"warning"`.
+    - `message`: what is wrong, in one sentence.
+    - `span`: where in a rule file, or `None`.
+    - `path`: the leaf path concerned, or `None`.
+    - `hint`: how to fix it, or `""`.
+    """
+
+    code: str
+    severity: Severity
+    message: str
+    span: Span | None = None
+    path: str | None = None
+    hint: str = ""
+
+    def render(self, sources: Mapping[str, str] | None = None) -> str:
+        """`FILE:LINE:COL: CODE message`, the source line with a caret, the hint."""
+        where = f"{self.span}: " if self.span is not None else ""
+        lines = [f"{where}{self.code} {self.message}"]
+        if self.span is not None and sources and self.span.file in sources:
+            lines.extend(_excerpt(sources[self.span.file], self.span))
+        if self.hint:
+            lines.append(f"  hint: {self.hint}")
+        return "\n".join(lines)
+
+
+def _excerpt(text: str, span: Span) -> list[str]:
+    source_lines = text.splitlines()
+    if not 1 <= span.line <= len(source_lines):
+        return []
+    line = source_lines[span.line - 1].expandtabs(1)
+    end = span.end_col if span.end_line == span.line else len(line) + 1
+    width = max(1, min(end, len(line) + 1) - span.col)
+    gutter = " " * len(str(span.line))
+    return [
+        f"  {span.line} | {line}",
+        f"  {gutter} | {' ' * (span.col - 1)}{'^' * width}",
+    ]
+
+
+class ShardRulesError(Exception):
+    """Root of every error shardrules raises.
+
+    **Attributes:**
+
+    - `diagnostics`: the findings behind the error (at least one).
+    - `code`, `span`, `path`, `hint`: those of the first finding.
+    """
+
+    def __init__(
+        self,
+        diagnostics: Diagnostic | Sequence[Diagnostic],
+        sources: Mapping[str, str] | None = None,
+    ):
+        if isinstance(diagnostics, Diagnostic):
+            diagnostics = [diagnostics]
+        self.diagnostics: tuple[Diagnostic, ...] = tuple(diagnostics)
+        if not self.diagnostics:
+            raise ValueError("an error needs at least one diagnostic")
+        self._sources = dict(sources or {})
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        shown = [d.render(self._sources) for d in self.diagnostics[:_MAX_SHOWN]]
+        more = len(self.diagnostics) - _MAX_SHOWN
+        if more > 0:
+            shown.append(f"... and {more} more")
+        return "\n".join(shown)
+
+    def __str__(self) -> str:
+        return self._render()
+
+    @property
+    def code(self) -> str:
+        return self.diagnostics[0].code
+
+    @property
+    def span(self) -> Span | None:
+        return self.diagnostics[0].span
+
+    @property
+    def path(self) -> str | None:
+        return self.diagnostics[0].path
+
+    @property
+    def hint(self) -> str:
+        return self.diagnostics[0].hint
+
+
+class RuleSyntaxError(ShardRulesError, ValueError):
+    """A rule file is not well formed: bad syntax or an invalid regex."""
+
+
+class RuleDefinitionError(ShardRulesError, ValueError):
+    """A rule file parses but does not make sense: unknown or clashing names,
+    alias or include cycles, bad sizes, misplaced rules."""
+
+
+class IncludeNotFoundError(ShardRulesError, FileNotFoundError):
+    """A rule file, or a file it includes, does not exist or cannot be read."""
+
+
+class GroupNotFoundError(ShardRulesError, KeyError):
+    """The requested `rules GROUP:` is not in the rule file."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self._render()
+
+
+class MeshError(ShardRulesError, ValueError):
+    """No usable mesh: none given, or one that lacks axes the rules name."""
+
+
+class PlanError(ShardRulesError, ValueError):
+    """The rules do not fit the tree on this mesh: unmatched leaves, rank
+    mismatches, dimensions that do not divide, an axis used twice."""
+
+
+class PlacementError(ShardRulesError, ValueError):
+    """Inputs cannot be moved as planned: committed elsewhere, deleted, or abstract."""
+
+
+class TreeError(ShardRulesError, TypeError):
+    """The input is not a pytree shardrules can walk."""
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """` did you mean `x`?` for the closest candidate, or `""`."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"did you mean `{close[0]}`?" if close else ""
+
+
+def join_hint(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+# The exception class for each diagnostic code that can be raised.
+_CLASSES: dict[str, type[ShardRulesError]] = {
+    "SR001": RuleSyntaxError,
+    "SR002": RuleSyntaxError,
+    "SR003": RuleSyntaxError,
+    "SR005": IncludeNotFoundError,
+    "SR018": GroupNotFoundError,
+    "SR101": MeshError,
+    "SR108": MeshError,
+    "SR106": PlacementError,
+    "SR107": PlacementError,
+    "SR109": TreeError,
+}
+
+
+def error_for(
+    diagnostics: Sequence[Diagnostic], sources: Mapping[str, str] | None = None
+) -> ShardRulesError:
+    """The exception for these diagnostics, typed by the first one's code.
+
+    Codes SR0xx not listed above are `RuleDefinitionError`s; SR1xx are `PlanError`s.
+    """
+    code = diagnostics[0].code
+    default = RuleDefinitionError if code < "SR100" else PlanError
+    return _CLASSES.get(code, default)(diagnostics, sources)

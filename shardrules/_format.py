@@ -1,0 +1,194 @@
+"""The canonical printer: a `RuleFile` back to text, in one layout.
+
+Rules are indented two spaces under their group header; the `->` of
+consecutive rules line up, as do the `=` of consecutive aliases; entries are
+separated by `, `; sizes print in the largest unit that is exact; comments are
+kept (trailing ones two spaces after the code, aligned within a run of lines);
+runs of blank lines become one, with none at the start or the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from ._parse import parse
+from ._rules import (
+    Alias,
+    AxisRef,
+    Comment,
+    Entry,
+    Include,
+    Item,
+    MeshDecl,
+    RuleFile,
+    RuleLine,
+    RulesHeader,
+    Spec,
+)
+
+INDENT = "  "
+
+_BINARY = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+_DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+
+
+def format_text(text: str, name: str = "<string>") -> str:
+    """Format rule-file text; raises `RuleSyntaxError` if it does not parse."""
+    return format_file(parse(text, name))
+
+
+def format_file(rule_file: RuleFile) -> str:
+    """The canonical text of a parsed rule file."""
+    lines = _Printer(rule_file.items).lines()
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def byte_size_text(n: int) -> str:
+    """`1048576` → `"1MiB"`, `1000` → `"1KB"`, `1500` → `"1500"`."""
+    for units in (_BINARY, _DECIMAL):
+        for unit, scale in units:
+            if n and n % scale == 0:
+                return f"{n // scale}{unit}"
+    return str(n)
+
+
+def _ref_text(ref: AxisRef) -> str:
+    return ref.name + ("?" if ref.optional else "")
+
+
+def entry_text(entry: Entry) -> str:
+    if entry.kind == "unsharded":
+        return "_"
+    if entry.kind == "ellipsis":
+        return "..."
+    if not entry.is_tuple:
+        return _ref_text(entry.axes[0])
+    inner = ", ".join(_ref_text(r) for r in entry.axes)
+    return f"({inner})" + ("?" if entry.optional else "")
+
+
+def spec_text(spec: Spec) -> str:
+    """A spec as written in canonical form, e.g. `(..., embed, heads)`."""
+    if spec.kind == "replicated":
+        return "replicated"
+    if spec.kind == "auto":
+        assert spec.auto_axes is not None
+        args = [entry_text(spec.auto_axes)]
+        args += [f"{name}={byte_size_text(value)}" for name, value in spec.options]
+        return f"auto({', '.join(args)})"
+    return "(" + ", ".join(entry_text(e) for e in spec.entries) + ")"
+
+
+def _alias_target(alias: Alias) -> str:
+    if not alias.target:
+        return "_"
+    if not alias.is_tuple:
+        return alias.target[0].name
+    return "(" + ", ".join(r.name for r in alias.target) + ")"
+
+
+@dataclasses.dataclass
+class _Line:
+    """One output line: `left` and `right` are joined by `sep` (aligned later)."""
+
+    left: str
+    sep: str = ""
+    right: str = ""
+    comment: str | None = None  # a trailing comment
+    kind: str = ""  # "comment", "rule", "alias" or another statement's kind
+    blank_before: bool = False
+
+    @property
+    def code(self) -> str:
+        return self.left + self.sep + self.right
+
+
+class _Printer:
+    def __init__(self, items: Sequence[Item]):
+        self.items = list(items)
+
+    def lines(self) -> list[str]:
+        records: list[_Line] = []
+        prev_end: int | None = None
+        in_block = False
+        for item in self.items:
+            if isinstance(item, Comment) and item.trailing and records:
+                records[-1].comment = item.text
+                continue
+            line = item.span.line if item.span else (prev_end or 0) + 1
+            blank = bool(records) and prev_end is not None and line - prev_end > 1
+            prev_end = item.span.end_line if item.span else line
+            if isinstance(item, Comment):
+                indent = INDENT if in_block and item.span is not None and item.span.col > 1 else ""
+                records.append(_Line(indent + item.text, kind="comment", blank_before=blank))
+                continue
+            if isinstance(item, RulesHeader):
+                in_block = True
+            record = self.statement(item)
+            record.blank_before = blank
+            records.append(record)
+        self.align(records, "rule")
+        self.align(records, "alias")
+        return self.with_comments(records)
+
+    @staticmethod
+    def statement(stmt: Item) -> _Line:
+        if isinstance(stmt, MeshDecl):
+            axes = ", ".join(a.name if a.size is None else f"{a.name}={a.size}" for a in stmt.axes)
+            return _Line(f"mesh {axes}", kind="mesh")
+        if isinstance(stmt, Include):
+            return _Line(f'include "{stmt.path}"', kind="include")
+        if isinstance(stmt, Alias):
+            return _Line(f"alias {stmt.name}", " = ", _alias_target(stmt), kind="alias")
+        if isinstance(stmt, RulesHeader):
+            return _Line(f"rules {stmt.group}:", kind="header")
+        assert isinstance(stmt, RuleLine)
+        head = "default" if stmt.pattern is None else f'"{stmt.pattern}"'
+        return _Line(INDENT + head, " -> ", spec_text(stmt.spec), kind="rule")
+
+    @staticmethod
+    def align(records: list[_Line], kind: str) -> None:
+        """Pad `left` over runs of `kind` lines; blank lines and other
+        statements end a run, comment lines do not."""
+        run: list[_Line] = []
+
+        def flush() -> None:
+            width = max((len(r.left) for r in run), default=0)
+            for r in run:
+                r.left = r.left.ljust(width)
+            run.clear()
+
+        for record in records:
+            if record.blank_before:
+                flush()
+            if record.kind == kind:
+                run.append(record)
+            elif record.kind != "comment":
+                flush()
+        flush()
+
+    @staticmethod
+    def with_comments(records: list[_Line]) -> list[str]:
+        """Render, aligning trailing comments over runs of consecutive
+        statement lines (blank lines and comment lines end a run)."""
+        out: list[str] = []
+        run: list[tuple[int, _Line]] = []
+
+        def flush() -> None:
+            col = max((len(r.code) for _, r in run if r.comment is not None), default=0) + 2
+            for at, r in run:
+                if r.comment is not None:
+                    out[at] = r.code.ljust(col) + r.comment
+            run.clear()
+
+        for record in records:
+            if record.blank_before or record.kind == "comment":
+                flush()
+            if record.blank_before:
+                out.append("")
+            out.append(record.code)
+            if record.kind != "comment":
+                run.append((len(out) - 1, record))
+        flush()
+        return out

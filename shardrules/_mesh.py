@@ -1,0 +1,142 @@
+"""Which mesh a call uses, and its axis sizes.
+
+A mesh comes from, in order: the `mesh=` argument; JAX's ambient mesh
+(`jax.set_mesh`); the rule file's `mesh` line laid over `jax.devices()`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Union
+
+import jax
+from jax.sharding import AbstractMesh, AxisType, Mesh
+
+from ._errors import Diagnostic, error_for
+from ._rules import MeshDecl, RuleSet
+
+MeshLike = Union[Mesh, AbstractMesh, Mapping[str, int]]
+
+
+def sizes_of(mesh: MeshLike) -> dict[str, int]:
+    """Axis name → size for a `Mesh`, an `AbstractMesh` or a mapping."""
+    if isinstance(mesh, (Mesh, AbstractMesh)):
+        return {str(k): int(v) for k, v in mesh.shape.items()}
+    if isinstance(mesh, Mapping):
+        out = {}
+        for name, size in mesh.items():
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise TypeError(f"mesh axis sizes must be positive ints; got {name}={size!r}")
+            out[str(name)] = size
+        return out
+    raise TypeError(
+        f"mesh must be a jax.sharding.Mesh, an AbstractMesh or a dict of axis sizes, "
+        f"not {type(mesh).__name__}"
+    )
+
+
+def ambient_mesh() -> Mesh | AbstractMesh | None:
+    """JAX's current mesh (`jax.set_mesh`), concrete if there is one."""
+    concrete = jax.sharding.get_mesh()
+    if not concrete.empty:
+        return concrete
+    abstract = jax.sharding.get_abstract_mesh()
+    if not abstract.empty:
+        return abstract
+    return None
+
+
+def declared_sizes(decl: MeshDecl, n_devices: int, rules_name: str, sources: Mapping[str, str]) -> dict[str, int]:
+    """Sizes from a `mesh` line, `*` taking what the others leave of `n_devices`."""
+    sizes = {a.name: a.size for a in decl.axes}
+    unsized = [n for n, s in sizes.items() if s is None]
+    if len(sizes) == 1 and unsized:
+        sizes = {unsized[0]: "*"}
+    elif unsized:
+        example = ", ".join(f"{n}={s or 2}" for n, s in sizes.items())
+        raise _mesh_error(
+            f"the mesh line gives no size for {', '.join(unsized)}, and no mesh was given",
+            decl,
+            f"pass mesh=jax.make_mesh(...), use `with jax.set_mesh(mesh):`, or give sizes: `mesh {example}`",
+            sources,
+        )
+    fixed = math.prod(s for s in sizes.values() if isinstance(s, int))
+    out: dict[str, int] = {}
+    for name, size in sizes.items():
+        if size == "*":
+            if n_devices % fixed:
+                raise _mesh_error(
+                    f"`{name}=*` cannot fill {n_devices} devices: the other axes take {fixed}, "
+                    f"which does not divide {n_devices}",
+                    decl,
+                    "change the fixed sizes so their product divides the device count",
+                    sources,
+                )
+            out[name] = n_devices // fixed
+        else:
+            assert isinstance(size, int)
+            out[name] = size
+    total = math.prod(out.values())
+    if total != n_devices:
+        raise _mesh_error(
+            f"the mesh line needs {total} devices, but {n_devices} are available",
+            decl,
+            "size one axis `*` to take the rest, or pass mesh=",
+            sources,
+        )
+    return out
+
+
+def _mesh_error(message: str, decl: MeshDecl, hint: str, sources: Mapping[str, str]) -> Exception:
+    return error_for([Diagnostic("SR108", "error", message, decl.span, hint=hint)], sources)
+
+
+def no_mesh_error(what: str) -> Exception:
+    return error_for(
+        [
+            Diagnostic(
+                "SR108",
+                "error",
+                f"{what} needs a mesh, but none was given, none is set, and the rules have no `mesh` line",
+                hint="pass mesh=jax.make_mesh((4, 2), ('data', 'model')), or run inside "
+                "`with jax.set_mesh(mesh):`, or add a mesh line with sizes to the rule file",
+            )
+        ]
+    )
+
+
+def resolve(mesh: MeshLike | None, rules: RuleSet, *, concrete: bool, what: str) -> MeshLike | None:
+    """The mesh a call uses: the argument, else the ambient mesh, else the
+    rule file's mesh line (over `jax.devices()`), else `None`.
+
+    With `concrete`, the result has devices (a `jax.sharding.Mesh`); a mesh
+    built from the file's line uses `AxisType.Auto` axes.
+    """
+    if mesh is None:
+        mesh = ambient_mesh()
+        if concrete and isinstance(mesh, AbstractMesh):
+            mesh = None
+    if mesh is None and rules.mesh is not None:
+        devices = jax.devices()
+        sizes = declared_sizes(rules.mesh, len(devices), rules.name, rules.sources)
+        if not concrete:
+            return sizes
+        return jax.make_mesh(
+            tuple(sizes.values()),
+            tuple(sizes),
+            axis_types=(AxisType.Auto,) * len(sizes),
+            devices=devices,
+        )
+    if mesh is None:
+        if concrete:
+            raise no_mesh_error(what)
+        return None
+    if concrete and not isinstance(mesh, Mesh):
+        raise TypeError(f"{what} needs a jax.sharding.Mesh with devices, not {type(mesh).__name__}")
+    sizes_of(mesh)  # validates mappings
+    return mesh
+
+
+def device_order(mesh: Any) -> tuple[int, ...]:
+    return tuple(d.id for d in mesh.devices.flat)

@@ -1,0 +1,291 @@
+"""Text → `RuleFile`: run the Lark parser, build the syntax tree, and turn
+Lark's exceptions into `RuleSyntaxError`s that show the line and a caret."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import lark
+import lark.exceptions
+
+from . import _grammar
+from ._errors import Diagnostic, RuleSyntaxError, Span
+from ._rules import (
+    Alias,
+    AxisRef,
+    Comment,
+    Entry,
+    Include,
+    Item,
+    MeshAxis,
+    MeshDecl,
+    RuleFile,
+    RuleLine,
+    RulesHeader,
+    Spec,
+)
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+# How each terminal is named in "expected ..." messages.
+_DESCRIBE = {
+    "NAME": "a name",
+    "STRING": 'a quoted pattern such as "attn/kernel"',
+    "NUMBER": "a number",
+    "COMMENT": "a comment",
+    "_NL": "the end of the line",
+    "$END": "the end of the file",
+    "ELLIPSIS": "`...`",
+    "OPTIONAL": "`?`",
+    "ARROW": "`->`",
+    "LPAR": "`(`",
+    "RPAR": "`)`",
+    "STAR": "`*`",
+}
+
+
+def parse(text: str, name: str = "<string>") -> RuleFile:
+    """Parse one rule file's text (includes are not followed).
+
+    **Arguments:**
+
+    - `text`: the rule file's contents.
+    - `name`: the file name used in error messages.
+
+    **Returns:** the file's `RuleFile`.
+
+    **Raises:** `RuleSyntaxError` (code SR001, or SR003 for a bad number).
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"rule text must be str, not {type(text).__name__}")
+    source = text if text.endswith("\n") else text + "\n"
+    try:
+        tree = _grammar.parser().parse(source)
+    except lark.exceptions.UnexpectedInput as err:
+        raise _syntax_error(err, text, name) from None
+    return RuleFile(tuple(_Builder(name, text).items(tree)), name=name, source=text)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def _describe(terminal: str) -> str:
+    if terminal in _DESCRIBE:
+        return _DESCRIBE[terminal]
+    try:
+        pattern = _grammar.parser().get_terminal(terminal).pattern
+    except KeyError:
+        return terminal
+    return f"`{pattern.value}`" if pattern.type == "str" else terminal.lower()
+
+
+def _expected(names: set[str] | frozenset[str]) -> str:
+    shown = sorted({_describe(n) for n in names if n != "COMMENT"})
+    if len(shown) <= 1:
+        return "".join(shown) or "nothing more"
+    return ", ".join(shown[:-1]) + " or " + shown[-1]
+
+
+def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) -> RuleSyntaxError:
+    line, col = max(err.line, 1), max(err.column, 1)
+    hint = ""
+    if isinstance(err, lark.exceptions.UnexpectedToken):
+        token = err.token
+        expected = set(err.expected)
+        if token.type == "_NL":
+            found = "end of line"
+        elif token.type == "$END":
+            found = "end of file"
+        else:
+            found = f"`{token.value}`"
+        width = max(1, len(str(token.value))) if token.type not in ("_NL", "$END") else 1
+        hint = _hint_for(token.type, str(token.value), expected)
+    elif isinstance(err, lark.exceptions.UnexpectedCharacters):
+        expected = set(err.allowed or ())
+        found = f"`{err.char}`"
+        width = 1
+        if err.char == '"':
+            span = Span(name, line, col, line, col + 1)
+            return RuleSyntaxError(
+                Diagnostic(
+                    "SR001",
+                    "error",
+                    "unterminated string",
+                    span,
+                    hint='close the quoted text with `"` on the same line',
+                ),
+                {name: text},
+            )
+        elif err.char.isalnum() or err.char == "_":
+            word = re.match(r"[^\s,()]*", text.splitlines()[line - 1][col - 1 :])
+            assert word is not None
+            found = f"`{word.group()}`"
+            width = max(1, len(word.group()))
+            hint = _hint_for("NAME", word.group(), expected)
+    else:  # UnexpectedEOF
+        expected = set(getattr(err, "expected", ()) or ())
+        found, width = "end of file", 1
+    message = f"unexpected {found}; expected {_expected(expected)}"
+    span = Span(name, line, col, line, col + width)
+    return RuleSyntaxError(Diagnostic("SR001", "error", message, span, hint=hint), {name: text})
+
+
+def _hint_for(found_type: str, found: str, expected: set[str]) -> str:
+    if "STRING" in expected and found_type == "NAME":
+        return f'patterns are quoted: "{found}"; statements start with mesh, include, alias, rules or default'
+    if {"LPAR", "REPLICATED"} <= expected and found_type == "NAME":
+        return f"a spec has one entry per dimension in parentheses: ({found})"
+    if expected == {"COLON"}:
+        return "a group header ends with a colon, e.g. `rules params:`"
+    if "ARROW" in expected:
+        return 'a rule reads "pattern" -> (spec)'
+    if "RPAR" in expected and found_type == "_NL":
+        return "close the parenthesis; a rule fits on one line"
+    return ""
+
+
+# ------------------------------------------------------------------ tree → AST
+
+
+class _Builder:
+    def __init__(self, name: str, text: str):
+        self.name = name
+        self.text = text
+
+    def span(self, node: Any) -> Span:
+        if isinstance(node, lark.Token):
+            return Span(
+                self.name,
+                node.line or 1,
+                node.column or 1,
+                node.end_line or node.line or 1,
+                node.end_column or node.column or 1,
+            )
+        meta = node.meta
+        return Span(self.name, meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def items(self, tree: lark.Tree) -> list[Item]:
+        items: list[Item] = []
+        last_line = 0
+        for child in tree.children:
+            if isinstance(child, lark.Token):  # a comment
+                span = self.span(child)
+                items.append(Comment(str(child).rstrip(), trailing=span.line == last_line, span=span))
+                continue
+            stmt = getattr(self, child.data)(child)
+            items.append(stmt)
+            last_line = stmt.span.end_line
+        return items
+
+    # statements
+
+    def mesh(self, tree: lark.Tree) -> MeshDecl:
+        return MeshDecl(tuple(self.mesh_axis(t) for t in tree.children), self.span(tree))
+
+    def mesh_axis(self, tree: lark.Tree) -> MeshAxis:
+        name, *size = tree.children
+        value: int | Literal["*"] | None = None
+        if size:
+            tok = size[0]
+            if tok.type == "STAR":
+                value = "*"
+            else:
+                if not re.fullmatch(r"[0-9]+", tok) or int(tok) < 1:
+                    raise self.number_error(tok, "a mesh axis size is a positive whole number or `*`")
+                value = int(tok)
+        return MeshAxis(str(name), value, self.span(tree))
+
+    def include(self, tree: lark.Tree) -> Include:
+        return Include(str(tree.children[0])[1:-1], self.span(tree))
+
+    def alias(self, tree: lark.Tree) -> Alias:
+        name, target = tree.children
+        if target.data == "alias_unsharded":
+            refs: tuple[AxisRef, ...] = ()
+        else:
+            refs = tuple(AxisRef(str(t), False, self.span(t)) for t in target.children)
+        return Alias(str(name), refs, target.data == "alias_tuple", self.span(tree))
+
+    def rules_header(self, tree: lark.Tree) -> RulesHeader:
+        return RulesHeader(str(tree.children[0]), self.span(tree))
+
+    def rule(self, tree: lark.Tree) -> RuleLine:
+        head, _arrow, spec = tree.children
+        pattern = None if head.type == "DEFAULT" else str(head)[1:-1]
+        return RuleLine(pattern, self.spec(spec), self.span(tree), self.span(head))
+
+    # specs
+
+    def spec(self, tree: lark.Tree) -> Spec:
+        if tree.data == "spec_replicated":
+            return Spec("replicated", span=self.span(tree))
+        if tree.data == "spec_entries":
+            entries = tuple(self.entry(c) for c in tree.children)
+            return Spec("entries", entries, span=self.span(tree))
+        _auto, axes, *options = tree.children
+        parsed = [self.option(o) for o in options]
+        return Spec(
+            "auto",
+            auto_axes=self.entry(axes),
+            options=tuple((n, v) for n, v, _ in parsed),
+            span=self.span(tree),
+            option_spans=tuple(s for _, _, s in parsed),
+        )
+
+    def option(self, tree: lark.Tree) -> tuple[str, int, Span]:
+        name, value = tree.children
+        return str(name), self.byte_size(value), self.span(tree)
+
+    def entry(self, tree: lark.Tree) -> Entry:
+        span = self.span(tree)
+        if tree.data == "entry_unsharded":
+            return Entry("unsharded", span=span)
+        if tree.data == "entry_ellipsis":
+            return Entry("ellipsis", span=span)
+        if tree.data == "axis_ref":
+            return Entry("axes", (self.axis_ref(tree),), span=span)
+        refs = tuple(self.axis_ref(c) for c in tree.children if isinstance(c, lark.Tree))
+        optional = any(isinstance(c, lark.Token) and c.type == "OPTIONAL" for c in tree.children)
+        return Entry("axes", refs, is_tuple=True, optional=optional, span=span)
+
+    def axis_ref(self, tree: lark.Tree) -> AxisRef:
+        name, *opt = tree.children
+        return AxisRef(str(name), bool(opt), self.span(tree))
+
+    # values
+
+    def byte_size(self, tok: lark.Token) -> int:
+        m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", tok)
+        assert m is not None  # the NUMBER terminal guarantees the shape
+        number, unit = m.groups()
+        if unit not in _UNITS:
+            from ._errors import did_you_mean
+
+            units = [u for u in _UNITS if u]
+            raise self.number_error(
+                tok,
+                f"unknown unit `{unit}`; use one of {', '.join(units)}",
+                did_you_mean(unit, units),
+            )
+        scaled = float(number) * _UNITS[unit] if "." in number else int(number) * _UNITS[unit]
+        if scaled != int(scaled):
+            raise self.number_error(tok, "a size must come to a whole number of bytes")
+        return int(scaled)
+
+    def number_error(self, tok: lark.Token, message: str, hint: str = "") -> RuleSyntaxError:
+        return RuleSyntaxError(
+            Diagnostic("SR003", "error", f"bad number `{tok}`: {message}", self.span(tok), hint=hint),
+            {self.name: self.text},
+        )

@@ -1,0 +1,93 @@
+"""Pytree leaves and their paths.
+
+A leaf's path is its key path rendered with `/`: a dict key as `str(key)`, an
+attribute by its name, a sequence index as its number. Wrappers that only box
+a value (such as Flax's `Partitioned` or NNX's `Variable`) add no segment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._errors import Diagnostic, error_for
+
+KeyPath = tuple[Any, ...]
+
+def key_str(key: Any) -> str:
+    """One path segment for one key-path entry."""
+    if isinstance(key, jax.tree_util.DictKey):
+        return str(key.key)
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return key.name
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return str(key.idx)
+    if isinstance(key, jax.tree_util.FlattenedIndexKey):
+        return str(key.key)
+    return str(key)
+
+
+def path_str(keypath: Sequence[Any]) -> str:
+    """`(DictKey('layers'), SequenceKey(0), DictKey('kernel'))` → `"layers/0/kernel"`."""
+    return "/".join(key_str(k) for k in keypath)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafInfo:
+    """What the compiler needs to know of one leaf."""
+
+    path: str
+    shape: tuple[int, ...] | None  # None: not an array
+    dtype: np.dtype | None
+
+    @property
+    def is_array(self) -> bool:
+        return self.shape is not None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape)) if self.shape is not None else 0
+
+    @property
+    def nbytes(self) -> int:
+        if self.shape is None or self.dtype is None:
+            return 0
+        return self.size * self.dtype.itemsize
+
+
+def leaf_info(path: str, leaf: Any) -> LeafInfo:
+    """Classify a leaf. Arrays are anything with a tuple `shape` and a `dtype`:
+    `jax.Array`, `numpy.ndarray`, NumPy scalars, `jax.ShapeDtypeStruct`.
+    Python numbers, strings, functions and other objects are not arrays."""
+    shape = getattr(leaf, "shape", None)
+    dtype = getattr(leaf, "dtype", None)
+    if isinstance(shape, tuple) and dtype is not None and not isinstance(leaf, type):
+        try:
+            return LeafInfo(path, tuple(int(d) for d in shape), np.dtype(dtype))
+        except TypeError:
+            pass
+    return LeafInfo(path, None, None)
+
+
+def flatten(
+    tree: Any, is_leaf: Callable[[Any], bool] | None = None
+) -> tuple[list[tuple[KeyPath, Any]], Any]:
+    """`jax.tree_util.tree_flatten_with_path`, with a clear error for trees JAX
+    cannot flatten (such as dicts whose keys cannot be sorted)."""
+    try:
+        return jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+    except (ValueError, TypeError) as err:
+        raise error_for(
+            [
+                Diagnostic(
+                    "SR109",
+                    "error",
+                    f"cannot flatten the input as a pytree: {err}",
+                    hint="dict keys of one dict must be comparable with each other (all str, or all int)",
+                )
+            ]
+        ) from err

@@ -1,0 +1,172 @@
+"""The compiled plan: one `LeafPlan` per leaf, plus what was found wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ._errors import Diagnostic, error_for
+from ._mesh import MeshLike, sizes_of
+from ._rules import Rule, RuleSet
+
+Why = Literal["rule", "default", "scalar", "size-1", "not an array", "unmatched", "error"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafPlan:
+    """The plan for one leaf.
+
+    **Attributes:**
+
+    - `path`: the leaf's `/`-joined path.
+    - `shape`, `dtype`: the array's, or `None` for a leaf that is not an array.
+    - `rule`: the rule that decided the spec (`rule.span` says where it is written),
+      or `None`.
+    - `spec`: the `PartitionSpec`, one entry per dimension; `None` for a leaf that
+      is not an array or could not be planned.
+    - `bytes_per_device`: the largest shard's size in bytes.
+    - `why`: `"rule"`, `"default"`, `"scalar"`, `"size-1"` (replicated without a
+      rule), `"not an array"` (passed through), `"unmatched"` or `"error"`.
+    """
+
+    path: str
+    shape: tuple[int, ...] | None
+    dtype: np.dtype | None
+    rule: Rule | None
+    spec: PartitionSpec | None
+    bytes_per_device: int
+    why: Why
+
+    @property
+    def is_array(self) -> bool:
+        return self.shape is not None
+
+    @property
+    def nbytes(self) -> int:
+        """The whole array's size in bytes."""
+        if self.shape is None or self.dtype is None:
+            return 0
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How every leaf of a tree is laid out on a mesh. Made by `shardrules.plan`.
+
+    **Attributes:**
+
+    - `leaves`: one `LeafPlan` per leaf, in `jax.tree_util` order.
+    - `diagnostics`: everything found wrong (empty when the plan is sound).
+    - `group`, `rules`, `mesh`: what it was compiled from; `mesh` may be a
+      `Mesh`, an `AbstractMesh`, a dict of sizes, or `None`.
+    """
+
+    leaves: tuple[LeafPlan, ...]
+    treedef: Any
+    diagnostics: tuple[Diagnostic, ...]
+    group: str
+    rules: RuleSet
+    mesh: MeshLike | None
+
+    @property
+    def ok(self) -> bool:
+        """True when no diagnostic is an error."""
+        return not self.errors
+
+    @property
+    def errors(self) -> tuple[Diagnostic, ...]:
+        return tuple(d for d in self.diagnostics if d.severity == "error")
+
+    def raise_for_errors(self) -> None:
+        """Raise the error these diagnostics describe, if any."""
+        if self.errors:
+            raise error_for(self.errors, self.rules.sources)
+
+    def __iter__(self) -> Iterator[LeafPlan]:
+        return iter(self.leaves)
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+    def __getitem__(self, path: str) -> LeafPlan:
+        """The plan of the leaf at `path` (e.g. `plan["layers/0/kernel"]`)."""
+        for leaf in self.leaves:
+            if leaf.path == path:
+                return leaf
+        raise KeyError(path)
+
+    def specs(self) -> Any:
+        """The `PartitionSpec` pytree (`None` for leaves that are not arrays)."""
+        self.raise_for_errors()
+        return jax.tree_util.tree_unflatten(self.treedef, [leaf.spec for leaf in self.leaves])
+
+    def shardings(self, mesh: jax.sharding.Mesh | None = None) -> Any:
+        """The `NamedSharding` pytree on `mesh` (default: the plan's mesh)."""
+        self.raise_for_errors()
+        mesh = mesh if mesh is not None else self.mesh  # type: ignore[assignment]
+        if not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+            raise TypeError("shardings need a jax.sharding.Mesh; pass mesh=")
+        return jax.tree_util.tree_unflatten(
+            self.treedef,
+            [None if leaf.spec is None else NamedSharding(mesh, leaf.spec) for leaf in self.leaves],
+        )
+
+    @property
+    def bytes_per_device(self) -> int:
+        """Bytes each device holds under this plan (shards are equal in size)."""
+        return sum(leaf.bytes_per_device for leaf in self.leaves)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all the arrays, counted once."""
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+    def table(self) -> str:
+        """A plain-text table: path, shape, dtype, spec, rule, bytes per device."""
+        rows = [("path", "shape", "dtype", "spec", "rule", "per device")]
+        for leaf in self.leaves:
+            if not leaf.is_array:
+                continue
+            rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+            rows.append(
+                (
+                    leaf.path,
+                    str(leaf.shape),
+                    str(leaf.dtype),
+                    _spec_str(leaf.spec),
+                    rule,
+                    format_bytes(leaf.bytes_per_device),
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        mesh = "" if self.mesh is None else " on " + ", ".join(f"{k}={v}" for k, v in sizes_of(self.mesh).items())
+        lines.append(
+            f"{len(rows) - 1} arrays{mesh}: {format_bytes(self.total_bytes)} in all, "
+            f"{format_bytes(self.bytes_per_device)} per device"
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _spec_str(spec: PartitionSpec | None) -> str:
+    if spec is None:
+        return "-"
+    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+
+
+def format_bytes(n: int) -> str:
+    """`1536` → `"1.5 KiB"`."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

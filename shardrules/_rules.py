@@ -1,0 +1,293 @@
+"""The rule language's syntax tree and the resolved rule set.
+
+Two layers, both immutable:
+
+- the *file* layer (`RuleFile` and its statements) is what one file says, as
+  written: the formatter prints it back and `parse(format(f)) == f`;
+- the *resolved* layer (`RuleSet`, `Rule`, `ResolvedSpec`) is what a rule file
+  means once includes are expanded and aliases resolved: what the compiler uses.
+
+Source spans never take part in equality, so two files that differ only in
+layout compare equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any, Literal, Union
+
+from ._errors import Span
+
+def _span() -> Any:
+    return dataclasses.field(default=None, compare=False, repr=False)
+
+# ------------------------------------------------------------------ file layer
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshAxis:
+    """`name` or `name=size` in a `mesh` line; `size` is an int, `"*"` or `None`."""
+
+    name: str
+    size: int | Literal["*"] | None = None
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshDecl:
+    axes: tuple[MeshAxis, ...]
+    span: Span | None = _span()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Include:
+    path: str
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisRef:
+    """A mesh axis or alias named in a spec; `optional` for a trailing `?`."""
+
+    name: str
+    optional: bool = False
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """`alias name = target`: target is a tuple of names; `()` means `_`."""
+
+    name: str
+    target: tuple[AxisRef, ...]
+    is_tuple: bool = False
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class RulesHeader:
+    group: str
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One spec entry, written as `kind`:
+
+    - `"axes"`: `axes` holds one name (`model`, `model?`) or, if `is_tuple`,
+      several (`(data, fsdp)`); `optional` is the tuple's own trailing `?`;
+    - `"unsharded"`: `_`;
+    - `"ellipsis"`: `...`.
+    """
+
+    kind: Literal["axes", "unsharded", "ellipsis"]
+    axes: tuple[AxisRef, ...] = ()
+    is_tuple: bool = False
+    optional: bool = False
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The right-hand side of a rule, written as `kind`:
+
+    - `"entries"`: `(e1, e2, ...)`;
+    - `"replicated"`;
+    - `"auto"`: `auto(axes, name=value, ...)`, with `auto_axes` one `Entry`
+      of kind `"axes"` and `options` the `name=value` pairs (values in bytes).
+    """
+
+    kind: Literal["entries", "replicated", "auto"]
+    entries: tuple[Entry, ...] = ()
+    auto_axes: Entry | None = None
+    options: tuple[tuple[str, int], ...] = ()
+    span: Span | None = _span()
+    option_spans: tuple[Span | None, ...] = dataclasses.field(
+        default=(), compare=False, repr=False
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleLine:
+    """`"pattern" -> spec`, or `default -> spec` when `pattern` is `None`."""
+
+    pattern: str | None
+    spec: Spec
+    span: Span | None = _span()
+    pattern_span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class Comment:
+    """`# text` (text includes the `#`); `trailing` if it ends a statement's line."""
+
+    text: str
+    trailing: bool = False
+    span: Span | None = _span()
+
+
+Statement = Union[MeshDecl, Include, Alias, RulesHeader, RuleLine]
+Item = Union[Statement, Comment]
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleFile:
+    """One rule file as written: its statements and comments in source order."""
+
+    items: tuple[Item, ...]
+    name: str = dataclasses.field(default="<string>", compare=False)
+    source: str = dataclasses.field(default="", compare=False, repr=False)
+
+    @property
+    def statements(self) -> tuple[Statement, ...]:
+        return tuple(i for i in self.items if not isinstance(i, Comment))
+
+
+# ------------------------------------------------------------------ resolved layer
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisGroup:
+    """Mesh axes that one name in a spec stands for, e.g. an alias of a tuple.
+    An optional group is dropped where the dimension does not divide by it."""
+
+    axes: tuple[str, ...]
+    optional: bool
+    span: Span | None = _span()
+    written: str = dataclasses.field(default="", compare=False, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedEntry:
+    """One spec entry with aliases resolved; `kind` as in `Entry`."""
+
+    kind: Literal["axes", "unsharded", "ellipsis"]
+    groups: tuple[AxisGroup, ...] = ()
+    span: Span | None = _span()
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(a for g in self.groups for a in g.axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedSpec:
+    kind: Literal["entries", "replicated", "auto"]
+    entries: tuple[ResolvedEntry, ...] = ()
+    auto_axes: tuple[str, ...] = ()
+    min_bytes: int = 0
+    span: Span | None = _span()
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Every mesh axis this spec may use."""
+        if self.kind == "auto":
+            return self.auto_axes
+        return tuple(a for e in self.entries for a in e.axes)
+
+    @property
+    def needs_sizes(self) -> bool:
+        """Whether compiling it needs the mesh's axis sizes (`?` or `auto`)."""
+        if self.kind == "auto":
+            return True
+        return any(g.optional for e in self.entries for g in e.groups)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One rule of a group, resolved.
+
+    **Attributes:**
+
+    - `group`: the `rules GROUP:` it belongs to.
+    - `pattern`: the regex source, or `None` for `default`.
+    - `spec`: the resolved spec.
+    - `index`: position in its group (0-based, includes expanded).
+    - `span`: where the rule is written; `str(rule.span)` is `file:line:col`.
+    """
+
+    group: str
+    pattern: str | None
+    spec: ResolvedSpec
+    written: Spec
+    index: int
+    span: Span | None = _span()
+    pattern_span: Span | None = _span()
+
+    @property
+    def is_default(self) -> bool:
+        return self.pattern is None
+
+    @property
+    def regex(self) -> re.Pattern[str] | None:
+        return None if self.pattern is None else re.compile(self.pattern)
+
+    @property
+    def location(self) -> str:
+        return str(self.span) if self.span is not None else "<rules>"
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleSet:
+    """A loaded rule file: includes expanded, aliases resolved, rules grouped.
+
+    Get one with `shardrules.load(path)` or `shardrules.loads(text)`.
+
+    **Attributes:**
+
+    - `name`: the top-level file's name.
+    - `mesh`: the `mesh` line (`MeshDecl`), or `None`.
+    - `aliases`: alias name → the mesh axes it stands for.
+    - `groups`: group name → its rules in order (a `default` rule, if any, is in
+      `defaults`, not here).
+    - `defaults`: group name → its `default` rule.
+    - `files`: every file read, the top-level one first.
+    """
+
+    name: str
+    mesh: MeshDecl | None
+    alias_items: tuple[tuple[str, tuple[str, ...]], ...]
+    group_items: tuple[tuple[str, tuple[Rule, ...]], ...]
+    default_items: tuple[tuple[str, Rule], ...]
+    source_items: tuple[tuple[str, str], ...] = dataclasses.field(
+        default=(), compare=False, repr=False
+    )
+
+    @property
+    def aliases(self) -> Mapping[str, tuple[str, ...]]:
+        return dict(self.alias_items)
+
+    @property
+    def groups(self) -> Mapping[str, tuple[Rule, ...]]:
+        return dict(self.group_items)
+
+    @property
+    def defaults(self) -> Mapping[str, Rule]:
+        return dict(self.default_items)
+
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        names = [g for g, _ in self.group_items]
+        names += [g for g, _ in self.default_items if g not in names]
+        return tuple(names)
+
+    @property
+    def sources(self) -> Mapping[str, str]:
+        return dict(self.source_items)
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(f for f, _ in self.source_items)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(
+            f"{g}: {len(self.groups.get(g, ())) + (g in self.defaults)} rules"
+            for g in self.group_names
+        )
+        return f"RuleSet({self.name!r}, {{{counts}}})"
