@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import jax
+from jax.core import Tracer
 
 from . import _mesh
 from ._compile import compile_flat, compile_plan
@@ -79,7 +80,9 @@ def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: s
     return plan(tree, rules, mesh, group=group).specs()
 
 
-def shardings(tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None, *, group: str = "params") -> Any:
+def shardings(
+    tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None, *, group: str = "params"
+) -> Any:
     """The `NamedSharding` for every leaf, as a pytree like `tree`.
 
     For `jax.jit(..., in_shardings=..., out_shardings=...)` and checkpoint
@@ -96,7 +99,9 @@ def shardings(tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None
     return the_plan.shardings(resolved)  # type: ignore[arg-type]
 
 
-def apply(tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None, *, group: str = "params") -> Any:
+def apply(
+    tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None, *, group: str = "params"
+) -> Any:
     """Lay a pytree out on the mesh as the rules say.
 
     The whole plan is checked first: rules against the tree and the mesh, and
@@ -133,11 +138,11 @@ def apply(tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None, *,
     leaves = [leaf for _, leaf in keyed]
     _check_inputs(the_plan, leaves, resolved)
 
-    moving = [i for i, lp in enumerate(the_plan.leaves) if lp.spec is not None]
-    targets = [jax.sharding.NamedSharding(resolved, the_plan.leaves[i].spec) for i in moving]
-    moved = jax.device_put([leaves[i] for i in moving], targets)
+    moving = [(i, lp.spec) for i, lp in enumerate(the_plan.leaves) if lp.spec is not None]
+    targets = [jax.sharding.NamedSharding(resolved, spec) for _, spec in moving]
+    moved = jax.device_put([leaves[i] for i, _ in moving], targets)
     out = list(leaves)
-    for i, array in zip(moving, moved):
+    for (i, _), array in zip(moving, moved, strict=True):
         out[i] = array
     return jax.tree_util.tree_unflatten(treedef, out)
 
@@ -146,8 +151,8 @@ def _check_inputs(the_plan: Plan, leaves: list[Any], mesh: jax.sharding.Mesh) ->
     mesh_devices = set(mesh.devices.flat)
     order = _mesh.device_order(mesh)
     problems: list[Diagnostic] = []
-    for lp, leaf in zip(the_plan.leaves, leaves):
-        if lp.spec is None or isinstance(leaf, jax.core.Tracer):
+    for lp, leaf in zip(the_plan.leaves, leaves, strict=True):
+        if lp.spec is None or isinstance(leaf, Tracer):
             continue
         if isinstance(leaf, jax.ShapeDtypeStruct):
             problems.append(
@@ -189,18 +194,21 @@ def _check_inputs(the_plan: Plan, leaves: list[Any], mesh: jax.sharding.Mesh) ->
                     hint="pass the mesh those arrays live on, or move them first with jax.device_put",
                 )
             )
-        elif isinstance(sharding, jax.sharding.NamedSharding) and devices == mesh_devices:
-            if _mesh.device_order(sharding.mesh) != order:
-                problems.append(
-                    Diagnostic(
-                        "SR106",
-                        "error",
-                        f"`{lp.path}` {lp.shape} is on the mesh's devices in another order "
-                        f"({list(_mesh.device_order(sharding.mesh))} vs the mesh's {list(order)})",
-                        path=lp.path,
-                        hint="use the mesh the arrays were placed with (x.sharding.mesh), "
-                        "or build both meshes the same way",
-                    )
+        elif (
+            isinstance(sharding, jax.sharding.NamedSharding)
+            and devices == mesh_devices
+            and _mesh.device_order(sharding.mesh) != order
+        ):
+            problems.append(
+                Diagnostic(
+                    "SR106",
+                    "error",
+                    f"`{lp.path}` {lp.shape} is on the mesh's devices in another order "
+                    f"({list(_mesh.device_order(sharding.mesh))} vs the mesh's {list(order)})",
+                    path=lp.path,
+                    hint="use the mesh the arrays were placed with (x.sharding.mesh), "
+                    "or build both meshes the same way",
                 )
+            )
     if problems:
         raise error_for(problems, the_plan.rules.sources)

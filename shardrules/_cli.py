@@ -30,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
         help="rewrite rule files in the canonical layout",
         description="Rewrite .shard files in the canonical layout (aligned arrows, comments kept).",
     )
-    fmt.add_argument("files", nargs="+", type=Path, metavar="FILE", help="rule files, or folders to search for *.shard")
+    fmt.add_argument(
+        "files", nargs="+", type=Path, metavar="FILE", help="rule files, or folders to search for *.shard"
+    )
     fmt.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     fmt.add_argument("--diff", action="store_true", help="change nothing; print what would change")
     fmt.set_defaults(run=_fmt)

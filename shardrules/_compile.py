@@ -41,7 +41,9 @@ def compile_plan(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -
     return compile_flat(keyed, treedef, rules, mesh, group)
 
 
-def compile_flat(keyed: list[tuple[Any, Any]], treedef: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -> Plan:
+def compile_flat(
+    keyed: list[tuple[Any, Any]], treedef: Any, rules: RuleSet, mesh: MeshLike | None, group: str
+) -> Plan:
     """`compile_plan` for a tree already flattened with its key paths."""
     _check_group(rules, group)
     sizes = sizes_of(mesh) if mesh is not None else None
@@ -92,17 +94,19 @@ def compile_flat(keyed: list[tuple[Any, Any]], treedef: Any, rules: RuleSet, mes
     return Plan(tuple(plans), treedef, tuple(diagnostics), group, rules, mesh)
 
 
-
 def _check_group(rules: RuleSet, group: str) -> None:
     if group not in rules.group_names:
         known = rules.group_names
         hint = did_you_mean(group, known) or (
-            f"groups in {rules.name}: {', '.join(known)}" if known else "the file has no `rules GROUP:` header"
+            f"groups in {rules.name}: {', '.join(known)}"
+            if known
+            else "the file has no `rules GROUP:` header"
         )
         raise error_for(
             [Diagnostic("SR018", "error", f"no `rules {group}:` group in {rules.name}", hint=hint)],
             rules.sources,
         )
+
 
 def _check_rules(
     group_rules: list[Rule], rules: RuleSet, sizes: dict[str, int] | None, out: list[Diagnostic]
@@ -155,7 +159,9 @@ def _unknown_axis(axis: str, span: Span | None, written: str, sizes: dict[str, i
     via = f" (through alias `{written}`)" if written and written != axis else ""
     mesh = ", ".join(f"{k}={v}" for k, v in sizes.items())
     hint = did_you_mean(axis, sizes) or f"the mesh has {mesh}"
-    return Diagnostic("SR101", "error", f"mesh axis `{axis}`{via} is not in the mesh ({mesh})", span, hint=hint)
+    return Diagnostic(
+        "SR101", "error", f"mesh axis `{axis}`{via} is not in the mesh ({mesh})", span, hint=hint
+    )
 
 
 def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: RuleSet) -> PartitionSpec:
@@ -192,10 +198,14 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
         at = next(i for i, e in enumerate(entries) if e.kind == "ellipsis")
         filler = [ResolvedEntry("unsharded")] * (len(shape) - len(written))
         entries = entries[:at] + filler + entries[at + 1 :]
-    return PartitionSpec(*(_dim(e, dim, d, info, sizes) for d, (e, dim) in enumerate(zip(entries, shape))))
+    return PartitionSpec(
+        *(_dim(e, dim, d, info, sizes) for d, (e, dim) in enumerate(zip(entries, shape, strict=True)))
+    )
 
 
-def _dim(entry: ResolvedEntry, dim: int, index: int, info: LeafInfo, sizes: dict[str, int] | None) -> SpecEntry:
+def _dim(
+    entry: ResolvedEntry, dim: int, index: int, info: LeafInfo, sizes: dict[str, int] | None
+) -> SpecEntry:
     if entry.kind != "axes":
         return None
     kept: list[str] = []
@@ -209,7 +219,15 @@ def _dim(entry: ResolvedEntry, dim: int, index: int, info: LeafInfo, sizes: dict
             kept.extend(group.axes)
             product *= size
         elif not group.optional:
-            raise _not_divisible(group.written or group.axes[0], group.span or entry.span, dim, index, info, product * size, sizes)
+            raise _not_divisible(
+                group.written or group.axes[0],
+                group.span or entry.span,
+                dim,
+                index,
+                info,
+                product * size,
+                sizes,
+            )
     if not kept:
         return None
     return kept[0] if len(kept) == 1 else tuple(kept)
@@ -232,7 +250,7 @@ def _not_divisible(
 
 def _auto(axes: tuple[str, ...], min_bytes: int, info: LeafInfo, sizes: dict[str, int]) -> PartitionSpec:
     assert info.shape is not None
-    unsharded = [None] * len(info.shape)
+    unsharded: list[SpecEntry] = [None] * len(info.shape)
     if info.nbytes < min_bytes:
         return PartitionSpec(*unsharded)
     by = math.prod(sizes[a] for a in axes)
@@ -251,7 +269,7 @@ def shard_bytes(info: LeafInfo, spec: PartitionSpec, sizes: dict[str, int] | Non
     if sizes is None:
         return info.nbytes
     count = 1
-    for dim, entry in zip(info.shape, spec):
+    for dim, entry in zip(info.shape, spec, strict=True):
         axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
         count *= -(-dim // math.prod(sizes[a] for a in axes))
     return count * info.dtype.itemsize

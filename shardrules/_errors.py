@@ -189,9 +189,7 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
 }
 
 
-def error_for(
-    diagnostics: Sequence[Diagnostic], sources: Mapping[str, str] | None = None
-) -> ShardRulesError:
+def error_for(diagnostics: Sequence[Diagnostic], sources: Mapping[str, str] | None = None) -> ShardRulesError:
     """The exception for these diagnostics, typed by the first one's code.
 
     Codes SR0xx not listed above are `RuleDefinitionError`s; SR1xx are `PlanError`s.

@@ -22,8 +22,8 @@ from ._rules import (
     ResolvedSpec,
     Rule,
     RuleLine,
-    RulesHeader,
     RuleSet,
+    RulesHeader,
     Spec,
 )
 
@@ -289,7 +289,9 @@ class _Loader:
             resolve(name, ())
         return resolved
 
-    def unknown_name(self, ref: AxisRef, axes: set[str], aliases: dict[str, Alias] | dict[str, tuple[str, ...]]) -> None:
+    def unknown_name(
+        self, ref: AxisRef, axes: set[str], aliases: dict[str, Alias] | dict[str, tuple[str, ...]]
+    ) -> None:
         known = sorted(axes | set(aliases))
         hint = did_you_mean(ref.name, known) or (
             f"known names: {', '.join(known)}" if known else "declare it in the mesh line or as an alias"
@@ -351,7 +353,9 @@ class _Loader:
             return ResolvedSpec("replicated", span=spec.span)
         if spec.kind == "auto":
             assert spec.auto_axes is not None
-            for (name, _), span in zip(spec.options, spec.option_spans or [None] * len(spec.options)):
+            for (name, _), span in zip(
+                spec.options, spec.option_spans or [None] * len(spec.options), strict=True
+            ):
                 if name not in _AUTO_OPTIONS:
                     self.error(
                         "SR016",
@@ -361,19 +365,29 @@ class _Loader:
                     )
             entry = self.resolve_entry(spec.auto_axes, mesh, aliases)
             if entry is not None and any(g.optional for g in entry.groups):
-                self.error("SR016", "`?` has no meaning inside auto()", spec.auto_axes.span,
-                           "auto() already skips dimensions that do not divide")
+                self.error(
+                    "SR016",
+                    "`?` has no meaning inside auto()",
+                    spec.auto_axes.span,
+                    "auto() already skips dimensions that do not divide",
+                )
             if entry is not None and not entry.axes:
                 self.error("SR016", "auto() needs at least one mesh axis", spec.auto_axes.span)
             if len(self.errors) > before or entry is None:
                 return None
             options = dict(spec.options)
-            return ResolvedSpec("auto", auto_axes=entry.axes, min_bytes=options.get("min_bytes", 0), span=spec.span)
+            return ResolvedSpec(
+                "auto", auto_axes=entry.axes, min_bytes=options.get("min_bytes", 0), span=spec.span
+            )
         entries = [self.resolve_entry(e, mesh, aliases) for e in spec.entries]
         ellipses = [e for e in spec.entries if e.kind == "ellipsis"]
         if len(ellipses) > 1:
-            self.error("SR016", "`...` may appear once in a spec", ellipses[1].span,
-                       "`...` stands for all the dimensions not written out")
+            self.error(
+                "SR016",
+                "`...` may appear once in a spec",
+                ellipses[1].span,
+                "`...` stands for all the dimensions not written out",
+            )
         done = [e for e in entries if e is not None]
         if len(self.errors) > before:
             return None

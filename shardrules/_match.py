@@ -18,7 +18,7 @@ class Matcher:
 
     def first(self, path: str) -> Rule | None:
         """The first rule matching `path`, or `None`."""
-        for rule, search in zip(self.rules, self._searches):
+        for rule, search in zip(self.rules, self._searches, strict=True):
             if search(path) is not None:
                 return rule
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh
@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh
 from ._errors import Diagnostic, error_for
 from ._rules import MeshDecl, RuleSet
 
-MeshLike = Union[Mesh, AbstractMesh, Mapping[str, int]]
+MeshLike = Mesh | AbstractMesh | Mapping[str, int]
 
 
 def sizes_of(mesh: MeshLike) -> dict[str, int]:
@@ -47,7 +47,9 @@ def ambient_mesh() -> Mesh | AbstractMesh | None:
     return None
 
 
-def declared_sizes(decl: MeshDecl, n_devices: int, rules_name: str, sources: Mapping[str, str]) -> dict[str, int]:
+def declared_sizes(
+    decl: MeshDecl, n_devices: int, rules_name: str, sources: Mapping[str, str]
+) -> dict[str, int]:
     """Sizes from a `mesh` line, `*` taking what the others leave of `n_devices`."""
     sizes = {a.name: a.size for a in decl.axes}
     unsized = [n for n, s in sizes.items() if s is None]

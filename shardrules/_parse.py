@@ -4,6 +4,7 @@ Lark's exceptions into `RuleSyntaxError`s that show the line and a caret."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import lark
@@ -91,7 +92,7 @@ def _describe(terminal: str) -> str:
     return f"`{pattern.value}`" if pattern.type == "str" else terminal.lower()
 
 
-def _expected(names: set[str] | frozenset[str]) -> str:
+def _expected(names: Iterable[str]) -> str:
     shown = sorted({_describe(n) for n in names if n != "COMMENT"})
     if len(shown) <= 1:
         return "".join(shown) or "nothing more"
@@ -176,7 +177,7 @@ class _Builder:
         meta = node.meta
         return Span(self.name, meta.line, meta.column, meta.end_line, meta.end_column)
 
-    def items(self, tree: lark.Tree) -> list[Item]:
+    def items(self, tree: Any) -> list[Item]:
         items: list[Item] = []
         last_line = 0
         for child in tree.children:
@@ -191,10 +192,10 @@ class _Builder:
 
     # statements
 
-    def mesh(self, tree: lark.Tree) -> MeshDecl:
+    def mesh(self, tree: Any) -> MeshDecl:
         return MeshDecl(tuple(self.mesh_axis(t) for t in tree.children), self.span(tree))
 
-    def mesh_axis(self, tree: lark.Tree) -> MeshAxis:
+    def mesh_axis(self, tree: Any) -> MeshAxis:
         name, *size = tree.children
         value: int | Literal["*"] | None = None
         if size:
@@ -207,10 +208,10 @@ class _Builder:
                 value = int(tok)
         return MeshAxis(str(name), value, self.span(tree))
 
-    def include(self, tree: lark.Tree) -> Include:
+    def include(self, tree: Any) -> Include:
         return Include(str(tree.children[0])[1:-1], self.span(tree))
 
-    def alias(self, tree: lark.Tree) -> Alias:
+    def alias(self, tree: Any) -> Alias:
         name, target = tree.children
         if target.data == "alias_unsharded":
             refs: tuple[AxisRef, ...] = ()
@@ -218,17 +219,17 @@ class _Builder:
             refs = tuple(AxisRef(str(t), False, self.span(t)) for t in target.children)
         return Alias(str(name), refs, target.data == "alias_tuple", self.span(tree))
 
-    def rules_header(self, tree: lark.Tree) -> RulesHeader:
+    def rules_header(self, tree: Any) -> RulesHeader:
         return RulesHeader(str(tree.children[0]), self.span(tree))
 
-    def rule(self, tree: lark.Tree) -> RuleLine:
+    def rule(self, tree: Any) -> RuleLine:
         head, _arrow, spec = tree.children
         pattern = None if head.type == "DEFAULT" else str(head)[1:-1]
         return RuleLine(pattern, self.spec(spec), self.span(tree), self.span(head))
 
     # specs
 
-    def spec(self, tree: lark.Tree) -> Spec:
+    def spec(self, tree: Any) -> Spec:
         if tree.data == "spec_replicated":
             return Spec("replicated", span=self.span(tree))
         if tree.data == "spec_entries":
@@ -244,11 +245,11 @@ class _Builder:
             option_spans=tuple(s for _, _, s in parsed),
         )
 
-    def option(self, tree: lark.Tree) -> tuple[str, int, Span]:
+    def option(self, tree: Any) -> tuple[str, int, Span]:
         name, value = tree.children
         return str(name), self.byte_size(value), self.span(tree)
 
-    def entry(self, tree: lark.Tree) -> Entry:
+    def entry(self, tree: Any) -> Entry:
         span = self.span(tree)
         if tree.data == "entry_unsharded":
             return Entry("unsharded", span=span)
@@ -260,7 +261,7 @@ class _Builder:
         optional = any(isinstance(c, lark.Token) and c.type == "OPTIONAL" for c in tree.children)
         return Entry("axes", refs, is_tuple=True, optional=optional, span=span)
 
-    def axis_ref(self, tree: lark.Tree) -> AxisRef:
+    def axis_ref(self, tree: Any) -> AxisRef:
         name, *opt = tree.children
         return AxisRef(str(name), bool(opt), self.span(tree))
 

@@ -18,6 +18,7 @@ from ._errors import Diagnostic, error_for
 
 KeyPath = tuple[Any, ...]
 
+
 def key_str(key: Any) -> str:
     """One path segment for one key-path entry."""
     if isinstance(key, jax.tree_util.DictKey):
@@ -73,9 +74,7 @@ def leaf_info(path: str, leaf: Any) -> LeafInfo:
     return LeafInfo(path, None, None)
 
 
-def flatten(
-    tree: Any, is_leaf: Callable[[Any], bool] | None = None
-) -> tuple[list[tuple[KeyPath, Any]], Any]:
+def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[tuple[KeyPath, Any]], Any]:
     """`jax.tree_util.tree_flatten_with_path`, with a clear error for trees JAX
     cannot flatten (such as dicts whose keys cannot be sorted)."""
     try:

@@ -132,7 +132,9 @@ class Plan:
         for leaf in self.leaves:
             if not leaf.is_array:
                 continue
-            rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+            rule = (
+                leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+            )
             rows.append(
                 (
                     leaf.path,
@@ -144,8 +146,12 @@ class Plan:
                 )
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        mesh = "" if self.mesh is None else " on " + ", ".join(f"{k}={v}" for k, v in sizes_of(self.mesh).items())
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        mesh = (
+            ""
+            if self.mesh is None
+            else " on " + ", ".join(f"{k}={v}" for k, v in sizes_of(self.mesh).items())
+        )
         lines.append(
             f"{len(rows) - 1} arrays{mesh}: {format_bytes(self.total_bytes)} in all, "
             f"{format_bytes(self.bytes_per_device)} per device"

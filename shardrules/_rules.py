@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from ._errors import Span
 
+
 def _span() -> Any:
     return dataclasses.field(default=None, compare=False, repr=False)
+
 
 # ------------------------------------------------------------------ file layer
 
@@ -108,9 +110,7 @@ class Spec:
     auto_axes: Entry | None = None
     options: tuple[tuple[str, int], ...] = ()
     span: Span | None = _span()
-    option_spans: tuple[Span | None, ...] = dataclasses.field(
-        default=(), compare=False, repr=False
-    )
+    option_spans: tuple[Span | None, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +132,8 @@ class Comment:
     span: Span | None = _span()
 
 
-Statement = Union[MeshDecl, Include, Alias, RulesHeader, RuleLine]
-Item = Union[Statement, Comment]
+Statement = MeshDecl | Include | Alias | RulesHeader | RuleLine
+Item = Statement | Comment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,9 +255,7 @@ class RuleSet:
     alias_items: tuple[tuple[str, tuple[str, ...]], ...]
     group_items: tuple[tuple[str, tuple[Rule, ...]], ...]
     default_items: tuple[tuple[str, Rule], ...]
-    source_items: tuple[tuple[str, str], ...] = dataclasses.field(
-        default=(), compare=False, repr=False
-    )
+    source_items: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def aliases(self) -> Mapping[str, tuple[str, ...]]:
@@ -287,7 +285,6 @@ class RuleSet:
 
     def __repr__(self) -> str:
         counts = ", ".join(
-            f"{g}: {len(self.groups.get(g, ())) + (g in self.defaults)} rules"
-            for g in self.group_names
+            f"{g}: {len(self.groups.get(g, ())) + (g in self.defaults)} rules" for g in self.group_names
         )
         return f"RuleSet({self.name!r}, {{{counts}}})"
