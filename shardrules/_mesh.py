@@ -48,14 +48,21 @@ def ambient_mesh() -> Mesh | AbstractMesh | None:
 
 
 def declared_sizes(
-    decl: MeshDecl, n_devices: int, rules_name: str, sources: Mapping[str, str]
-) -> dict[str, int]:
-    """Sizes from a `mesh` line, `*` taking what the others leave of `n_devices`."""
+    decl: MeshDecl, n_devices: int | None, sources: Mapping[str, str]
+) -> dict[str, int] | None:
+    """Sizes from a `mesh` line, `*` taking what the others leave of `n_devices`.
+
+    With `n_devices=None` (planning without devices) a line whose sizes are
+    all numbers is taken as written, and `None` is returned for a line that
+    lacks sizes. With a device count, the line must fill exactly that many.
+    """
     sizes = {a.name: a.size for a in decl.axes}
     unsized = [n for n, s in sizes.items() if s is None]
     if len(sizes) == 1 and unsized:
         sizes = {unsized[0]: "*"}
     elif unsized:
+        if n_devices is None:
+            return None
         example = ", ".join(f"{n}={s or 2}" for n, s in sizes.items())
         raise _mesh_error(
             f"the mesh line gives no size for {', '.join(unsized)}, and no mesh was given",
@@ -63,6 +70,11 @@ def declared_sizes(
             f"pass mesh=jax.make_mesh(...), use `with jax.set_mesh(mesh):`, or give sizes: `mesh {example}`",
             sources,
         )
+    star = [n for n, s in sizes.items() if s == "*"]
+    if n_devices is None:
+        if not star:
+            return {n: int(s) for n, s in sizes.items()}  # type: ignore[arg-type]
+        n_devices = jax.device_count()
     fixed = math.prod(s for s in sizes.values() if isinstance(s, int))
     out: dict[str, int] = {}
     for name, size in sizes.items():
@@ -110,7 +122,11 @@ def no_mesh_error(what: str) -> Exception:
 
 def resolve(mesh: MeshLike | None, rules: RuleSet, *, concrete: bool, what: str) -> MeshLike | None:
     """The mesh a call uses: the argument, else the ambient mesh, else the
-    rule file's mesh line (over `jax.devices()`), else `None`.
+    rule file's mesh line, else `None`.
+
+    Without `concrete` (planning), a mesh line is used for its sizes only: as
+    written when all are numbers, `*` filled from the local device count, and
+    not at all when sizes are missing.
 
     With `concrete`, the result has devices (a `jax.sharding.Mesh`); a mesh
     built from the file's line uses `AxisType.Auto` axes.
@@ -120,10 +136,11 @@ def resolve(mesh: MeshLike | None, rules: RuleSet, *, concrete: bool, what: str)
         if concrete and isinstance(mesh, AbstractMesh):
             mesh = None
     if mesh is None and rules.mesh is not None:
-        devices = jax.devices()
-        sizes = declared_sizes(rules.mesh, len(devices), rules.name, rules.sources)
         if not concrete:
-            return sizes
+            return declared_sizes(rules.mesh, None, rules.sources)
+        devices = jax.devices()
+        sizes = declared_sizes(rules.mesh, len(devices), rules.sources)
+        assert sizes is not None
         return jax.make_mesh(
             tuple(sizes.values()),
             tuple(sizes),
