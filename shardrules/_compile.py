@@ -14,7 +14,7 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
-from ._errors import Diagnostic, Span, did_you_mean, error_for
+from ._errors import Diagnostic, Span, did_you_mean
 from ._format import spec_text
 from ._load import iter_rules
 from ._match import Matcher
@@ -95,17 +95,7 @@ def compile_flat(
 
 
 def _check_group(rules: RuleSet, group: str) -> None:
-    if group not in rules.group_names:
-        known = rules.group_names
-        hint = did_you_mean(group, known) or (
-            f"groups in {rules.name}: {', '.join(known)}"
-            if known
-            else "the file has no `rules GROUP:` header"
-        )
-        raise error_for(
-            [Diagnostic("SR018", "error", f"no `rules {group}:` group in {rules.name}", hint=hint)],
-            rules.sources,
-        )
+    rules.group(group)
 
 
 def _check_rules(

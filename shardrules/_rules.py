@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ._errors import Span
+from ._errors import Diagnostic, Span, did_you_mean, error_for
 
 
 def _span() -> Any:
@@ -278,6 +278,25 @@ class RuleSet:
     @property
     def sources(self) -> Mapping[str, str]:
         return dict(self.source_items)
+
+    def group(self, name: str) -> tuple[Rule, ...]:
+        """The rules of group `name` in order, without its `default` rule.
+
+        **Raises:** `GroupNotFoundError` (SR018) if the file has no such group,
+        with the closest name as a hint.
+        """
+        if name not in self.group_names:
+            known = self.group_names
+            hint = did_you_mean(name, known) or (
+                f"groups in {self.name}: {', '.join(known)}"
+                if known
+                else "the file has no `rules GROUP:` header"
+            )
+            raise error_for(
+                [Diagnostic("SR018", "error", f"no `rules {name}:` group in {self.name}", hint=hint)],
+                self.sources,
+            )
+        return self.groups.get(name, ())
 
     @property
     def files(self) -> tuple[str, ...]:

@@ -1,0 +1,250 @@
+"""The rule language: what parses, what each construct means, and every load-time error."""
+
+from __future__ import annotations
+
+import pytest
+
+import shardrules as sr
+
+DESIGN_EXAMPLE = r"""# sharding/llama.shard
+mesh data, fsdp, model            # axes these rules may name; sizes come from the runtime mesh
+                                  # optional sizes for lint without devices: mesh data=2, fsdp=*, model=8
+include "common.shard"            # relative to this file
+
+alias batch = (data, fsdp)        # logical name -> mesh axes (like Flax logical_axis_rules)
+alias embed = fsdp
+alias heads = model
+
+rules params:                     # a named group; first matching rule wins, in file order
+  "embed/embedding"            -> (model, embed)
+  "attn/(q|k|v)_proj/kernel"   -> (..., embed, heads)   # `...`: leading dims unsharded (scanned layers)
+  "attn/o_proj/kernel"         -> (..., heads, embed)
+  "norm/scale$"                -> replicated
+  "lm_head/kernel"             -> (embed, model?)       # `?`: only where it divides that dim
+  default                      -> auto(fsdp, min_bytes=1MiB)   # FSDP fallback: largest divisible dim
+
+rules activations:                # matched against module paths / jax.named_scope names
+  "layers_\d+/attn$"           -> (batch, _, embed)
+
+rules inputs:
+  "tokens|targets"             -> (batch, _)
+"""
+
+
+@pytest.fixture
+def design_rules(tmp_path) -> sr.RuleSet:
+    (tmp_path / "common.shard").write_text('rules params:\n  "rope/freqs" -> replicated\n')
+    path = tmp_path / "llama.shard"
+    path.write_text(DESIGN_EXAMPLE)
+    return sr.load(path)
+
+
+def test_design_example_loads_as_written(design_rules):
+    rules = design_rules
+    assert rules.group_names == ("params", "activations", "inputs")
+    assert rules.mesh is not None and rules.mesh.names == ("data", "fsdp", "model")
+    params = rules.group("params")
+    # The included rule comes first: includes are expanded where they stand.
+    assert [r.pattern for r in params] == [
+        "rope/freqs",
+        "embed/embedding",
+        "attn/(q|k|v)_proj/kernel",
+        "attn/o_proj/kernel",
+        "norm/scale$",
+        "lm_head/kernel",
+    ]
+    assert rules.defaults["params"] is not None
+    assert dict(rules.aliases) == {"batch": ("data", "fsdp"), "embed": ("fsdp",), "heads": ("model",)}
+
+
+def test_rule_locations_point_at_their_file(design_rules, tmp_path):
+    first, second = design_rules.group("params")[:2]
+    assert first.span.file.endswith("common.shard") and first.span.line == 2
+    assert second.span.file.endswith("llama.shard") and second.span.line == 11
+    assert second.span.col == 3
+
+
+def test_alias_chains_resolve_to_axes():
+    rules = sr.loads("mesh a, b\nalias x = y\nalias y = (a, b)\nalias z = x\n")
+    assert dict(rules.aliases) == {"x": ("a", "b"), "y": ("a", "b"), "z": ("a", "b")}
+
+
+def test_group_not_found_names_the_groups():
+    rules = sr.loads('mesh x\nrules params:\n  "a" -> (x)\n')
+    with pytest.raises(sr.GroupNotFoundError) as info:
+        rules.group("parms")
+    assert isinstance(info.value, KeyError)
+    assert "params" in str(info.value)
+
+
+def test_same_group_in_two_blocks_appends_in_order():
+    rules = sr.loads('mesh x\nrules p:\n  "a" -> (x)\nrules q:\n  "b" -> (x)\nrules p:\n  "c" -> (x)\n')
+    assert [r.pattern for r in rules.group("p")] == ["a", "c"]
+
+
+def test_comments_and_blank_lines_anywhere():
+    text = (
+        '# top\n\nmesh x  # axes\n\n# between\nrules p:   # group\n  # inside\n\n  "a" -> (x)  # trailing\n'
+    )
+    assert [r.pattern for r in sr.loads(text).group("p")] == ["a"]
+
+
+def test_patterns_keep_backslashes_and_quotes():
+    rules = sr.loads('mesh x\nrules p:\n  "layers_\\d+/\\"q\\"" -> (x)\n')
+    (rule,) = rules.group("p")
+    assert rule.regex.search('layers_12/"q"')
+
+
+# --------------------------------------------------------------------------- errors
+# (text, error class, code, line, col, a fragment of the message or hint)
+ERRORS = [
+    ('rules params:\n  "a" -> (x,\n', sr.RuleSyntaxError, "SR001", 2, 13, "expected"),
+    ('mesh x\nrules p:\n  "a" -> x)\n', sr.RuleSyntaxError, "SR001", 3, 10, "in parentheses: (x)"),
+    ("mesh x\nrules p\n", sr.RuleSyntaxError, "SR001", 2, 8, "`:`"),
+    ('mesh x\nrules p:\n  "a(b" -> (x)\n', sr.RuleSyntaxError, "SR002", 3, 5, "missing )"),
+    (
+        'mesh x\nrules p:\n  "a" -> auto(x, min_bytes=3QB)\n',
+        sr.RuleSyntaxError,
+        "SR003",
+        3,
+        28,
+        "did you mean",
+    ),
+    ("mesh x=0\n", sr.RuleSyntaxError, "SR003", 1, 8, "positive whole number"),
+    ('mesh x\n"a" -> (x)\n', sr.RuleDefinitionError, "SR007", 2, 1, "rules params:"),
+    ("mesh data, model\nalias b = dta\n", sr.RuleDefinitionError, "SR010", 2, 11, "did you mean `data`?"),
+    ("mesh x\nalias a = b\nalias b = a\n", sr.RuleDefinitionError, "SR011", 2, 1, "a -> b -> a"),
+    ("mesh x\nalias a = x\nalias a = x\n", sr.RuleDefinitionError, "SR012", 3, 1, "first at"),
+    ("mesh x\nalias x = x\n", sr.RuleDefinitionError, "SR013", 2, 1, "rename the alias"),
+    ("mesh x, x\n", sr.RuleDefinitionError, "SR014", 1, 9, "twice"),
+    ("mesh x\nmesh y\n", sr.RuleDefinitionError, "SR014", 2, 1, "mesh"),
+    (
+        "mesh x\nrules p:\n  default -> (x)\n  default -> replicated\n",
+        sr.RuleDefinitionError,
+        "SR015",
+        4,
+        3,
+        "first",
+    ),
+    ('mesh x\nrules p:\n  "a" -> (..., x, ...)\n', sr.RuleDefinitionError, "SR016", 3, 19, "once"),
+    ('mesh x\nrules p:\n  "a" -> auto(x, size=3)\n', sr.RuleDefinitionError, "SR016", 3, 18, "min_bytes"),
+    ('mesh data, model\nrules p:\n  "a" -> (modle)\n', sr.RuleDefinitionError, "SR010", 3, 11, "`model`"),
+    ('include "nope.shard"\n', sr.IncludeNotFoundError, "SR005", 1, 1, "not found"),
+]
+
+
+@pytest.mark.parametrize(("text", "cls", "code", "line", "col", "fragment"), ERRORS)
+def test_load_errors(text, cls, code, line, col, fragment):
+    with pytest.raises(cls) as info:
+        sr.loads(text, name="bad.shard")
+    err = info.value
+    assert isinstance(err, sr.ShardRulesError)
+    assert err.code == code, str(err)
+    assert err.span is not None
+    assert (err.span.file, err.span.line, err.span.col) == ("bad.shard", line, col), str(err)
+    rendered = str(err)
+    assert rendered.startswith(f"bad.shard:{line}:{col}: {code} ")
+    assert fragment in rendered
+    # The offending source line is quoted, with a caret under the column.
+    source_line = text.splitlines()[line - 1]
+    assert f"  {line} | {source_line}" in rendered
+    caret_line = rendered.splitlines()[2]
+    assert caret_line.index("^") - caret_line.index("|") - 2 == col - 1
+
+
+def test_syntax_error_lists_what_was_expected():
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.loads('mesh x\nrules p:\n  "a" => (x)\n')
+    assert "expected `->`" in str(info.value)
+
+
+def test_lark_types_do_not_leak():
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.loads('rules p:\n  "a" -> ((\n')
+    chain = []
+    exc: BaseException | None = info.value
+    while exc is not None:
+        chain.append(type(exc).__module__)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    assert not any(m.startswith("lark") for m in chain), chain
+
+
+# --------------------------------------------------------------------------- includes
+def test_include_is_relative_to_the_including_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "base.shard").write_text('include "leaf.shard"\nrules p:\n  "b" -> replicated\n')
+    (tmp_path / "sub" / "leaf.shard").write_text('rules p:\n  "a" -> replicated\n')
+    (tmp_path / "top.shard").write_text('include "sub/base.shard"\nrules p:\n  "c" -> replicated\n')
+    rules = sr.load(tmp_path / "top.shard")
+    assert [r.pattern for r in rules.group("p")] == ["a", "b", "c"]
+
+
+def test_include_cycle_is_an_error(tmp_path):
+    (tmp_path / "a.shard").write_text('include "b.shard"\n')
+    (tmp_path / "b.shard").write_text('\ninclude "a.shard"\n')
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.load(tmp_path / "a.shard")
+    err = info.value
+    assert err.code == "SR004"
+    assert err.span is not None and err.span.file.endswith("b.shard") and err.span.line == 2
+    assert "a.shard" in str(err)
+
+
+def test_diamond_include_is_read_once(tmp_path):
+    (tmp_path / "common.shard").write_text('rules p:\n  "x" -> replicated\n')
+    (tmp_path / "l.shard").write_text('include "common.shard"\n')
+    (tmp_path / "r.shard").write_text('include "common.shard"\n')
+    (tmp_path / "top.shard").write_text('include "l.shard"\ninclude "r.shard"\n')
+    assert [r.pattern for r in sr.load(tmp_path / "top.shard").group("p")] == ["x"]
+
+
+@pytest.mark.parametrize("target", ["../outside.shard", "/etc/passwd"])
+def test_include_cannot_leave_its_root(tmp_path, target):
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (tmp_path / "outside.shard").write_text("")
+    (inner / "top.shard").write_text(f'include "{target}"\n')
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.load(inner / "top.shard")
+    assert info.value.code == "SR006"
+    assert info.value.span is not None and info.value.span.line == 1
+
+
+def test_include_root_can_be_widened(tmp_path):
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (tmp_path / "outside.shard").write_text('rules p:\n  "o" -> replicated\n')
+    (inner / "top.shard").write_text('include "../outside.shard"\n')
+    rules = sr.load(inner / "top.shard", include_root=tmp_path)
+    assert [r.pattern for r in rules.group("p")] == ["o"]
+
+
+def test_missing_included_file_points_at_the_include_line(tmp_path):
+    (tmp_path / "top.shard").write_text('mesh x\n\ninclude "gone.shard"\n')
+    with pytest.raises(sr.IncludeNotFoundError) as info:
+        sr.load(tmp_path / "top.shard")
+    assert isinstance(info.value, FileNotFoundError)
+    assert info.value.span is not None and info.value.span.line == 3
+
+
+def test_missing_top_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        sr.load(tmp_path / "nope.shard")
+    assert isinstance(info.value, sr.ShardRulesError)
+    assert info.value.code == "SR005"
+
+
+def test_syntax_error_in_included_file_names_that_file(tmp_path):
+    (tmp_path / "inc.shard").write_text('rules p:\n  "a" -> (\n')
+    (tmp_path / "top.shard").write_text('include "inc.shard"\n')
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.load(tmp_path / "top.shard")
+    assert info.value.span is not None and info.value.span.file.endswith("inc.shard")
+    assert '  2 |   "a" -> (' in str(info.value)
+
+
+def test_rules_are_immutable():
+    rules = sr.loads('mesh x\nrules p:\n  "a" -> (x)\n')
+    rule = rules.group("p")[0]
+    with pytest.raises(AttributeError):
+        rule.pattern = "b"  # type: ignore[misc]
