@@ -20,7 +20,7 @@ from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
 from ._paths import LeafInfo, flatten, leaf_info, path_str
-from ._plan import LeafPlan, Plan
+from ._plan import LeafPlan, Plan, plural
 from ._rules import ResolvedEntry, Rule, RuleSet
 
 _MAX_LISTED = 500
@@ -178,8 +178,8 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
         shown = spec_text(rule.written)
         raise _LeafError(
             "SR103",
-            f"spec {shown} has {len(written)} entries but `{info.path}` has {len(shape)} "
-            f"dimensions (shape {shape})",
+            f"spec {shown} has {plural(len(written), 'entry', 'entries')} but "
+            f"`{info.path}` has {plural(len(shape), 'dimension')} (shape {shape})",
             spec.span,
             "write one entry per dimension, start the spec with `...` to leave leading dimensions "
             "unsharded, or add an earlier rule that matches this path",

@@ -153,7 +153,7 @@ class Plan:
             else " on " + ", ".join(f"{k}={v}" for k, v in sizes_of(self.mesh).items())
         )
         lines.append(
-            f"{len(rows) - 1} arrays{mesh}: {format_bytes(self.total_bytes)} in all, "
+            f"{plural(len(rows) - 1, 'array')}{mesh}: {format_bytes(self.total_bytes)} in all, "
             f"{format_bytes(self.bytes_per_device)} per device"
         )
         return "\n".join(lines)
@@ -166,6 +166,11 @@ def _spec_str(spec: PartitionSpec | None) -> str:
     if spec is None:
         return "-"
     return "P(" + ", ".join(repr(e) for e in spec) + ")"
+
+
+def plural(n: int, noun: str, nouns: str = "") -> str:
+    """`plural(1, "array")` → `"1 array"`; `plural(3, "array")` → `"3 arrays"`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {nouns or noun + 's'}"
 
 
 def format_bytes(n: int) -> str:

@@ -303,7 +303,9 @@ class RuleSet:
         return tuple(f for f, _ in self.source_items)
 
     def __repr__(self) -> str:
-        counts = ", ".join(
-            f"{g}: {len(self.groups.get(g, ())) + (g in self.defaults)} rules" for g in self.group_names
-        )
+        def count(group: str) -> str:
+            n = len(self.groups.get(group, ())) + (group in self.defaults)
+            return f"{group}: {n} rule{'' if n == 1 else 's'}"
+
+        counts = ", ".join(count(g) for g in self.group_names)
         return f"RuleSet({self.name!r}, {{{counts}}})"
