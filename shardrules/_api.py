@@ -108,7 +108,8 @@ def apply(
     every input array (not deleted, not abstract, not committed to devices
     outside the mesh or to the mesh's devices in another order). Only then is
     data moved, in one batched `jax.device_put`. On any error nothing moves and
-    the input is unchanged.
+    the input is unchanged. Inside `jax.jit`, traced leaves get a
+    `jax.lax.with_sharding_constraint` with the planned sharding instead.
 
     **Arguments:**
 
@@ -138,11 +139,20 @@ def apply(
     leaves = [leaf for _, leaf in keyed]
     _check_inputs(the_plan, leaves, resolved)
 
-    moving = [(i, lp.spec) for i, lp in enumerate(the_plan.leaves) if lp.spec is not None]
-    targets = [jax.sharding.NamedSharding(resolved, spec) for _, spec in moving]
-    moved = jax.device_put([leaves[i] for i, _ in moving], targets)
     out = list(leaves)
-    for (i, _), array in zip(moving, moved, strict=True):
+    moving: list[int] = []
+    for i, lp in enumerate(the_plan.leaves):
+        if lp.spec is None:
+            continue
+        if isinstance(leaves[i], Tracer):
+            # Inside a trace there is no data to move: pin the layout instead.
+            sharding = jax.sharding.NamedSharding(resolved, lp.spec)
+            out[i] = jax.lax.with_sharding_constraint(leaves[i], sharding)
+        else:
+            moving.append(i)
+    targets = [jax.sharding.NamedSharding(resolved, the_plan.leaves[i].spec) for i in moving]
+    moved = jax.device_put([leaves[i] for i in moving], targets)
+    for i, array in zip(moving, moved, strict=True):
         out[i] = array
     return jax.tree_util.tree_unflatten(treedef, out)
 

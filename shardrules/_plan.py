@@ -44,6 +44,7 @@ class LeafPlan:
 
     @property
     def is_array(self) -> bool:
+        """`True` for an array leaf (`shape is not None`)."""
         return self.shape is not None
 
     @property
@@ -80,6 +81,7 @@ class Plan:
 
     @property
     def errors(self) -> tuple[Diagnostic, ...]:
+        """The diagnostics of severity `"error"`."""
         return tuple(d for d in self.diagnostics if d.severity == "error")
 
     def raise_for_errors(self) -> None:

@@ -222,14 +222,17 @@ class Rule:
 
     @property
     def is_default(self) -> bool:
+        """`True` for a group's `default` rule (`pattern is None`)."""
         return self.pattern is None
 
     @property
     def regex(self) -> re.Pattern[str] | None:
+        """The compiled `pattern`, or `None` for a `default` rule."""
         return None if self.pattern is None else re.compile(self.pattern)
 
     @property
     def location(self) -> str:
+        """`"file:line:col"` of the rule, or `"<rules>"` for a rule with no span."""
         return str(self.span) if self.span is not None else "<rules>"
 
 
@@ -271,12 +274,14 @@ class RuleSet:
 
     @property
     def group_names(self) -> tuple[str, ...]:
+        """Every group with at least one rule, pattern or `default`."""
         names = [g for g, _ in self.group_items]
         names += [g for g, _ in self.default_items if g not in names]
         return tuple(names)
 
     @property
     def sources(self) -> Mapping[str, str]:
+        """File name → text of every file read (shows source lines in errors)."""
         return dict(self.source_items)
 
     def group(self, name: str) -> tuple[Rule, ...]:
