@@ -141,16 +141,17 @@ def apply(
 
     out = list(leaves)
     moving: list[int] = []
+    targets: list[jax.sharding.NamedSharding] = []
     for i, lp in enumerate(the_plan.leaves):
         if lp.spec is None:
             continue
+        sharding = jax.sharding.NamedSharding(resolved, lp.spec)
         if isinstance(leaves[i], Tracer):
             # Inside a trace there is no data to move: pin the layout instead.
-            sharding = jax.sharding.NamedSharding(resolved, lp.spec)
             out[i] = jax.lax.with_sharding_constraint(leaves[i], sharding)
         else:
             moving.append(i)
-    targets = [jax.sharding.NamedSharding(resolved, the_plan.leaves[i].spec) for i in moving]
+            targets.append(sharding)
     moved = jax.device_put([leaves[i] for i in moving], targets)
     for i, array in zip(moving, moved, strict=True):
         out[i] = array
