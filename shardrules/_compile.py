@@ -138,6 +138,7 @@ def _check_rules(
                     "SR013",
                     "error",
                     f"alias `{name}` has the name of a mesh axis of this mesh",
+                    dict(rules.alias_span_items).get(name),
                     hint="rename the alias; a name cannot mean both",
                 )
             )
@@ -215,7 +216,7 @@ def _dim(
                 dim,
                 index,
                 info,
-                product * size,
+                [*kept, *group.axes],
                 sizes,
             )
     if not kept:
@@ -224,14 +225,22 @@ def _dim(
 
 
 def _not_divisible(
-    written: str, span: Span | None, dim: int, index: int, info: LeafInfo, by: int, sizes: dict[str, int]
+    written: str,
+    span: Span | None,
+    dim: int,
+    index: int,
+    info: LeafInfo,
+    axes: list[str],
+    sizes: dict[str, int],
 ) -> _LeafError:
+    by = math.prod(sizes[a] for a in axes)
     dividing = [f"`{a}`={s}" for a, s in sizes.items() if s > 1 and dim % s == 0]
     options = f"{dim} divides by {', '.join(dividing)}; " if dividing else ""
+    product = " × ".join(f"`{a}`={sizes[a]}" for a in axes)
     return _LeafError(
         "SR104",
         f"dimension {index} of `{info.path}` (shape {info.shape}) has size {dim}, "
-        f"which does not divide by {by} (`{written}`)",
+        f"which does not divide by {by} ({product})",
         span,
         f"{options}write `{written}?` to leave the dimension unsharded where it does not divide, "
         f"or pad it to a multiple of {by}",

@@ -107,6 +107,7 @@ class _Loader:
     meshes: list[MeshDecl] = dataclasses.field(default_factory=list)
     alias_decls: list[Alias] = dataclasses.field(default_factory=list)
     rule_lines: list[tuple[str, RuleLine]] = dataclasses.field(default_factory=list)
+    headers: list[str] = dataclasses.field(default_factory=list)
     done: set[Path] = dataclasses.field(default_factory=set)
     stack: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
 
@@ -124,6 +125,7 @@ class _Loader:
             name=name,
             mesh=mesh,
             alias_items=tuple(sorted(aliases.items())),
+            alias_span_items=tuple((a.name, a.span) for a in self.alias_decls if a.name in aliases),
             group_items=tuple(groups.items()),
             default_items=tuple(defaults.items()),
             source_items=tuple(self.sources.items()),
@@ -148,6 +150,8 @@ class _Loader:
                 self.alias_decls.append(stmt)
             elif isinstance(stmt, RulesHeader):
                 group = stmt.group
+                if group not in self.headers:
+                    self.headers.append(group)
             elif isinstance(stmt, RuleLine):
                 if group is None:
                     self.error(
@@ -270,6 +274,15 @@ class _Loader:
                 return None
             out: list[str] = []
             for ref in alias.target:
+                if ref.name == "_" and len(alias.target) > 1:
+                    self.error(
+                        "SR010",
+                        "`_` (unsharded) cannot be one of several axes in an alias",
+                        ref.span,
+                        "list only mesh axes or aliases in the tuple, or write `alias NAME = _`",
+                    )
+                    failed.add(name)
+                    return None
                 if ref.name in decls:
                     sub = resolve(ref.name, (*trail, name))
                     if sub is None:
@@ -327,7 +340,10 @@ class _Loader:
                 defaults[group] = rule
             else:
                 groups.setdefault(group, []).append(rule)
-        return {g: tuple(r) for g, r in groups.items()}, defaults
+        # Every `rules GROUP:` header makes its group, even one with no rules yet.
+        return {
+            g: tuple(groups.get(g, ())) for g in self.headers if g in groups or g not in defaults
+        }, defaults
 
     def check_pattern(self, line: RuleLine) -> None:
         assert line.pattern is not None
@@ -353,9 +369,13 @@ class _Loader:
             return ResolvedSpec("replicated", span=spec.span)
         if spec.kind == "auto":
             assert spec.auto_axes is not None
+            seen: set[str] = set()
             for (name, _), span in zip(
                 spec.options, spec.option_spans or [None] * len(spec.options), strict=True
             ):
+                if name in seen:
+                    self.error("SR016", f"option `{name}` given twice", span, "keep one")
+                seen.add(name)
                 if name not in _AUTO_OPTIONS:
                     self.error(
                         "SR016",

@@ -259,6 +259,9 @@ class RuleSet:
     group_items: tuple[tuple[str, tuple[Rule, ...]], ...]
     default_items: tuple[tuple[str, Rule], ...]
     source_items: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    alias_span_items: tuple[tuple[str, Span | None], ...] = dataclasses.field(
+        default=(), compare=False, repr=False
+    )
 
     @property
     def aliases(self) -> Mapping[str, tuple[str, ...]]:

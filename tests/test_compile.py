@@ -203,6 +203,21 @@ def test_divisibility_names_the_sizes_that_would_work():
     assert "model?" in err.hint
 
 
+def test_divisibility_message_names_every_axis_of_the_product():
+    rules = rules_of('  "x" -> ((data, model?, fsdp))\n')
+    err = plan_error({"x": sds(12)}, rules)
+    assert err.code == "SR104"
+    assert "does not divide by 8 (`data`=2 × `fsdp`=4)" in str(err)
+    assert err.span is not None and err.span.col == 26
+
+
+def test_alias_named_like_a_runtime_axis_points_at_the_alias():
+    rules = sr.loads('alias data = model\nrules params:\n  "w" -> (data)\n', name="r.shard")
+    err = plan_error({"w": sds(8)}, rules, {"data": 2, "model": 4})
+    assert err.code == "SR013"
+    assert err.span is not None and (err.span.file, err.span.line) == ("r.shard", 1)
+
+
 def test_axis_used_twice_in_one_spec():
     err = plan_error({"x": sds(8, 8)}, rules_of('  "x" -> (fsdp, (data, fsdp))\n'))
     assert err.code == "SR102"

@@ -130,6 +130,16 @@ ERRORS = [
     ('mesh x\nrules p:\n  "a" -> auto(x, size=3)\n', sr.RuleDefinitionError, "SR016", 3, 18, "min_bytes"),
     ('mesh data, model\nrules p:\n  "a" -> (modle)\n', sr.RuleDefinitionError, "SR010", 3, 11, "`model`"),
     ('include "nope.shard"\n', sr.IncludeNotFoundError, "SR005", 1, 1, "not found"),
+    ("alias b = (_, data)\n", sr.RuleDefinitionError, "SR010", 1, 12, "`_` (unsharded)"),
+    (
+        "mesh x\nrules p:\n  default -> auto(x, min_bytes=1B, min_bytes=2B)\n",
+        sr.RuleDefinitionError,
+        "SR016",
+        3,
+        36,
+        "twice",
+    ),
+    ('mesh x\nrules p:\n  "a" -> auto(x?)\n', sr.RuleDefinitionError, "SR016", 3, 15, "no meaning"),
 ]
 
 
@@ -248,3 +258,9 @@ def test_rules_are_immutable():
     rule = rules.group("p")[0]
     with pytest.raises(AttributeError):
         rule.pattern = "b"  # type: ignore[misc]
+
+
+def test_a_group_header_without_rules_makes_an_empty_group():
+    rules = sr.loads('mesh x\nrules params:\n\nrules inputs:\n  "x" -> (x)\n')
+    assert rules.group_names == ("params", "inputs")
+    assert rules.group("params") == ()

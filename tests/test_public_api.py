@@ -34,7 +34,9 @@ MIN_DOC = 30  # characters: a sentence, not a placeholder
 
 # Constructor storage behind documented read-only mappings (`RuleSet.aliases`, ...):
 # not part of the documented surface.
-STORAGE_FIELDS = {"RuleSet": {"alias_items", "group_items", "default_items", "source_items"}}
+STORAGE_FIELDS = {
+    "RuleSet": {"alias_items", "alias_span_items", "group_items", "default_items", "source_items"}
+}
 
 
 def _own_doc(obj: object) -> str:
