@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -10,7 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._errors import Diagnostic, error_for
+from ._errors import Diagnostic, Span, error_for
 from ._mesh import MeshLike, sizes_of
 from ._rules import Rule, RuleSet
 
@@ -135,7 +136,9 @@ class Plan:
             if not leaf.is_array:
                 continue
             rule = (
-                leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+                _short(leaf.rule.span)
+                if leaf.rule is not None and leaf.rule.span is not None and leaf.why in ("rule", "default")
+                else leaf.why
             )
             rows.append(
                 (
@@ -162,6 +165,19 @@ class Plan:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _short(span: Span) -> str:
+    """`file:line:col`, the file relative to the working directory when it is inside it."""
+    file = span.file
+    if os.path.isabs(file):
+        try:
+            relative = os.path.relpath(file)
+        except ValueError:  # another drive on Windows
+            relative = file
+        if not relative.startswith(".."):
+            file = relative
+    return f"{file}:{span.line}:{span.col}"
 
 
 def _spec_str(spec: PartitionSpec | None) -> str:

@@ -294,3 +294,13 @@ def test_the_plan_is_deterministic_and_hashable_inputs_are_untouched():
     second = sr.specs(tree, LLAMA, SIZES)
     assert first == second
     np.testing.assert_array_equal(tree["w"], before)
+
+
+def test_table_shows_rule_files_relative_to_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "sharding").mkdir()
+    path = tmp_path / "sharding" / "m.shard"
+    path.write_text('rules params:\n  "w" -> (fsdp, _)\n')
+    monkeypatch.chdir(tmp_path)
+    table = sr.plan({"w": sds(8, 8)}, sr.load(path), SIZES).table()
+    assert " sharding/m.shard:2:3 " in table
+    assert str(tmp_path) not in table
