@@ -49,6 +49,13 @@ def _shard_files(paths: Sequence[Path]) -> list[Path]:
     return out
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of `text`, each with its newline, split at `\\n` only:
+    `str.splitlines` would also split a comment at `\\f` or `\\u2028`."""
+    lines = text.split("\n")
+    return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+
+
 def _fmt(args: argparse.Namespace) -> int:
     changed = errors = 0
     for path in _shard_files(args.files):
@@ -68,18 +75,20 @@ def _fmt(args: argparse.Namespace) -> int:
             continue
         changed += 1
         if args.diff:
-            sys.stdout.writelines(
-                difflib.unified_diff(
-                    text.splitlines(keepends=True),
-                    formatted.splitlines(keepends=True),
-                    f"{path} (original)",
-                    f"{path} (formatted)",
-                )
+            diff = difflib.unified_diff(
+                _lines(text), _lines(formatted), f"{path} (original)", f"{path} (formatted)"
             )
+            for line in diff:
+                sys.stdout.write(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
         elif args.check:
             print(f"would reformat {path}")
         else:
-            path.write_text(formatted, encoding="utf-8")
+            try:
+                path.write_text(formatted, encoding="utf-8")
+            except OSError as err:
+                print(f"{path}: cannot write: {err}", file=sys.stderr)
+                errors += 1
+                continue
             print(f"reformatted {path}")
     if errors:
         return EXIT_USAGE

@@ -29,8 +29,17 @@ from ._rules import (
 
 INDENT = "  "
 
-_BINARY = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-_DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+# Largest first; at each prefix the binary unit (the larger) comes first.
+_UNITS = (
+    ("TiB", 2**40),
+    ("TB", 10**12),
+    ("GiB", 2**30),
+    ("GB", 10**9),
+    ("MiB", 2**20),
+    ("MB", 10**6),
+    ("KiB", 2**10),
+    ("KB", 10**3),
+)
 
 
 def format_text(text: str, name: str = "<string>") -> str:
@@ -45,11 +54,11 @@ def format_file(rule_file: RuleFile) -> str:
 
 
 def byte_size_text(n: int) -> str:
-    """`1048576` → `"1MiB"`, `1000` → `"1KB"`, `1500` → `"1500"`."""
-    for units in (_BINARY, _DECIMAL):
-        for unit, scale in units:
-            if n and n % scale == 0:
-                return f"{n // scale}{unit}"
+    """In the largest exact unit: `1048576` → `"1MiB"`, `16000000` → `"16MB"`,
+    `1000` → `"1KB"`, `1500` → `"1500"`."""
+    for unit, scale in _UNITS:
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
     return str(n)
 
 

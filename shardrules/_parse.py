@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from fractions import Fraction
 from typing import Any, Literal
 
 import lark
@@ -280,8 +281,8 @@ class _Builder:
                 f"unknown unit `{unit}`; use one of {', '.join(units)}",
                 did_you_mean(unit, units),
             )
-        scaled = float(number) * _UNITS[unit] if "." in number else int(number) * _UNITS[unit]
-        if scaled != int(scaled):
+        scaled = Fraction(number) * _UNITS[unit]  # exact: 1.001KB is 1001 bytes
+        if scaled.denominator != 1:
             raise self.number_error(tok, "a size must come to a whole number of bytes")
         return int(scaled)
 

@@ -23,9 +23,7 @@ assert jax.device_count() == 8, f"tests need 8 simulated CPU devices, got {jax.d
 @pytest.fixture
 def mesh222() -> jax.sharding.Mesh:
     """A 2×2×2 mesh named data, fsdp, model (Auto axes)."""
-    return jax.make_mesh(
-        (2, 2, 2), ("data", "fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3
-    )
+    return jax.make_mesh((2, 2, 2), ("data", "fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
 
 
 @pytest.fixture

@@ -264,3 +264,12 @@ def test_a_group_header_without_rules_makes_an_empty_group():
     rules = sr.loads('mesh x\nrules params:\n\nrules inputs:\n  "x" -> (x)\n')
     assert rules.group_names == ("params", "inputs")
     assert rules.group("params") == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1.001KB", 1001), ("1.5KiB", 1536), ("2MiB", 2 << 20), ("0.5GB", 500_000_000), ("7B", 7), ("12", 12)],
+)
+def test_byte_sizes_are_exact(text, expected):
+    rules = sr.loads(f"rules p:\n  default -> auto(x, min_bytes={text})\n")
+    assert rules.defaults["p"].spec.min_bytes == expected
