@@ -39,11 +39,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Folders never searched when a folder is given (name it to search it anyway).
+_SKIPPED = {"node_modules", "site-packages", "__pycache__"}
+
+
 def _shard_files(paths: Sequence[Path]) -> list[Path]:
+    """The files named, and every `*.shard` under the folders named, skipping
+    hidden folders (`.git`, `.venv`, ...) and installed packages."""
     out: list[Path] = []
     for path in paths:
         if path.is_dir():
-            out.extend(sorted(p for p in path.rglob("*.shard") if p.is_file()))
+            found = (p for p in path.rglob("*.shard") if p.is_file())
+            out.extend(
+                sorted(
+                    p
+                    for p in found
+                    if not any(
+                        part.startswith(".") or part in _SKIPPED for part in p.relative_to(path).parts[:-1]
+                    )
+                )
+            )
         else:
             out.append(path)
     return out

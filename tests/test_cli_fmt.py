@@ -224,6 +224,20 @@ def test_a_folder_is_searched_recursively_for_shard_files(
     assert capsys.readouterr() == ("", "")
 
 
+def test_hidden_folders_and_installed_packages_are_skipped(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(".venv/lib/python3.11/site-packages/pkg/x.shard", MESSY)
+    write("build/.cache/y.shard", MESSY)
+    write("vendor/site-packages/z.shard", MESSY)
+    write("sharding/a.shard", CANONICAL)
+    assert main(["fmt", "--check", "."]) == 0
+    assert capsys.readouterr() == ("", "")
+    # Named explicitly, a folder is searched even if it would be skipped.
+    assert main(["fmt", "--check", "build/.cache"]) == 1
+    assert "y.shard" in capsys.readouterr().out
+
+
 def test_a_file_named_explicitly_is_formatted_whatever_its_extension(
     workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
