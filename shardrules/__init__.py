@@ -9,9 +9,11 @@ params = sr.apply(params, rules, mesh)
 """
 
 from ._api import apply as apply
+from ._api import check as check
 from ._api import plan as plan
 from ._api import shardings as shardings
 from ._api import specs as specs
+from ._check import check_devices as check_devices
 from ._errors import Diagnostic as Diagnostic
 from ._errors import GroupNotFoundError as GroupNotFoundError
 from ._errors import IncludeNotFoundError as IncludeNotFoundError
@@ -50,6 +52,8 @@ __all__ = [
     "Span",
     "TreeError",
     "apply",
+    "check",
+    "check_devices",
     "format_text",
     "load",
     "loads",

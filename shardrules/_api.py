@@ -1,18 +1,21 @@
-"""The public entry points: `plan`, `specs`, `shardings`, `apply`."""
+"""The public entry points: `plan`, `check`, `specs`, `shardings`, `apply`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import jax
 from jax.core import Tracer
 
-from . import _mesh
+from . import _check, _mesh
+from ._check import DEFAULT_REPLICATED_THRESHOLD
 from ._compile import compile_flat, compile_plan
 from ._errors import Diagnostic, error_for
 from ._load import load
 from ._mesh import MeshLike
+from ._parse import byte_size
 from ._paths import flatten
 from ._plan import Plan
 from ._rules import RuleSet
@@ -32,7 +35,15 @@ def as_rules(rules: RulesLike) -> RuleSet:
     )
 
 
-def plan(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: str = "params") -> Plan:
+def plan(
+    tree: Any,
+    rules: RulesLike,
+    mesh: MeshLike | None = None,
+    *,
+    group: str = "params",
+    device_memory: int | str | None = None,
+    replicated_threshold: int | str = DEFAULT_REPLICATED_THRESHOLD,
+) -> Plan:
     """Compile the rules for a tree, reporting problems instead of raising them.
 
     **Arguments:**
@@ -45,18 +56,82 @@ def plan(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: st
       rule file's `mesh` line over `jax.devices()`, else none (then specs that
       need sizes, `?` and `auto`, are reported).
     - `group`: which `rules GROUP:` to use.
+    - `device_memory`: a per-device budget in bytes (`int`, or text such as
+      `"80GiB"`); a plan over it gets an SR110 error.
+    - `replicated_threshold`: fully replicated arrays at least this large get
+      an SR204 warning (default 64 MiB).
 
     **Returns:** a `Plan`: per leaf its path, shape, dtype, rule, spec and bytes
-    per device, and `plan.diagnostics`. `print(plan)` shows it as a table.
+    per device, and `plan.diagnostics`: the errors (SR1xx) and the warnings
+    (SR2xx: dead or shadowed rules, sharded scalars, large replicated arrays,
+    unused mesh axes). `print(plan)` shows it as a table.
 
     ```python
     p = shardrules.plan(params, rules, {"fsdp": 4, "model": 2})
-    assert p.ok, p.diagnostics
+    assert p.ok, p.errors
     print(p)
     ```
     """
     ruleset = as_rules(rules)
-    return compile_plan(tree, ruleset, _mesh.resolve(mesh, ruleset, concrete=False, what="plan"), group)
+    compiled = compile_plan(tree, ruleset, _mesh.resolve(mesh, ruleset, concrete=False, what="plan"), group)
+    extra = _check.all_warnings(compiled, byte_size(replicated_threshold))
+    if device_memory is not None:
+        extra = _check.memory_diagnostics(compiled, byte_size(device_memory)) + extra
+    return dataclasses.replace(compiled, diagnostics=(*compiled.diagnostics, *extra))
+
+
+def check(
+    tree: Any,
+    rules: RulesLike | Plan,
+    mesh: MeshLike | None = None,
+    *,
+    group: str = "params",
+    device_memory: int | str | None = None,
+    replicated_threshold: int | str = DEFAULT_REPLICATED_THRESHOLD,
+) -> list[Diagnostic]:
+    """Every finding about laying `tree` out with these rules, as a list.
+
+    The checks of `shardrules.plan`, plus, for concrete inputs, where the arrays
+    already live (SR106, SR107). Nothing is raised for what is found and nothing
+    moves; the `shardrules lint` command prints the same findings.
+
+    **Arguments:**
+
+    - `tree`: the pytree to check.
+    - `rules`: a `RuleSet`, the path of a rule file, or a `Plan` already made
+      for `tree` (its mesh and group are used).
+    - `mesh`, `group`, `device_memory`, `replicated_threshold`: as for
+      `shardrules.plan`.
+
+    **Returns:** a list of `Diagnostic`s, errors first; empty when all is well.
+
+    ```python
+    for d in shardrules.check(params, rules, mesh, device_memory="80GiB"):
+        print(d.render(rules.sources))
+    ```
+    """
+    if isinstance(rules, Plan):
+        the_plan = rules
+        found = list(the_plan.diagnostics)
+        if device_memory is not None:
+            found += _check.memory_diagnostics(the_plan, byte_size(device_memory))
+    else:
+        the_plan = plan(
+            tree,
+            rules,
+            mesh,
+            group=group,
+            device_memory=device_memory,
+            replicated_threshold=replicated_threshold,
+        )
+        found = list(the_plan.diagnostics)
+    keyed, _ = flatten(tree)
+    if len(keyed) != len(the_plan.leaves):
+        raise TypeError(f"the plan has {len(the_plan.leaves)} leaves but the tree has {len(keyed)}")
+    if isinstance(the_plan.mesh, jax.sharding.Mesh):
+        found += _check.placement_diagnostics(the_plan, [leaf for _, leaf in keyed], the_plan.mesh)
+    unique = list(dict.fromkeys(found))
+    return [d for d in unique if d.severity == "error"] + [d for d in unique if d.severity != "error"]
 
 
 def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: str = "params") -> Any:
@@ -77,7 +152,9 @@ def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: s
     specs["layers"]["attn"]["q_proj"]["kernel"]   # P(None, 'fsdp', 'model')
     ```
     """
-    return plan(tree, rules, mesh, group=group).specs()
+    ruleset = as_rules(rules)
+    resolved = _mesh.resolve(mesh, ruleset, concrete=False, what="specs")
+    return compile_plan(tree, ruleset, resolved, group).specs()
 
 
 def shardings(
@@ -100,7 +177,12 @@ def shardings(
 
 
 def apply(
-    tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None, *, group: str = "params"
+    tree: Any,
+    rules: RulesLike,
+    mesh: jax.sharding.Mesh | None = None,
+    *,
+    group: str = "params",
+    device_memory: int | str | None = None,
 ) -> Any:
     """Lay a pytree out on the mesh as the rules say.
 
@@ -119,6 +201,10 @@ def apply(
     - `mesh`: a `jax.sharding.Mesh`; by default JAX's ambient mesh (`jax.set_mesh`),
       else the rule file's `mesh` line laid over `jax.devices()`.
     - `group`: which `rules GROUP:` to use.
+    - `device_memory`: the per-device budget (bytes, or text such as `"80GiB"`);
+      by default the smallest memory limit the mesh's devices report, if they
+      report one (GPUs and TPUs do; CPUs do not). A plan over it is an SR110
+      error, raised before anything moves.
 
     **Returns:** a pytree like `tree` whose arrays are sharded `jax.Array`s.
 
@@ -137,7 +223,12 @@ def apply(
     the_plan = compile_flat(keyed, treedef, ruleset, resolved, group)
     the_plan.raise_for_errors()
     leaves = [leaf for _, leaf in keyed]
-    _check_inputs(the_plan, leaves, resolved)
+    budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
+    problems = _check.placement_diagnostics(the_plan, leaves, resolved)
+    if budget is not None:
+        problems += _check.memory_diagnostics(the_plan, budget)
+    if problems:
+        raise error_for(problems, ruleset.sources)
 
     out = list(leaves)
     moving: list[int] = []
@@ -156,70 +247,3 @@ def apply(
     for i, array in zip(moving, moved, strict=True):
         out[i] = array
     return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def _check_inputs(the_plan: Plan, leaves: list[Any], mesh: jax.sharding.Mesh) -> None:
-    mesh_devices = set(mesh.devices.flat)
-    order = _mesh.device_order(mesh)
-    problems: list[Diagnostic] = []
-    for lp, leaf in zip(the_plan.leaves, leaves, strict=True):
-        if lp.spec is None or isinstance(leaf, Tracer):
-            continue
-        if isinstance(leaf, jax.ShapeDtypeStruct):
-            problems.append(
-                Diagnostic(
-                    "SR107",
-                    "error",
-                    f"`{lp.path}` is abstract (jax.ShapeDtypeStruct {lp.shape} {lp.dtype}); there is no data to move",
-                    path=lp.path,
-                    hint="use shardrules.shardings() for abstract trees, or shardrules.apply() on real arrays",
-                )
-            )
-            continue
-        if not isinstance(leaf, jax.Array):
-            continue
-        if leaf.is_deleted():
-            problems.append(
-                Diagnostic(
-                    "SR107",
-                    "error",
-                    f"`{lp.path}` {lp.shape} has been deleted (donated or freed)",
-                    path=lp.path,
-                    hint="pass the arrays a donating call returned, not the ones it consumed",
-                )
-            )
-            continue
-        if not getattr(leaf, "committed", False):
-            continue
-        sharding = leaf.sharding
-        devices = sharding.device_set
-        outside = devices - mesh_devices
-        if outside:
-            ids = ", ".join(str(d.id) for d in sorted(outside, key=lambda d: d.id))
-            problems.append(
-                Diagnostic(
-                    "SR106",
-                    "error",
-                    f"`{lp.path}` {lp.shape} is committed to devices outside the mesh (device {ids})",
-                    path=lp.path,
-                    hint="pass the mesh those arrays live on, or move them first with jax.device_put",
-                )
-            )
-        elif (
-            isinstance(sharding, jax.sharding.NamedSharding)
-            and devices == mesh_devices
-            and _mesh.device_order(sharding.mesh) != order
-        ):
-            problems.append(
-                Diagnostic(
-                    "SR106",
-                    "error",
-                    f"`{lp.path}` {lp.shape} is on the mesh's devices in another order "
-                    f"({list(_mesh.device_order(sharding.mesh))} vs the mesh's {list(order)})",
-                    path=lp.path,
-                    hint="use the mesh the arrays were placed with (x.sharding.mesh), "
-                    "or build both meshes the same way",
-                )
-            )
-    if problems:
-        raise error_for(problems, the_plan.rules.sources)

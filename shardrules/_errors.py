@@ -185,6 +185,7 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
     "SR108": MeshError,
     "SR106": PlacementError,
     "SR107": PlacementError,
+    "SR111": PlacementError,
     "SR109": TreeError,
 }
 

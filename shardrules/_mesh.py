@@ -159,3 +159,17 @@ def resolve(mesh: MeshLike | None, rules: RuleSet, *, concrete: bool, what: str)
 
 def device_order(mesh: Any) -> tuple[int, ...]:
     return tuple(d.id for d in mesh.devices.flat)
+
+
+def memory_limit(mesh: Mesh) -> int | None:
+    """The smallest memory limit the mesh's devices report, or `None` (CPUs report none)."""
+    limits = []
+    for device in mesh.devices.flat:
+        try:
+            stats = device.memory_stats()
+        except Exception:  # some backends raise instead of returning None
+            return None
+        if not stats or "bytes_limit" not in stats:
+            return None
+        limits.append(int(stats["bytes_limit"]))
+    return min(limits) if limits else None

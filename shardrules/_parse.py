@@ -291,3 +291,25 @@ class _Builder:
             Diagnostic("SR003", "error", f"bad number `{tok}`: {message}", self.span(tok), hint=hint),
             {self.name: self.text},
         )
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+
+
+def byte_size(value: int | str) -> int:
+    """Bytes in `value`: an int, or text such as `"80GiB"`, `"1.5 GB"`, `"4096"`.
+
+    **Raises:** `ValueError` for anything else, naming the units allowed.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"a size in bytes cannot be negative: {value}")
+        return value
+    if isinstance(value, str):
+        found = _SIZE.fullmatch(value)
+        if found and found.group(2) in _UNITS:
+            scaled = Fraction(found.group(1)) * _UNITS[found.group(2)]
+            if scaled.denominator == 1:
+                return int(scaled)
+    units = ", ".join(u for u in _UNITS if u)
+    raise ValueError(f"not a size in bytes: {value!r}; write a number with one of {units}, e.g. 80GiB")

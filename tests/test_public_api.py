@@ -191,7 +191,9 @@ def test_function_signature_in_api_docs_matches(name: str) -> None:
     shown = block.group(1)
     assert shown.startswith(f"sr.{name}("), shown
     shown_params = [
-        p.strip().split("=")[0].strip() for p in shown[len(name) + 4 : -1].split(",") if p.strip() != "*"
+        p.strip().split("=")[0].strip().lstrip("*")
+        for p in shown[len(name) + 4 : -1].split(",")
+        if p.strip() != "*"
     ]
     real = list(inspect.signature(getattr(sr, name)).parameters)
     assert shown_params == real, (shown, real)
