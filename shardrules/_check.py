@@ -23,7 +23,7 @@ import jax
 from jax.core import Tracer
 
 from . import _mesh
-from ._errors import Diagnostic, error_for
+from ._errors import Diagnostic, Span, error_for
 from ._load import iter_rules
 from ._plan import LeafPlan, Plan, format_bytes, plural
 from ._rules import Rule
@@ -60,14 +60,17 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
             )
             continue
         earlier = sorted(taken_by.values(), key=lambda item: item[0].index)
-        where = ", ".join(f"{r.location} ({plural(n, 'leaf', 'leaves')})" for r, n in earlier)
+        if len(earlier) == 1:
+            where = earlier[0][0].location
+        else:
+            where = ", ".join(f"{r.location} ({plural(n, 'leaf', 'leaves')})" for r, n in earlier)
         matched = sum(n for _, n in earlier)
+        what = "the one leaf it matches is" if matched == 1 else f"all {matched} leaves it matches are"
         out.append(
             Diagnostic(
                 "SR202",
                 "warning",
-                f"rule `{rule.pattern}` never applies: all {plural(matched, 'leaf', 'leaves')} "
-                f"it matches are taken first by {where}",
+                f"rule `{rule.pattern}` never applies: {what} taken first by {where}",
                 rule.pattern_span or rule.span,
                 hint=f"move it above {earlier[0][0].location} if it should win, make the earlier "
                 "pattern more specific, or delete it",
@@ -178,6 +181,11 @@ def memory_diagnostics(plan: Plan, budget: int) -> list[Diagnostic]:
     ]
 
 
+def _rule_span(leaf: LeafPlan) -> Span | None:
+    """Where the rule that planned `leaf` is written, if a rule did."""
+    return leaf.rule.span if leaf.rule is not None else None
+
+
 def placement_diagnostics(plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.Mesh) -> list[Diagnostic]:
     """SR106/SR107: input arrays that cannot be moved as planned."""
     mesh_devices = set(mesh.devices.flat)
@@ -192,7 +200,8 @@ def placement_diagnostics(plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.
                     "SR107",
                     "error",
                     f"`{lp.path}` is abstract (jax.ShapeDtypeStruct {lp.shape} {lp.dtype}); there is no data to move",
-                    path=lp.path,
+                    _rule_span(lp),
+                    lp.path,
                     hint="use shardrules.shardings() for abstract trees, or shardrules.apply() on real arrays",
                 )
             )
@@ -205,7 +214,8 @@ def placement_diagnostics(plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.
                     "SR107",
                     "error",
                     f"`{lp.path}` {lp.shape} has been deleted (donated or freed)",
-                    path=lp.path,
+                    _rule_span(lp),
+                    lp.path,
                     hint="pass the arrays a donating call returned, not the ones it consumed",
                 )
             )
@@ -222,7 +232,8 @@ def placement_diagnostics(plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.
                     "SR106",
                     "error",
                     f"`{lp.path}` {lp.shape} is committed to devices outside the mesh (device {ids})",
-                    path=lp.path,
+                    _rule_span(lp),
+                    lp.path,
                     hint="pass the mesh those arrays live on, or move them first with jax.device_put",
                 )
             )
@@ -237,7 +248,8 @@ def placement_diagnostics(plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.
                     "error",
                     f"`{lp.path}` {lp.shape} is on the mesh's devices in another order "
                     f"({list(_mesh.device_order(sharding.mesh))} vs the mesh's {list(order)})",
-                    path=lp.path,
+                    _rule_span(lp),
+                    lp.path,
                     hint="use the mesh the arrays were placed with (x.sharding.mesh), "
                     "or build both meshes the same way",
                 )

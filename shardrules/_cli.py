@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from . import _lint
 from ._errors import ShardRulesError
 from ._format import format_text
 
@@ -36,7 +39,58 @@ def _parser() -> argparse.ArgumentParser:
     fmt.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     fmt.add_argument("--diff", action="store_true", help="change nothing; print what would change")
     fmt.set_defaults(run=_fmt)
+
+    lint = commands.add_parser(
+        "lint",
+        help="check rule files against a mesh and shapes, with no devices",
+        description="Check rule files: syntax, names and axes for every group; given --shapes, the plan "
+        "for --group (ranks, divisibility, unmatched leaves, memory, dead or shadowed rules).",
+    )
+    lint.add_argument("rules", nargs="+", metavar="RULES", help="rule files (.shard)")
+    _plan_options(lint)
+    lint.add_argument(
+        "--format",
+        choices=("text", "json", "github"),
+        default="text",
+        help="text (default), json (a list of findings) or github (workflow annotations)",
+    )
+    lint.set_defaults(run=_lint_command)
+
+    explain = commands.add_parser(
+        "explain",
+        help="show the plan: every leaf's spec, rule and bytes per device",
+        description="Show how the rules lay out the shapes on the mesh, leaf by leaf, with totals.",
+    )
+    explain.add_argument("rules", metavar="RULES", help="the rule file (.shard)")
+    _plan_options(explain, shapes_required=True)
+    explain.add_argument("--path", metavar="REGEX", help="show only leaves whose path this regex matches")
+    explain.set_defaults(run=_explain_command)
     return parser
+
+
+def _plan_options(parser: argparse.ArgumentParser, shapes_required: bool = False) -> None:
+    parser.add_argument(
+        "--mesh",
+        metavar="AXIS=SIZE,...",
+        help="axis sizes, e.g. fsdp=32,model=8 (default: the sizes in the file's mesh line)",
+    )
+    parser.add_argument(
+        "--shapes",
+        metavar="SOURCE",
+        required=shapes_required,
+        help="module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
+        "or a .json file of {path: [shape, dtype]}; only headers are read",
+    )
+    parser.add_argument("--group", default="params", help="the rules group to plan (default: params)")
+    parser.add_argument(
+        "--device-memory", metavar="SIZE", help="per-device budget, e.g. 80GiB; more is an error (SR110)"
+    )
+    parser.add_argument(
+        "--replicated-threshold",
+        metavar="SIZE",
+        default="64MiB",
+        help="warn about fully replicated arrays this large or larger (default: 64MiB)",
+    )
 
 
 # Folders never searched when a folder is given (name it to search it anyway).
@@ -112,10 +166,70 @@ def _fmt(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, int] | None, int | None, int]:
+    """The shapes tree, mesh sizes, memory budget and replication threshold asked for."""
+    from ._parse import byte_size
+    from ._shapes import ShapeSourceError, load_shapes
+
+    mesh = _lint.parse_mesh(args.mesh) if args.mesh else None
+    try:
+        budget = byte_size(args.device_memory) if args.device_memory else None
+        threshold = byte_size(args.replicated_threshold)
+    except ValueError as err:
+        raise _lint.UsageError(str(err)) from None
+    tree = None
+    if args.shapes:
+        try:
+            tree = load_shapes(args.shapes)
+        except (ShapeSourceError, OSError) as err:
+            raise _lint.UsageError(f"--shapes: {err}") from None
+    return tree, mesh, budget, threshold
+
+
+def _lint_command(args: argparse.Namespace) -> int:
+    tree, mesh, budget, threshold = _inputs(args)
+    results = [
+        _lint.lint_file(
+            path, tree, mesh, group=args.group, device_memory=budget, replicated_threshold=threshold
+        )
+        for path in args.rules
+    ]
+    if args.format == "json":
+        _lint.dump_json(results, sys.stdout)
+    elif args.format == "github":
+        _lint.write_github(results, sys.stdout)
+    else:
+        _lint.write_text(results, sys.stdout)
+    return EXIT_FINDINGS if any(r.errors for r in results) else EXIT_OK
+
+
+def _explain_command(args: argparse.Namespace) -> int:
+    tree, mesh, budget, threshold = _inputs(args)
+    if args.path:
+        try:
+            re.compile(args.path)
+        except re.error as err:
+            raise _lint.UsageError(f"--path {args.path!r}: not a regular expression: {err}") from None
+    result = _lint.lint_file(
+        args.rules, tree, mesh, group=args.group, device_memory=budget, replicated_threshold=threshold
+    )
+    if result.plan is not None:
+        _lint.write_table(_lint.explain_rows(result.plan, args.path), sys.stdout, _lint.use_rich(sys.stdout))
+        sys.stdout.write("\n" + "\n".join(_lint.totals(result.plan)) + "\n")
+    if result.diagnostics:
+        sys.stdout.flush()
+        _lint.write_text([result], sys.stderr)
+    return EXIT_FINDINGS if result.errors else EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except _lint.UsageError as err:
+        print(f"shardrules {args.command}: {err}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -283,7 +283,7 @@ def _unmatched(leaves: list[LeafInfo], rules: RuleSet, group: str) -> Diagnostic
         "SR105",
         "error",
         f"{len(leaves)} {noun} no rule in group `{group}` of {rules.name}:\n" + "\n".join(shown),
-        None,
+        dict(rules.group_span_items).get(group),
         leaves[0].path,
         f"add rules for these paths, or a fallback such as `default -> replicated` under `rules {group}:`",
     )

@@ -107,7 +107,7 @@ class _Loader:
     meshes: list[MeshDecl] = dataclasses.field(default_factory=list)
     alias_decls: list[Alias] = dataclasses.field(default_factory=list)
     rule_lines: list[tuple[str, RuleLine]] = dataclasses.field(default_factory=list)
-    headers: list[str] = dataclasses.field(default_factory=list)
+    headers: dict[str, Span | None] = dataclasses.field(default_factory=dict)
     done: set[Path] = dataclasses.field(default_factory=set)
     stack: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
 
@@ -126,6 +126,7 @@ class _Loader:
             mesh=mesh,
             alias_items=tuple(sorted(aliases.items())),
             alias_span_items=tuple((a.name, a.span) for a in self.alias_decls if a.name in aliases),
+            group_span_items=tuple(self.headers.items()),
             group_items=tuple(groups.items()),
             default_items=tuple(defaults.items()),
             source_items=tuple(self.sources.items()),
@@ -150,8 +151,7 @@ class _Loader:
                 self.alias_decls.append(stmt)
             elif isinstance(stmt, RulesHeader):
                 group = stmt.group
-                if group not in self.headers:
-                    self.headers.append(group)
+                self.headers.setdefault(group, stmt.span)
             elif isinstance(stmt, RuleLine):
                 if group is None:
                     self.error(

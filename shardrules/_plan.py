@@ -145,7 +145,7 @@ class Plan:
                     leaf.path,
                     str(leaf.shape),
                     str(leaf.dtype),
-                    _spec_str(leaf.spec),
+                    spec_str(leaf.spec),
                     rule,
                     format_bytes(leaf.bytes_per_device),
                 )
@@ -180,7 +180,7 @@ def _short(span: Span) -> str:
     return f"{file}:{span.line}:{span.col}"
 
 
-def _spec_str(spec: PartitionSpec | None) -> str:
+def spec_str(spec: PartitionSpec | None) -> str:
     if spec is None:
         return "-"
     return "P(" + ", ".join(repr(e) for e in spec) + ")"

@@ -262,6 +262,9 @@ class RuleSet:
     alias_span_items: tuple[tuple[str, Span | None], ...] = dataclasses.field(
         default=(), compare=False, repr=False
     )
+    group_span_items: tuple[tuple[str, Span | None], ...] = dataclasses.field(
+        default=(), compare=False, repr=False
+    )
 
     @property
     def aliases(self) -> Mapping[str, tuple[str, ...]]:

@@ -355,7 +355,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"shardrules {sr.__version__}\n"
 
 
-@pytest.mark.parametrize("argv", [[], ["fmt"], ["fmt", "--bogus", "x.shard"], ["lint", "x.shard"]])
+@pytest.mark.parametrize("argv", [[], ["fmt"], ["fmt", "--bogus", "x.shard"], ["frobnicate", "x.shard"]])
 def test_a_bad_command_line_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(argv)

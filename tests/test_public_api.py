@@ -35,7 +35,14 @@ MIN_DOC = 30  # characters: a sentence, not a placeholder
 # Constructor storage behind documented read-only mappings (`RuleSet.aliases`, ...):
 # not part of the documented surface.
 STORAGE_FIELDS = {
-    "RuleSet": {"alias_items", "alias_span_items", "group_items", "default_items", "source_items"}
+    "RuleSet": {
+        "alias_items",
+        "alias_span_items",
+        "group_items",
+        "group_span_items",
+        "default_items",
+        "source_items",
+    }
 }
 
 

@@ -1,0 +1,280 @@
+"""`shardrules lint` and `shardrules explain`: check rule files against shapes and
+a mesh description, with no devices, and print the findings or the plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from . import _check
+from ._compile import compile_plan
+from ._errors import Diagnostic, IncludeNotFoundError, ShardRulesError
+from ._load import load
+from ._mesh import declared_sizes
+from ._plan import Plan, format_bytes, plural, spec_str
+from ._rules import RuleSet
+
+
+class UsageError(Exception):
+    """A mistake in how the command was called, or a file it cannot read (exit 2)."""
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """`"fsdp=32,model=8"` → `{"fsdp": 32, "model": 8}`."""
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        name, eq, size = part.strip().partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.strip()) or not size.strip().isdigit():
+            raise UsageError(
+                f"--mesh {text!r}: write axis sizes as NAME=SIZE,NAME=SIZE, e.g. --mesh fsdp=32,model=8"
+            )
+        if int(size) < 1:
+            raise UsageError(f"--mesh {text!r}: axis `{name.strip()}` needs a size of at least 1")
+        if name.strip() in sizes:
+            raise UsageError(f"--mesh {text!r}: axis `{name.strip()}` is given twice")
+        sizes[name.strip()] = int(size)
+    return sizes
+
+
+@dataclasses.dataclass
+class Result:
+    """What linting one rule file found."""
+
+    file: str
+    diagnostics: list[Diagnostic]
+    sources: Mapping[str, str]
+    plan: Plan | None = None
+
+    @property
+    def errors(self) -> int:
+        return sum(d.severity == "error" for d in self.diagnostics)
+
+
+def _load(path: str) -> RuleSet | Result:
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: no such rule file")
+    try:
+        return load(path)
+    except IncludeNotFoundError as err:
+        if err.span is None:
+            raise UsageError(str(err)) from None
+        return Result(path, list(err.diagnostics), getattr(err, "_sources", {}))
+    except ShardRulesError as err:
+        return Result(path, list(err.diagnostics), getattr(err, "_sources", {}))
+
+
+def _sizes(rules: RuleSet, mesh: Mapping[str, int] | None) -> dict[str, int] | None:
+    if mesh is not None:
+        return dict(mesh)
+    if rules.mesh is None:
+        return None
+    try:
+        return declared_sizes(rules.mesh, None, rules.sources)
+    except ShardRulesError:
+        return None
+
+
+def lint_file(
+    path: str,
+    tree: Any | None,
+    mesh: Mapping[str, int] | None,
+    *,
+    group: str = "params",
+    device_memory: int | None = None,
+    replicated_threshold: int = _check.DEFAULT_REPLICATED_THRESHOLD,
+) -> Result:
+    """Every finding for one rule file: loading, every group's rules on the mesh,
+    and, given `tree`, the plan of `group` for it."""
+    loaded = _load(path)
+    if isinstance(loaded, Result):
+        return loaded
+    rules = loaded
+    sizes = _sizes(rules, mesh)
+    found: list[Diagnostic] = []
+    the_plan: Plan | None = None
+    if tree is not None:
+        try:
+            the_plan = compile_plan(tree, rules, sizes, group)
+        except ShardRulesError as err:  # SR018 (no such group), SR109 (not a tree)
+            found += err.diagnostics
+        else:
+            found += the_plan.diagnostics
+            if device_memory is not None:
+                found += _check.memory_diagnostics(the_plan, device_memory)
+            found += _check.rule_warnings(the_plan)
+            found += _check.replication_warnings(the_plan, replicated_threshold)
+    # Rule-level checks (axes, aliases) for every group, with or without shapes.
+    empty: Plan | None = None
+    for name in rules.group_names:
+        empty = compile_plan({}, rules, sizes, name)
+        found += empty.diagnostics
+    if empty is not None:
+        found += _check.unused_axis_warnings(empty)
+    unique = list(dict.fromkeys(found))
+    unique.sort(key=lambda d: (d.severity != "error", *_where(d)))
+    return Result(path, unique, rules.sources, the_plan)
+
+
+def _where(d: Diagnostic) -> tuple[str, int, int]:
+    if d.span is None:
+        return ("\uffff", 0, 0)
+    return (d.span.file, d.span.line, d.span.col)
+
+
+# ------------------------------------------------------------------ output
+
+
+def write_text(results: Sequence[Result], out: TextIO) -> None:
+    for result in results:
+        for d in result.diagnostics:
+            text = d.render(result.sources)
+            out.write((text if d.span is not None else f"{result.file}: {text}") + "\n")
+    errors = sum(r.errors for r in results)
+    warnings = sum(len(r.diagnostics) for r in results) - errors
+    if errors or warnings:
+        out.write(f"Found {plural(errors, 'error')} and {plural(warnings, 'warning')}.\n")
+    else:
+        out.write(f"All checks passed ({plural(len(results), 'file')}).\n")
+
+
+def as_json(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """The stable JSON form: one object per finding."""
+    return [
+        {
+            "code": d.code,
+            "severity": d.severity,
+            "file": d.span.file if d.span is not None else r.file,
+            "line": d.span.line if d.span is not None else None,
+            "col": d.span.col if d.span is not None else None,
+            "end_line": d.span.end_line if d.span is not None else None,
+            "end_col": d.span.end_col if d.span is not None else None,
+            "message": d.message,
+            "hint": d.hint,
+            "path": d.path,
+        }
+        for r in results
+        for d in r.diagnostics
+    ]
+
+
+def _escape(text: str, prop: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def write_github(results: Sequence[Result], out: TextIO) -> None:
+    """GitHub Actions workflow commands: an annotation per finding."""
+    for r in results:
+        for d in r.diagnostics:
+            props = [f"file={_escape(d.span.file if d.span else r.file, True)}"]
+            if d.span is not None:
+                props += [
+                    f"line={d.span.line}",
+                    f"col={d.span.col}",
+                    f"endLine={d.span.end_line}",
+                    f"endColumn={d.span.end_col}",
+                ]
+            props.append(f"title={_escape(d.code, True)}")
+            message = d.message + (f"\nhint: {d.hint}" if d.hint else "")
+            out.write(f"::{d.severity} {','.join(props)}::{_escape(message)}\n")
+
+
+# ------------------------------------------------------------------ explain
+
+
+def explain_rows(plan: Plan, path_filter: str | None = None) -> list[tuple[str, ...]]:
+    """path, shape, dtype, rule, spec, bytes per device, for each array leaf."""
+    search = re.compile(path_filter).search if path_filter else None
+    rows = []
+    for leaf in plan.leaves:
+        if not leaf.is_array or (search is not None and search(leaf.path) is None):
+            continue
+        rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+        rows.append(
+            (
+                leaf.path,
+                str(leaf.shape),
+                str(leaf.dtype),
+                rule,
+                spec_str(leaf.spec),
+                format_bytes(leaf.bytes_per_device),
+            )
+        )
+    return rows
+
+
+HEADER = ("path", "shape", "dtype", "rule", "spec", "per device")
+
+
+def totals(plan: Plan, top: int = 5) -> list[str]:
+    """The summary under the table: bytes per device, replication, biggest replicated leaves."""
+    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
+    devices = math.prod(sizes.values()) if sizes else 1
+    arrays = [leaf for leaf in plan.leaves if leaf.is_array]
+    held = sum(leaf.bytes_per_device for leaf in arrays)
+    total = plan.total_bytes
+    mesh_text = ", ".join(f"{k}={v}" for k, v in sizes.items()) if sizes else "no mesh sizes"
+    lines = [
+        f"{plural(len(arrays), 'array')}, {format_bytes(total)} in all, on {mesh_text} "
+        f"({plural(devices, 'device')})",
+        # Shards divide evenly, so every device holds the same bytes: max == min.
+        f"bytes per device: {format_bytes(held)} max, {format_bytes(held)} min",
+    ]
+    if total:
+        lines.append(
+            f"replication factor: {held * devices / total:.2f} (bytes on all devices / bytes of the arrays)"
+        )
+    replicated = sorted(
+        (
+            leaf
+            for leaf in arrays
+            if leaf.spec is not None and leaf.shape and all(e is None for e in leaf.spec)
+        ),
+        key=lambda leaf: -leaf.nbytes,
+    )[:top]
+    if replicated and devices > 1:
+        lines.append("biggest replicated leaves:")
+        width = max(len(leaf.path) for leaf in replicated)
+        lines += [
+            f"  {leaf.path.ljust(width)}  {leaf.shape}  {leaf.dtype}  {format_bytes(leaf.nbytes)}"
+            for leaf in replicated
+        ]
+    return lines
+
+
+def write_table(rows: Sequence[tuple[str, ...]], out: TextIO, rich: bool) -> None:
+    if rich:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*HEADER, box=None, pad_edge=False)
+        for row in rows:
+            table.add_row(*row)
+        Console(file=out).print(table)
+        return
+    everything = [HEADER, *rows]
+    widths = [max(len(r[i]) for r in everything) for i in range(len(HEADER))]
+    for row in everything:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def use_rich(out: TextIO) -> bool:
+    """rich tables on a terminal, when rich is installed."""
+    if not (hasattr(out, "isatty") and out.isatty()):
+        return False
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def dump_json(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
+    json.dump(as_json(results), out, indent=2)
+    out.write("\n")

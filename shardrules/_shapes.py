@@ -1,0 +1,209 @@
+"""Shapes without data: the trees `shardrules lint` and `explain` check.
+
+Every source gives a pytree of `jax.ShapeDtypeStruct` and reads no tensor data:
+
+- `module:function` — the function is called under `jax.eval_shape`;
+- `model.safetensors` — the file's JSON header only;
+- `model.safetensors.index.json` — the header of every file the index names;
+- `shapes.json` — `{"path": [[4096, 4096], "bfloat16"], ...}` (or
+  `{"path": {"shape": [...], "dtype": "..."}}`).
+
+Checkpoint tensor names such as `model.layers.0.mlp.up_proj.weight` become the
+keys of a flat dict, so rules match them as written.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import struct
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# safetensors limits its header to 100 MB; a longer one is not a safetensors file.
+_MAX_HEADER = 100_000_000
+
+_SAFETENSORS_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "U32": "uint32",
+    "I32": "int32",
+    "F32": "float32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
+
+
+class ShapeSourceError(ValueError):
+    """A shapes source that cannot be read: missing, malformed, or of an unknown kind."""
+
+
+def load_shapes(source: str | os.PathLike[str]) -> Any:
+    """Read a tree of shapes and dtypes from `source`, without tensor data.
+
+    **Arguments:**
+
+    - `source`: `module:function` (a function of no arguments returning a
+      pytree, evaluated with `jax.eval_shape`), a `.safetensors` file, a
+      sharded checkpoint's `*.index.json`, or a `.json` file mapping paths to
+      `[shape, dtype]`.
+
+    **Returns:** a pytree of `jax.ShapeDtypeStruct`; for files, a flat dict keyed
+    by tensor name.
+
+    **Raises:** `ShapeSourceError` (a `ValueError`) or `FileNotFoundError`, with
+    what was expected.
+
+    ```python
+    shapes = shardrules.load_shapes("model.safetensors.index.json")
+    shardrules.plan(shapes, rules, {"fsdp": 32, "model": 8})
+    ```
+    """
+    text = os.fspath(source)
+    path = Path(text)
+    if text.endswith(".index.json"):
+        return _index(path)
+    if text.endswith(".safetensors"):
+        return safetensors_shapes(path)
+    if text.endswith(".json"):
+        return _json_shapes(path)
+    if ":" in text and not path.exists():
+        return _function_shapes(text)
+    raise ShapeSourceError(
+        f"cannot tell what kind of shapes source {text!r} is; give a `module:function`, "
+        "a .safetensors file, a *.index.json or a .json file of `path: [shape, dtype]`"
+    )
+
+
+def _open(path: Path):  # one place that opens files, so tests can count what is read
+    return open(path, "rb")
+
+
+def safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, jax.ShapeDtypeStruct]:
+    """Tensor name → shape and dtype, from a `.safetensors` file's header alone."""
+    path = Path(path)
+    with _open(path) as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ShapeSourceError(f"{path}: too short to be a .safetensors file")
+        (size,) = struct.unpack("<Q", head)
+        if size > _MAX_HEADER:
+            raise ShapeSourceError(
+                f"{path}: header length {size} is not plausible; is it a .safetensors file?"
+            )
+        raw = f.read(size)
+    if len(raw) < size:
+        raise ShapeSourceError(f"{path}: the header is cut short ({len(raw)} of {size} bytes)")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ShapeSourceError(f"{path}: the header is not JSON ({err})") from None
+    if not isinstance(header, dict):
+        raise ShapeSourceError(f"{path}: the header is not a JSON object")
+    out: dict[str, jax.ShapeDtypeStruct] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+            shape = tuple(int(d) for d in info["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise ShapeSourceError(
+                f"{path}: tensor {name!r} has no valid dtype and shape: {info!r}"
+            ) from None
+        out[name] = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+    return out
+
+
+def _index(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
+    try:
+        index = json.loads(path.read_text())
+        weight_map = index["weight_map"]
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ShapeSourceError(f"{path}: not a checkpoint index with a `weight_map` ({err})") from None
+    files: dict[str, list[str]] = {}
+    for name, file in weight_map.items():
+        files.setdefault(file, []).append(name)
+    out: dict[str, jax.ShapeDtypeStruct] = {}
+    for file, names in sorted(files.items()):
+        shard = path.parent / file
+        if not shard.exists():
+            raise FileNotFoundError(f"{path} names {file}, which is not in {path.parent}")
+        header = safetensors_shapes(shard)
+        for name in names:
+            if name not in header:
+                raise ShapeSourceError(f"{path} puts {name!r} in {file}, but that file has no such tensor")
+            out[name] = header[name]
+    return out
+
+
+def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ShapeSourceError(f"{path}: not a JSON file ({err})") from None
+    if not isinstance(data, dict):
+        raise ShapeSourceError(
+            f'{path}: expected an object such as {{"layers/0/w": [[512, 512], "float32"]}}'
+        )
+    out: dict[str, jax.ShapeDtypeStruct] = {}
+    for name, entry in data.items():
+        if isinstance(entry, dict):
+            entry = [entry.get("shape"), entry.get("dtype")]
+        try:
+            shape, dtype = entry
+            if not isinstance(shape, list):
+                raise TypeError("the shape is not a list")
+            out[name] = jax.ShapeDtypeStruct(tuple(int(d) for d in shape), np.dtype(jnp.dtype(dtype)))
+        except (TypeError, ValueError):
+            raise ShapeSourceError(
+                f'{path}: entry {name!r} should be [shape, dtype], e.g. [[512, 512], "float32"]; got {entry!r}'
+            ) from None
+    return out
+
+
+def _function_shapes(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ShapeSourceError(f"{spec!r}: write `module:function`, e.g. `mymodel.shapes:llama_70b`")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ShapeSourceError(f"{spec!r}: cannot import {module_name!r}: {err}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ShapeSourceError(f"{spec!r}: {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise ShapeSourceError(f"{spec!r} is not callable")
+    fn: Callable[[], Any] = obj
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        raise ShapeSourceError(f"{spec!r} must be callable with no arguments") from None
+    except ValueError:  # no signature to inspect (some builtins): just try it
+        pass
+    return jax.eval_shape(fn)
