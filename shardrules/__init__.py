@@ -32,6 +32,7 @@ from ._plan import LeafPlan as LeafPlan
 from ._plan import Plan as Plan
 from ._rules import Rule as Rule
 from ._rules import RuleSet as RuleSet
+from ._shapes import load_shapes as load_shapes
 
 __version__ = "0.1.0"
 
@@ -56,6 +57,7 @@ __all__ = [
     "check_devices",
     "format_text",
     "load",
+    "load_shapes",
     "loads",
     "plan",
     "shardings",

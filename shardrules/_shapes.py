@@ -67,8 +67,8 @@ def load_shapes(source: str | os.PathLike[str]) -> Any:
     **Returns:** a pytree of `jax.ShapeDtypeStruct`; for files, a flat dict keyed
     by tensor name.
 
-    **Raises:** `ShapeSourceError` (a `ValueError`) or `FileNotFoundError`, with
-    what was expected.
+    **Raises:** `ValueError` for a malformed source or one of an unknown kind,
+    `FileNotFoundError` for a missing file, each saying what was expected.
 
     ```python
     shapes = shardrules.load_shapes("model.safetensors.index.json")

@@ -1,0 +1,461 @@
+"""`shardrules lint` and `explain`: shape sources, findings, output formats, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import shardrules as sr
+from shardrules import _shapes
+from shardrules._cli import main
+
+LLAMA_RULES = r"""mesh fsdp, model
+
+alias embed = fsdp
+
+rules params:
+  "embed_tokens"             -> (model, embed)
+  "(q|k|v)_proj\.weight$"    -> (model, embed)
+  "o_proj\.weight$"          -> (embed, model)
+  "(gate|up)_proj\.weight$"  -> (model, embed)
+  "down_proj\.weight$"       -> (embed, model)
+  "norm\.weight$"            -> replicated
+  "lm_head"                  -> (model, embed)
+"""
+
+
+def llama3_70b_header() -> dict[str, dict]:
+    """Tensor name -> safetensors header entry, shaped like Llama-3-70B (bf16)."""
+    d, ff, vocab, kv = 8192, 28672, 128256, 1024
+    shapes = {
+        "model.embed_tokens.weight": (vocab, d),
+        "model.norm.weight": (d,),
+        "lm_head.weight": (vocab, d),
+    }
+    for i in range(80):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (d, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.o_proj.weight": (d, d),
+            p + "mlp.gate_proj.weight": (ff, d),
+            p + "mlp.up_proj.weight": (ff, d),
+            p + "mlp.down_proj.weight": (d, ff),
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+        }
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2
+        for n in shape:
+            size *= n
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    return header
+
+
+def write_safetensors(path: Path, header: dict[str, dict]) -> int:
+    """A .safetensors file with `header` and a sparse (never written) data region."""
+    raw = json.dumps({"__metadata__": {"format": "pt"}, **header}).encode()
+    raw += b" " * (-len(raw) % 8)
+    end = max((h["data_offsets"][1] for h in header.values()), default=0)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + end)
+    return 8 + len(raw)
+
+
+@pytest.fixture
+def counted_reads(monkeypatch):
+    """Counts the bytes shardrules reads from files it opens for shapes."""
+    total = {"bytes": 0}
+    real_open = _shapes._open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            total["bytes"] += len(data)
+            return data
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(_shapes, "_open", lambda path: Counting(real_open(path)))
+    return total
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_llama3_70b_safetensors_header_on_256_devices(tmp_path, capsys, counted_reads):
+    header_bytes = write_safetensors(tmp_path / "model.safetensors", llama3_70b_header())
+    assert (tmp_path / "model.safetensors").stat().st_size > 140e9  # sparse: nothing was written
+    (tmp_path / "llama.shard").write_text(LLAMA_RULES)
+    code, out, err = run(
+        [
+            "lint",
+            str(tmp_path / "llama.shard"),
+            "--mesh",
+            "fsdp=32,model=8",
+            "--shapes",
+            str(tmp_path / "model.safetensors"),
+            "--device-memory",
+            "80GiB",
+        ],
+        capsys,
+    )
+    assert (code, err) == (0, ""), out
+    assert out == "All checks passed (1 file).\n"
+    assert counted_reads["bytes"] == header_bytes  # the header, and nothing else
+
+
+def test_llama3_70b_explain_totals(tmp_path, capsys):
+    write_safetensors(tmp_path / "model.safetensors", llama3_70b_header())
+    (tmp_path / "llama.shard").write_text(LLAMA_RULES)
+    code, out, _ = run(
+        [
+            "explain",
+            str(tmp_path / "llama.shard"),
+            "--mesh",
+            "fsdp=32,model=8",
+            "--shapes",
+            str(tmp_path / "model.safetensors"),
+            "--path",
+            r"layers\.0\.|lm_head",
+        ],
+        capsys,
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["path", "shape", "dtype", "rule", "spec", "per", "device"]
+    rows = [line for line in lines[1:] if line.startswith(("model.", "lm_head"))]
+    assert len(rows) == 10  # 9 tensors of layer 0, and lm_head
+    q = next(r for r in rows if "layers.0.self_attn.q_proj" in r)
+    assert "(8192, 8192)" in q and "bfloat16" in q and "P('model', 'fsdp')" in q and "512.0 KiB" in q
+    assert "llama.shard:7:3" in q
+    assert "723 arrays, 131.4 GiB in all, on fsdp=32, model=8 (256 devices)" in out
+    assert "replication factor: 1.00" in out
+    biggest = out[out.index("biggest replicated leaves:") :].splitlines()[1:]
+    assert len(biggest) == 5
+    assert all(re.fullmatch(r"  \S+norm\.weight +\(8192,\)  bfloat16  16\.0 KiB", line) for line in biggest)
+
+
+def test_checkpoint_index_reads_every_shard_header(tmp_path, capsys):
+    header = llama3_70b_header()
+    names = sorted(header)
+    half = len(names) // 2
+    parts = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
+    weight_map = {}
+    for file, part in parts.items():
+        write_safetensors(tmp_path / file, {n: header[n] for n in part})
+        weight_map |= dict.fromkeys(part, file)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    shapes = sr.load_shapes(index)
+    assert len(shapes) == 723
+    assert shapes["model.layers.3.mlp.down_proj.weight"] == jax.ShapeDtypeStruct((8192, 28672), jnp.bfloat16)
+
+
+def test_index_naming_a_missing_file_is_a_usage_error(tmp_path, capsys):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"w": "gone.safetensors"}}))
+    (tmp_path / "r.shard").write_text("rules params:\n  default -> replicated\n")
+    code, out, err = run(["lint", str(tmp_path / "r.shard"), "--shapes", str(index)], capsys)
+    assert code == 2 and out == ""
+    assert "gone.safetensors" in err and "Traceback" not in err
+
+
+def test_json_shapes_and_dotted_paths(tmp_path):
+    path = tmp_path / "shapes.json"
+    path.write_text(
+        json.dumps(
+            {
+                "model.layers.0.mlp.up_proj.weight": [[64, 32], "bfloat16"],
+                "b": {"shape": [3], "dtype": "int32"},
+            }
+        )
+    )
+    shapes = sr.load_shapes(path)
+    assert shapes == {
+        "model.layers.0.mlp.up_proj.weight": jax.ShapeDtypeStruct((64, 32), jnp.bfloat16),
+        "b": jax.ShapeDtypeStruct((3,), jnp.int32),
+    }
+    rules = sr.loads('rules params:\n  "mlp\\.up_proj\\.weight$" -> (fsdp, _)\n  default -> replicated\n')
+    plan = sr.plan(shapes, rules, {"fsdp": 4})
+    assert plan["model.layers.0.mlp.up_proj.weight"].rule.span.line == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("[1, 2]", "expected an object"),
+        ('{"w": [[4], "nonsense"]}', "should be [shape, dtype]"),
+        ('{"w": 3}', "should be [shape, dtype]"),
+        ("{nope", "not a JSON file"),
+    ],
+)
+def test_bad_json_shapes_are_explained(tmp_path, content, fragment):
+    path = tmp_path / "shapes.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        sr.load_shapes(path)
+
+
+def test_bad_safetensors_are_explained(tmp_path):
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(b"\x01\x02")
+    with pytest.raises(ValueError, match="too short"):
+        sr.load_shapes(path)
+    path.write_bytes(struct.pack("<Q", 10**12))
+    with pytest.raises(ValueError, match="not plausible"):
+        sr.load_shapes(path)
+    path.write_bytes(struct.pack("<Q", 4) + b"{]}x")
+    with pytest.raises(ValueError, match="not JSON"):
+        sr.load_shapes(path)
+
+
+def test_module_function_is_evaluated_abstractly(tmp_path, monkeypatch, capsys):
+    (tmp_path / "toymodel.py").write_text(
+        textwrap.dedent(
+            """
+            import jax.numpy as jnp
+
+            def params():
+                return {"dense": {"kernel": jnp.ones((4096, 4096)), "bias": jnp.zeros(4096)}}
+
+            def needs_args(n):
+                return jnp.ones(n)
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    shapes = sr.load_shapes("toymodel:params")
+    assert shapes["dense"]["kernel"] == jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+    with pytest.raises(ValueError, match="no arguments"):
+        sr.load_shapes("toymodel:needs_args")
+    with pytest.raises(ValueError, match="no attribute"):
+        sr.load_shapes("toymodel:nope")
+    with pytest.raises(ValueError, match="cannot import"):
+        sr.load_shapes("no_such_module_xyz:f")
+    (tmp_path / "r.shard").write_text('rules params:\n  "kernel" -> (fsdp, model)\n  default -> replicated\n')
+    code, out, _ = run(["lint", "r.shard", "--mesh", "fsdp=4,model=2", "--shapes", "toymodel:params"], capsys)
+    assert code == 0, out
+
+
+# --------------------------------------------------------------------------- findings and formats
+BAD = """mesh data, fsdp, model
+
+rules params:
+  "kernel" -> (fsdp, model)
+  "q/kernel" -> (model, _)
+  "bias" -> (modle)
+"""
+
+
+@pytest.fixture
+def bad_project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("m.shard").write_text(
+        'mesh data, fsdp, model\n\nrules params:\n  "kernel" -> (fsdp, model)\n  "q/kernel" -> (model, _)\n  "emb" -> (model, _)\n'
+    )
+    Path("shapes.json").write_text(
+        json.dumps(
+            {
+                "q/kernel": [[64, 64], "float32"],
+                "emb": [[12, 64], "float32"],
+                "step": [[], "int32"],
+                "extra": [[8, 8], "float32"],
+            }
+        )
+    )
+    return tmp_path
+
+
+def test_lint_text_output_is_ruff_style(bad_project, capsys):
+    code, out, err = run(
+        ["lint", "m.shard", "--mesh", "data=2,fsdp=4,model=8", "--shapes", "shapes.json"], capsys
+    )
+    assert code == 1 and err == ""
+    assert "m.shard:6:13: SR104 dimension 0 of `emb` (shape (12, 64)) has size 12" in out
+    assert '  6 |   "emb" -> (model, _)\n' in out
+    assert "m.shard:3:1: SR105 1 array leaf matches no rule in group `params`" in out
+    assert "m.shard:5:3: SR202 rule `q/kernel` never applies" in out
+    assert "m.shard:1:6: SR205 mesh axis `data` is used by no rule" in out
+    assert out.rstrip().endswith("Found 2 errors and 2 warnings.")
+    # errors first, then warnings, each in file order
+    assert out.index("SR105") < out.index("SR104") < out.index("SR205") < out.index("SR202")
+
+
+def test_lint_json_is_a_stable_list(bad_project, capsys):
+    code, out, _ = run(
+        ["lint", "m.shard", "--mesh", "data=2,fsdp=4,model=8", "--shapes", "shapes.json", "--format", "json"],
+        capsys,
+    )
+    assert code == 1
+    findings = json.loads(out)
+    assert [f["code"] for f in findings] == ["SR105", "SR104", "SR205", "SR202"]
+    for f in findings:
+        assert list(f) == [
+            "code",
+            "severity",
+            "file",
+            "line",
+            "col",
+            "end_line",
+            "end_col",
+            "message",
+            "hint",
+            "path",
+        ]
+    sr104 = findings[1]
+    assert (sr104["severity"], sr104["file"], sr104["line"], sr104["col"], sr104["path"]) == (
+        "error",
+        "m.shard",
+        6,
+        13,
+        "emb",
+    )
+    assert "model?" in sr104["hint"]
+
+
+def test_lint_github_annotations(bad_project, capsys):
+    code, out, _ = run(
+        [
+            "lint",
+            "m.shard",
+            "--mesh",
+            "data=2,fsdp=4,model=8",
+            "--shapes",
+            "shapes.json",
+            "--format",
+            "github",
+        ],
+        capsys,
+    )
+    assert code == 1
+    lines = out.splitlines()
+    assert len(lines) == 4
+    assert lines[1].startswith(
+        "::error file=m.shard,line=6,col=13,endLine=6,endColumn=18,title=SR104::dimension 0"
+    )
+    assert "%0Ahint: " in lines[1]
+    assert lines[-1].startswith("::warning file=m.shard,line=5,col=3,")
+
+
+def test_warnings_alone_exit_0(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh data, model\nrules params:\n  "w" -> (model, _)\n  "never" -> replicated\n')
+    shapes = tmp_path / "s.json"
+    shapes.write_text('{"w": [[8, 8], "float32"]}')
+    code, out, _ = run(["lint", str(path), "--mesh", "data=2,model=2", "--shapes", str(shapes)], capsys)
+    assert code == 0
+    assert "SR201" in out and "SR205" in out and "Found 0 errors and 2 warnings." in out
+
+
+def test_lint_without_shapes_checks_every_group_on_the_mesh(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('rules params:\n  "w" -> (model, _)\nrules inputs:\n  "x" -> (dat, _)\n')
+    code, out, _ = run(["lint", str(path), "--mesh", "data=2,model=2"], capsys)
+    assert code == 1
+    assert "r.shard:4:11: SR101 mesh axis `dat` is not in the mesh" in out
+    assert "did you mean `data`?" in out
+
+
+def test_lint_uses_the_sized_mesh_line_by_default(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh fsdp=8, model=4\nrules params:\n  "w" -> (fsdp, model)\n')
+    shapes = tmp_path / "s.json"
+    shapes.write_text('{"w": [[8, 6], "float32"]}')
+    code, out, _ = run(["lint", str(path), "--shapes", str(shapes)], capsys)
+    assert code == 1 and "SR104" in out and "by 4 (`model`=4)" in out
+
+
+def test_syntax_errors_are_findings(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('rules params:\n  "w" -> (model, \n')
+    code, out, _ = run(["lint", str(path)], capsys)
+    assert code == 1
+    assert f"{path}:2:18: SR001" in out
+
+
+def test_several_files_are_linted_together(tmp_path, capsys):
+    good = tmp_path / "good.shard"
+    good.write_text('mesh model\nrules params:\n  "w" -> (model, _)\n')
+    bad = tmp_path / "bad.shard"
+    bad.write_text('mesh model\nrules params:\n  "w" -> (model, model)\n')
+    code, out, _ = run(["lint", str(good), str(bad), "--mesh", "model=2"], capsys)
+    assert code == 1
+    assert f"{bad}:3:10: SR102" in out and str(good) not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["lint", "missing.shard"], "missing.shard: no such rule file"),
+        (["lint", "r.shard", "--mesh", "fsdp:4"], "NAME=SIZE"),
+        (["lint", "r.shard", "--mesh", "fsdp=4,fsdp=2"], "given twice"),
+        (["lint", "r.shard", "--mesh", "fsdp=0"], "at least 1"),
+        (["lint", "r.shard", "--shapes", "nothing.json"], "--shapes"),
+        (["lint", "r.shard", "--shapes", "weird.bin"], "cannot tell what kind"),
+        (["lint", "r.shard", "--device-memory", "lots"], "not a size in bytes"),
+        (["explain", "r.shard", "--shapes", "s.json", "--path", "(("], "not a regular expression"),
+    ],
+)
+def test_usage_errors_exit_2_without_traceback(tmp_path, monkeypatch, capsys, argv, fragment):
+    monkeypatch.chdir(tmp_path)
+    Path("r.shard").write_text('rules params:\n  "w" -> (fsdp, _)\n')
+    Path("s.json").write_text('{"w": [[8, 8], "float32"]}')
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert fragment in err and "Traceback" not in err
+
+
+def test_explain_uses_rich_only_on_a_terminal(tmp_path, capsys):
+    from shardrules import _lint
+
+    assert not _lint.use_rich(io.StringIO())
+    plan = sr.plan(
+        {"w": jax.ShapeDtypeStruct((8, 8), jnp.float32)},
+        sr.loads('rules params:\n  "w" -> (x, _)\n'),
+        {"x": 2},
+    )
+    out = io.StringIO()
+    _lint.write_table(_lint.explain_rows(plan), out, rich=True)
+    assert "P('x', None)" in out.getvalue() and "<string>:2:3" in out.getvalue()
+
+
+def test_lint_runs_as_a_console_command(tmp_path):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh model\nrules params:\n  "w" -> (model, _)\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardrules", "lint", str(path), "--mesh", "model=4096", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
