@@ -129,7 +129,8 @@ def check(
     if len(keyed) != len(the_plan.leaves):
         raise TypeError(f"the plan has {len(the_plan.leaves)} leaves but the tree has {len(keyed)}")
     if isinstance(the_plan.mesh, jax.sharding.Mesh):
-        found += _check.placement_diagnostics(the_plan, [leaf for _, leaf in keyed], the_plan.mesh)
+        leaves = [leaf for _, leaf in keyed]
+        found += _check.placement_diagnostics(the_plan, leaves, the_plan.mesh, abstract_ok=True)
     unique = list(dict.fromkeys(found))
     return [d for d in unique if d.severity == "error"] + [d for d in unique if d.severity != "error"]
 

@@ -119,7 +119,8 @@ def replication_warnings(plan: Plan, threshold: int = DEFAULT_REPLICATED_THRESHO
                     None if rule is None else (rule.spec.span or rule.span),
                     leaf.path,
                     f"shard one of its dimensions, e.g. with a rule `-> auto({biggest})`; this warning "
-                    f"is for replicated arrays of {format_bytes(threshold)} or more (replicated_threshold)",
+                    f"is for replicated arrays of {format_bytes(threshold)} or more "
+                    "(set with --replicated-threshold, or replicated_threshold=)",
                 )
             )
     return out
@@ -186,8 +187,11 @@ def _rule_span(leaf: LeafPlan) -> Span | None:
     return leaf.rule.span if leaf.rule is not None else None
 
 
-def placement_diagnostics(plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.Mesh) -> list[Diagnostic]:
-    """SR106/SR107: input arrays that cannot be moved as planned."""
+def placement_diagnostics(
+    plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.Mesh, *, abstract_ok: bool = False
+) -> list[Diagnostic]:
+    """SR106/SR107: input arrays that cannot be moved as planned (with
+    `abstract_ok`, `jax.ShapeDtypeStruct` leaves are not reported)."""
     mesh_devices = set(mesh.devices.flat)
     order = _mesh.device_order(mesh)
     problems: list[Diagnostic] = []
@@ -195,6 +199,8 @@ def placement_diagnostics(plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.
         if lp.spec is None or isinstance(leaf, Tracer):
             continue
         if isinstance(leaf, jax.ShapeDtypeStruct):
+            if abstract_ok:
+                continue
             problems.append(
                 Diagnostic(
                     "SR107",
@@ -231,7 +237,8 @@ def placement_diagnostics(plan: Plan, leaves: Sequence[Any], mesh: jax.sharding.
                 Diagnostic(
                     "SR106",
                     "error",
-                    f"`{lp.path}` {lp.shape} is committed to devices outside the mesh (device {ids})",
+                    f"`{lp.path}` {lp.shape} is committed to devices outside the mesh "
+                    f"({'device' if len(outside) == 1 else 'devices'} {ids})",
                     _rule_span(lp),
                     lp.path,
                     hint="pass the mesh those arrays live on, or move them first with jax.device_put",

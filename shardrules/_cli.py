@@ -81,7 +81,7 @@ def _plan_options(parser: argparse.ArgumentParser, shapes_required: bool = False
         help="module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
         "or a .json file of {path: [shape, dtype]}; only headers are read",
     )
-    parser.add_argument("--group", default="params", help="the rules group to plan (default: params)")
+    parser.add_argument("--group", help="the rules group to plan (default: params)")
     parser.add_argument(
         "--device-memory", metavar="SIZE", help="per-device budget, e.g. 80GiB; more is an error (SR110)"
     )
@@ -174,13 +174,20 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, int] | None, int |
     mesh = _lint.parse_mesh(args.mesh) if args.mesh else None
     try:
         budget = byte_size(args.device_memory) if args.device_memory else None
+    except ValueError as err:
+        raise _lint.UsageError(f"--device-memory: {err}") from None
+    try:
         threshold = byte_size(args.replicated_threshold)
     except ValueError as err:
-        raise _lint.UsageError(str(err)) from None
+        raise _lint.UsageError(f"--replicated-threshold: {err}") from None
     tree = None
     if args.shapes:
         try:
             tree = load_shapes(args.shapes)
+        except FileNotFoundError as err:
+            missing = err.filename or args.shapes
+            detail = "" if err.filename else f" ({err})"
+            raise _lint.UsageError(f"--shapes: {missing}: no such file{detail}") from None
         except (ShapeSourceError, OSError) as err:
             raise _lint.UsageError(f"--shapes: {err}") from None
     return tree, mesh, budget, threshold

@@ -56,6 +56,7 @@ def compile_flat(
     memo: dict[tuple[int, tuple[int, ...], int], tuple[PartitionSpec, int]] = {}
     plans: list[LeafPlan] = []
     unmatched: list[LeafInfo] = []
+    reported: set[tuple[str, str, Span | None]] = set()
     for keypath, leaf in keyed:
         info = leaf_info(path_str(keypath), leaf)
         if info.shape is None or info.dtype is None:
@@ -82,7 +83,11 @@ def compile_flat(
             try:
                 spec = leaf_spec(rule, info, sizes, rules)
             except _LeafError as err:
-                diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, info.path, err.hint))
+                if (err.code, err.message, err.span) not in reported:  # e.g. SR108: once per rule
+                    reported.add((err.code, err.message, err.span))
+                    diagnostics.append(
+                        Diagnostic(err.code, "error", err.message, err.span, info.path, err.hint)
+                    )
                 plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, None, 0, "error"))
                 continue
             per_device = shard_bytes(info, spec, sizes)
@@ -275,7 +280,12 @@ def shard_bytes(info: LeafInfo, spec: PartitionSpec, sizes: dict[str, int] | Non
 
 
 def _unmatched(leaves: list[LeafInfo], rules: RuleSet, group: str) -> Diagnostic:
-    shown = [f"    {leaf.path}  {leaf.shape} {leaf.dtype}" for leaf in leaves[:_MAX_LISTED]]
+    listed = leaves[:_MAX_LISTED]
+    width = max(len(leaf.path) for leaf in listed)
+    shape_width = max(len(str(leaf.shape)) for leaf in listed)
+    shown = [
+        f"    {leaf.path.ljust(width)}  {str(leaf.shape).ljust(shape_width)}  {leaf.dtype}" for leaf in listed
+    ]
     if len(leaves) > _MAX_LISTED:
         shown.append(f"    ... and {len(leaves) - _MAX_LISTED} more")
     noun = "array leaf matches" if len(leaves) == 1 else "array leaves match"

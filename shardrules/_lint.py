@@ -72,12 +72,9 @@ def _load(path: str) -> RuleSet | Result:
 def _sizes(rules: RuleSet, mesh: Mapping[str, int] | None) -> dict[str, int] | None:
     if mesh is not None:
         return dict(mesh)
-    if rules.mesh is None:
-        return None
-    try:
-        return declared_sizes(rules.mesh, None, rules.sources)
-    except ShardRulesError:
-        return None
+    if rules.mesh is None or any(not isinstance(a.size, int) for a in rules.mesh.axes):
+        return None  # `*` or no sizes: lint never guesses from the devices it runs on
+    return declared_sizes(rules.mesh, None, rules.sources)
 
 
 def lint_file(
@@ -85,12 +82,12 @@ def lint_file(
     tree: Any | None,
     mesh: Mapping[str, int] | None,
     *,
-    group: str = "params",
+    group: str | None = None,
     device_memory: int | None = None,
     replicated_threshold: int = _check.DEFAULT_REPLICATED_THRESHOLD,
 ) -> Result:
     """Every finding for one rule file: loading, every group's rules on the mesh,
-    and, given `tree`, the plan of `group` for it."""
+    and, given `tree`, the plan of `group` (default `params`) for it."""
     loaded = _load(path)
     if isinstance(loaded, Result):
         return loaded
@@ -98,9 +95,14 @@ def lint_file(
     sizes = _sizes(rules, mesh)
     found: list[Diagnostic] = []
     the_plan: Plan | None = None
+    if tree is None and group is not None:
+        try:
+            rules.group(group)
+        except ShardRulesError as err:
+            found += err.diagnostics
     if tree is not None:
         try:
-            the_plan = compile_plan(tree, rules, sizes, group)
+            the_plan = compile_plan(tree, rules, sizes, group or "params")
         except ShardRulesError as err:  # SR018 (no such group), SR109 (not a tree)
             found += err.diagnostics
         else:
@@ -116,6 +118,9 @@ def lint_file(
         found += empty.diagnostics
     if empty is not None:
         found += _check.unused_axis_warnings(empty)
+    if sizes is None:
+        hint = "pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line (not `*`)"
+        found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]
     unique = list(dict.fromkeys(found))
     unique.sort(key=lambda d: (d.severity != "error", *_where(d)))
     return Result(path, unique, rules.sources, the_plan)
@@ -220,9 +225,18 @@ def totals(plan: Plan, top: int = 5) -> list[str]:
     held = sum(leaf.bytes_per_device for leaf in arrays)
     total = plan.total_bytes
     mesh_text = ", ".join(f"{k}={v}" for k, v in sizes.items()) if sizes else "no mesh sizes"
+    unplanned = [leaf for leaf in arrays if leaf.spec is None]
     lines = [
         f"{plural(len(arrays), 'array')}, {format_bytes(total)} in all, on {mesh_text} "
         f"({plural(devices, 'device')})",
+        *(
+            [
+                f"{plural(len(unplanned), 'array')} could not be planned (see the findings) and "
+                "count 0 bytes per device below"
+            ]
+            if unplanned
+            else []
+        ),
         # Shards divide evenly, so every device holds the same bytes: max == min.
         f"bytes per device: {format_bytes(held)} max, {format_bytes(held)} min",
     ]
@@ -253,7 +267,9 @@ def write_table(rows: Sequence[tuple[str, ...]], out: TextIO, rich: bool) -> Non
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(*HEADER, box=None, pad_edge=False)
+        table = Table(box=None, pad_edge=False)
+        for name in HEADER:  # long paths wrap rather than being cut short
+            table.add_column(name, overflow="fold")
         for row in rows:
             table.add_row(*row)
         Console(file=out).print(table)

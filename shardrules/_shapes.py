@@ -172,9 +172,18 @@ def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
             entry = [entry.get("shape"), entry.get("dtype")]
         try:
             shape, dtype = entry
-            if not isinstance(shape, list):
-                raise TypeError("the shape is not a list")
-            out[name] = jax.ShapeDtypeStruct(tuple(int(d) for d in shape), np.dtype(jnp.dtype(dtype)))
+            if not isinstance(shape, list) or not isinstance(dtype, str):
+                raise TypeError("not [list, str]")
+        except (TypeError, ValueError):
+            raise ShapeSourceError(
+                f'{path}: entry {name!r} should be [shape, dtype], e.g. [[512, 512], "float32"]; got {entry!r}'
+            ) from None
+        try:
+            dtype = np.dtype(jnp.dtype(dtype))
+        except TypeError:
+            raise ShapeSourceError(f"{path}: entry {name!r} has an unknown dtype {dtype!r}") from None
+        try:
+            out[name] = jax.ShapeDtypeStruct(tuple(int(d) for d in shape), dtype)
         except (TypeError, ValueError):
             raise ShapeSourceError(
                 f'{path}: entry {name!r} should be [shape, dtype], e.g. [[512, 512], "float32"]; got {entry!r}'
@@ -186,12 +195,17 @@ def _function_shapes(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ShapeSourceError(f"{spec!r}: write `module:function`, e.g. `mymodel.shapes:llama_70b`")
-    if os.getcwd() not in sys.path and "" not in sys.path:
+    # The working directory is searched first, as `python -m` would, only while importing.
+    added = os.getcwd() not in sys.path and "" not in sys.path
+    if added:
         sys.path.insert(0, os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
         raise ShapeSourceError(f"{spec!r}: cannot import {module_name!r}: {err}") from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)

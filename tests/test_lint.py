@@ -212,7 +212,8 @@ def test_json_shapes_and_dotted_paths(tmp_path):
     ("content", "fragment"),
     [
         ("[1, 2]", "expected an object"),
-        ('{"w": [[4], "nonsense"]}', "should be [shape, dtype]"),
+        ('{"w": [[4], "nonsense"]}', "unknown dtype 'nonsense'"),
+        ('{"w": [[4], null]}', "should be [shape, dtype]"),
         ('{"w": 3}', "should be [shape, dtype]"),
         ("{nope", "not a JSON file"),
     ],
@@ -419,9 +420,10 @@ def test_several_files_are_linted_together(tmp_path, capsys):
         (["lint", "r.shard", "--mesh", "fsdp:4"], "NAME=SIZE"),
         (["lint", "r.shard", "--mesh", "fsdp=4,fsdp=2"], "given twice"),
         (["lint", "r.shard", "--mesh", "fsdp=0"], "at least 1"),
-        (["lint", "r.shard", "--shapes", "nothing.json"], "--shapes"),
+        (["lint", "r.shard", "--shapes", "nothing.json"], "--shapes: nothing.json: no such file"),
         (["lint", "r.shard", "--shapes", "weird.bin"], "cannot tell what kind"),
-        (["lint", "r.shard", "--device-memory", "lots"], "not a size in bytes"),
+        (["lint", "r.shard", "--device-memory", "lots"], "--device-memory: not a size in bytes"),
+        (["lint", "r.shard", "--replicated-threshold", "9XB"], "--replicated-threshold: not a size"),
         (["explain", "r.shard", "--shapes", "s.json", "--path", "(("], "not a regular expression"),
     ],
 )
@@ -459,3 +461,63 @@ def test_lint_runs_as_a_console_command(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+def test_a_starred_mesh_line_is_not_guessed_from_local_devices(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text("mesh data=2, fsdp=*\nrules params:\n  default -> auto(fsdp)\n")
+    shapes = tmp_path / "s.json"
+    shapes.write_text('{"a": [[64, 8], "float32"], "b": [[32, 8], "float32"]}')
+    code, out, _ = run(["lint", str(path), "--shapes", str(shapes)], capsys)
+    assert code == 1
+    assert out.count("SR108") == 1  # once for the rule, not once per leaf
+    assert "pass --mesh AXIS=SIZE" in out
+    code, out, _ = run(["lint", str(path), "--shapes", str(shapes), "--mesh", "data=2,fsdp=4"], capsys)
+    assert code == 0, out
+
+
+def test_an_explicit_group_is_checked_without_shapes(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh model\nrules params:\n  "w" -> (model, _)\n')
+    code, out, _ = run(["lint", str(path), "--group", "parms"], capsys)
+    assert code == 1 and "SR018" in out and "did you mean `params`?" in out
+    assert run(["lint", str(path)], capsys)[0] == 0
+
+
+def test_explain_says_when_arrays_could_not_be_planned(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh model\nrules params:\n  "w" -> (model, _)\n')
+    shapes = tmp_path / "s.json"
+    shapes.write_text('{"w": [[3, 8], "float32"], "v": [[4, 4], "float32"]}')
+    code, out, err = run(["explain", str(path), "--mesh", "model=2", "--shapes", str(shapes)], capsys)
+    assert code == 1
+    assert "2 arrays could not be planned (see the findings)" in out
+    assert "SR104" in err and "SR105" in err
+
+
+def test_unmatched_leaves_are_listed_in_columns():
+    rules = sr.loads('rules params:\n  "zzz" -> replicated\n', name="r.shard")
+    plan = sr.plan(
+        {"a": jax.ShapeDtypeStruct((8, 8), jnp.float32), "long/name": jax.ShapeDtypeStruct((4,), jnp.int8)},
+        rules,
+        {},
+    )
+    (d,) = plan.errors
+    assert d.code == "SR105" and d.span is not None and (d.span.line, d.span.col) == (1, 1)
+    assert "\n    a          (8, 8)  float32\n    long/name  (4,)    int8" in d.message
+
+
+def test_check_does_not_flag_abstract_trees(mesh222):
+    rules = sr.loads('mesh data, fsdp, model\nrules params:\n  "w" -> ((data, fsdp), model)\n')
+    assert sr.check({"w": jax.ShapeDtypeStruct((8, 8), jnp.float32)}, rules, mesh222) == []
+
+
+def test_load_shapes_leaves_sys_path_as_it_was(tmp_path, monkeypatch):
+    (tmp_path / "shapes_mod_for_test.py").write_text(
+        "import jax.numpy as jnp\ndef f():\n    return {'w': jnp.ones(3)}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    before = list(sys.path)
+    assert sr.load_shapes("shapes_mod_for_test:f")["w"].shape == (3,)
+    assert sys.path == before
