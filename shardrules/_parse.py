@@ -155,6 +155,8 @@ def _hint_for(found_type: str, found: str, expected: set[str]) -> str:
         return 'a rule reads "pattern" -> (spec)'
     if "RPAR" in expected and found_type == "_NL":
         return "close the parenthesis; a rule fits on one line"
+    if found_type in ("_NL", "$END") and expected & {"NAME", "LPAR", "ELLIPSIS", "UNSHARDED"}:
+        return "the spec stops early: write its next entry and close the parenthesis on this line"
     return ""
 
 
