@@ -14,6 +14,8 @@ from ._api import plan as plan
 from ._api import shardings as shardings
 from ._api import specs as specs
 from ._check import check_devices as check_devices
+from ._constrain import auto_constrain as auto_constrain
+from ._constrain import constrain as constrain
 from ._errors import Diagnostic as Diagnostic
 from ._errors import GroupNotFoundError as GroupNotFoundError
 from ._errors import IncludeNotFoundError as IncludeNotFoundError
@@ -26,6 +28,7 @@ from ._errors import ShardRulesError as ShardRulesError
 from ._errors import Span as Span
 from ._errors import TreeError as TreeError
 from ._format import format_text as format_text
+from ._jit import jit as jit
 from ._load import load as load
 from ._load import loads as loads
 from ._plan import LeafPlan as LeafPlan
@@ -53,9 +56,12 @@ __all__ = [
     "Span",
     "TreeError",
     "apply",
+    "auto_constrain",
     "check",
     "check_devices",
+    "constrain",
     "format_text",
+    "jit",
     "load",
     "load_shapes",
     "loads",

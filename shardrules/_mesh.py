@@ -38,8 +38,11 @@ def sizes_of(mesh: MeshLike) -> dict[str, int]:
 
 def ambient_mesh() -> Mesh | AbstractMesh | None:
     """JAX's current mesh (`jax.set_mesh`), concrete if there is one."""
-    concrete = jax.sharding.get_mesh()
-    if not concrete.empty:
+    try:
+        concrete = jax.sharding.get_mesh()
+    except ValueError:  # inside jax.jit only the abstract mesh is known
+        concrete = None
+    if concrete is not None and not concrete.empty:
         return concrete
     abstract = jax.sharding.get_abstract_mesh()
     if not abstract.empty:

@@ -1,0 +1,159 @@
+"""`shardrules.jit`: `jax.jit` with in/out shardings and activation constraints
+taken from a rule file."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from . import _mesh
+from ._api import RulesLike, as_rules, shardings
+from ._constrain import auto_constrain
+from ._rules import RuleSet
+
+Groups = str | None | Sequence["Groups"]
+
+
+def _shardings_for(tree: Any, groups: Groups, rules: Any, mesh: Mesh, what: str, name: str = "") -> Any:
+    """Shardings for `tree` (an argument or the output) from `groups`: a group
+    name for the whole tree, `None` for "leave it to JAX", or a sequence with
+    one entry per element of a tuple/list tree. A lone array is matched as
+    `name` (its parameter's name), since it has no path of its own."""
+    if groups is None:
+        return None
+    if isinstance(groups, str):
+        if name and jax.tree.leaves(tree) == [tree]:
+            return shardings({name: tree}, rules, mesh, group=groups)[name]
+        return shardings(tree, rules, mesh, group=groups)
+    if not isinstance(tree, (tuple, list)) or len(tree) != len(groups):
+        got = f"a {type(tree).__name__}" + (f" of {len(tree)}" if isinstance(tree, (tuple, list)) else "")
+        raise TypeError(
+            f"{what}: {len(groups)} groups given for {got}; give one group per element, or one string"
+        )
+    return type(tree)(_shardings_for(t, g, rules, mesh, what) for t, g in zip(tree, groups, strict=True))
+
+
+def jit(
+    fn: Callable[..., Any],
+    rules: RulesLike,
+    mesh: Mesh | None = None,
+    *,
+    in_groups: Sequence[Groups] | None = None,
+    out_groups: Groups = None,
+    donate: Sequence[int] = (),
+    activations: str | None = "activations",
+) -> RuleJit:
+    """`jax.jit` whose shardings come from the rules.
+
+    On the first call with given argument shapes, the rules are compiled for
+    the arguments (`in_groups`) and for the outputs (`out_groups`, shapes from
+    `jax.eval_shape`), and `fn` is wrapped in `shardrules.auto_constrain` for
+    the `activations` group. Later calls with the same shapes reuse the
+    compiled function.
+
+    **Arguments:**
+
+    - `fn`: the function; its positional arguments are pytrees of arrays.
+    - `rules`: a `RuleSet`, or the path of a rule file.
+    - `mesh`: a `jax.sharding.Mesh`; by default the ambient mesh, else the rule
+      file's `mesh` line over `jax.devices()`.
+    - `in_groups`: one entry per positional argument: a group name (its
+      leaves get that group's shardings; a lone array is matched as its
+      parameter's name, e.g. `x`), `None` (JAX decides), or a sequence for an
+      argument that is a tuple. `None` for all: JAX decides everywhere.
+    - `out_groups`: the same, for the output (one string for the whole output,
+      or a sequence for a tuple output).
+    - `donate`: positions of arguments whose buffers may be reused (e.g. the
+      parameters and optimizer state of a train step).
+    - `activations`: the group used for activation constraints, or `None` for
+      none. A file without that group gets none.
+
+    **Returns:** the compiled function; call it like `fn`.
+
+    ```python
+    step = shardrules.jit(train_step, rules, in_groups=("params", "opt", "inputs"),
+                          out_groups=("params", "opt", None), donate=(0, 1))
+    params, opt_state, loss = step(params, opt_state, batch)
+    ```
+    """
+    return RuleJit(fn, as_rules(rules), mesh, in_groups, out_groups, tuple(donate), activations)
+
+
+def _signature(args: tuple[Any, ...]) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    return treedef, tuple(
+        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in leaves
+    )
+
+
+class RuleJit:
+    """The function `shardrules.jit` returns: call it like the wrapped function;
+    `.lower(*args)` gives what `jax.jit(...).lower` would."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        rules: RuleSet,
+        mesh: Mesh | None,
+        in_groups: Sequence[Groups] | None,
+        out_groups: Groups,
+        donate: tuple[int, ...],
+        activations: str | None,
+    ):
+        self.fn, self.rules, self.mesh = fn, rules, mesh
+        self.in_groups, self.out_groups, self.donate = in_groups, out_groups, donate
+        self.body = fn
+        if activations is not None and activations in rules.group_names:
+            self.body = auto_constrain(fn, rules, mesh, group=activations)
+        self._compiled: dict[Any, Any] = {}
+        functools.update_wrapper(self, fn)
+
+    def jitted(self, *args: Any) -> Any:
+        """The `jax.jit`-wrapped function for arguments shaped like `args`."""
+        key = _signature(args)
+        found = self._compiled.get(key)
+        if found is not None:
+            return found
+        mesh = (
+            self.mesh if self.mesh is not None else _mesh.resolve(None, self.rules, concrete=True, what="jit")
+        )
+        assert isinstance(mesh, Mesh)
+        in_shardings = None
+        if self.in_groups is not None:
+            if len(self.in_groups) != len(args):
+                raise TypeError(f"in_groups has {len(self.in_groups)} entries for {len(args)} arguments")
+            names = self._names(len(args))
+            in_shardings = tuple(
+                _shardings_for(a, g, self.rules, mesh, "in_groups", n)
+                for a, g, n in zip(args, self.in_groups, names, strict=True)
+            )
+        out_shardings = None
+        if self.out_groups is not None:
+            out_shape = jax.eval_shape(self.fn, *args)
+            out_shardings = _shardings_for(out_shape, self.out_groups, self.rules, mesh, "out_groups")
+        found = jax.jit(
+            self.body, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=self.donate
+        )
+        self._compiled[key] = found
+        return found
+
+    def _names(self, n: int) -> list[str]:
+        """The parameter names of the first `n` positional arguments, where known."""
+        try:
+            params = list(inspect.signature(self.fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return (names + [""] * n)[:n]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.jitted(*args)(*args)
+
+    def lower(self, *args: Any) -> Any:
+        """`jax.jit(...).lower(*args)` for the function calls with these shapes use."""
+        return self.jitted(*args).lower(*args)
