@@ -15,6 +15,7 @@ from . import _mesh
 from ._api import RulesLike, as_rules
 from ._compile import compile_flat
 from ._errors import error_for
+from ._nnx import module_scopes
 from ._paths import flatten, path_str
 from ._scopes import Constrainer, interpret
 
@@ -109,8 +110,10 @@ def auto_constrain(
 ) -> Callable[..., Any]:
     """Wrap `fn` so that the output of every named scope matching a rule is constrained.
 
-    Scopes are `jax.named_scope`s and what frameworks name with them (Flax
-    linen module calls, e.g. `block_0/up`). A scope's outputs are the values
+    Scopes are `jax.named_scope`s and what frameworks name with them: Flax
+    linen module calls (e.g. `Model/block_0/up`), and Flax NNX module calls,
+    named by their path in the model (e.g. `blocks/0/up`) for NNX modules
+    passed as arguments. A scope's outputs are the values
     made inside it and used after it; a single output is matched as the
     scope's path, several as `PATH/0`, `PATH/1`, ... in the order they are made.
     Scopes that match no rule are left alone. Nothing in `fn` changes: the
@@ -147,7 +150,8 @@ def auto_constrain(
             for i, v in zip(dynamic, values, strict=True):
                 full[i] = v
             a, kw = jax.tree_util.tree_unflatten(treedef, full)
-            return fn(*a, **kw)
+            with module_scopes((a, kw)):
+                return fn(*a, **kw)
 
         values = [leaves[i] for i in dynamic]
         closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*values)
