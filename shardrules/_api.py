@@ -240,7 +240,7 @@ def apply(
         sharding = jax.sharding.NamedSharding(resolved, lp.spec)
         if isinstance(leaves[i], Tracer):
             # Inside a trace there is no data to move: pin the layout instead.
-            out[i] = jax.lax.with_sharding_constraint(leaves[i], sharding)
+            out[i] = _mesh.pin(leaves[i], sharding)
         else:
             moving.append(i)
             targets.append(sharding)

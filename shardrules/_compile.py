@@ -281,10 +281,12 @@ def shard_bytes(info: LeafInfo, spec: PartitionSpec, sizes: dict[str, int] | Non
 
 def _unmatched(leaves: list[LeafInfo], rules: RuleSet, group: str) -> Diagnostic:
     listed = leaves[:_MAX_LISTED]
-    width = max(len(leaf.path) for leaf in listed)
+    names = [leaf.path or "(a lone array: no path)" for leaf in listed]
+    width = max(len(n) for n in names)
     shape_width = max(len(str(leaf.shape)) for leaf in listed)
     shown = [
-        f"    {leaf.path.ljust(width)}  {str(leaf.shape).ljust(shape_width)}  {leaf.dtype}" for leaf in listed
+        f"    {n.ljust(width)}  {str(leaf.shape).ljust(shape_width)}  {leaf.dtype}"
+        for n, leaf in zip(names, listed, strict=True)
     ]
     if len(leaves) > _MAX_LISTED:
         shown.append(f"    ... and {len(leaves) - _MAX_LISTED} more")

@@ -95,7 +95,7 @@ def constrain(
         if lp.spec is None:
             out.append(leaf)
         else:
-            out.append(jax.lax.with_sharding_constraint(leaf, sharding(lp.spec)))
+            out.append(_mesh.pin(leaf, sharding(lp.spec)))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

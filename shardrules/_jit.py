@@ -27,7 +27,8 @@ def _shardings_for(tree: Any, groups: Groups, rules: Any, mesh: Mesh, what: str,
     if groups is None:
         return None
     if isinstance(groups, str):
-        if name and jax.tree.leaves(tree) == [tree]:
+        leaves = jax.tree.leaves(tree)
+        if name and len(leaves) == 1 and leaves[0] is tree:
             return shardings({name: tree}, rules, mesh, group=groups)[name]
         return shardings(tree, rules, mesh, group=groups)
     if not isinstance(tree, (tuple, list)) or len(tree) != len(groups):

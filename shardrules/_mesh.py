@@ -176,3 +176,22 @@ def memory_limit(mesh: Mesh) -> int | None:
             return None
         limits.append(int(stats["bytes_limit"]))
     return min(limits) if limits else None
+
+
+def pin(value: Any, target: Any) -> Any:
+    """Give a traced (or concrete) value the sharding `target`: a `NamedSharding`,
+    or a bare `PartitionSpec` for the ambient mesh.
+
+    `with_sharding_constraint` for meshes whose axes are `Auto`; for `Explicit`
+    axes (the default of `jax.make_mesh` in new JAX) the layout is part of the
+    type, and `jax.sharding.reshard` is what changes it.
+    """
+    mesh = target.mesh if isinstance(target, jax.sharding.NamedSharding) else jax.sharding.get_abstract_mesh()
+    explicit = set(getattr(mesh, "explicit_axes", ()) or ())
+    spec = target.spec if isinstance(target, jax.sharding.NamedSharding) else target
+    used = {
+        a for entry in spec if entry is not None for a in (entry if isinstance(entry, tuple) else (entry,))
+    }
+    if explicit and (used & explicit or not used - explicit):
+        return jax.sharding.reshard(value, target)
+    return jax.lax.with_sharding_constraint(value, target)

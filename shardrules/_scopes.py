@@ -28,6 +28,7 @@ from ._compile import _LeafError, leaf_spec
 from ._errors import Diagnostic, error_for
 from ._load import iter_rules
 from ._match import Matcher
+from ._mesh import pin
 from ._paths import LeafInfo
 from ._rules import RuleSet
 
@@ -79,7 +80,7 @@ class Constrainer:
             diag = Diagnostic(err.code, "error", f"scope output {err.message}", err.span, path, err.hint)
             raise error_for([diag], self.rules.sources) from None
         self.inserted.append((path, shape, spec))
-        return jax.lax.with_sharding_constraint(value, self.sharding(spec))
+        return pin(value, self.sharding(spec))
 
 
 def _prefixes(path: str, base: str) -> list[str]:
