@@ -196,3 +196,43 @@ def test_sr_jit_checks_its_group_lists(mesh42):
     f = sr.jit(lambda a, b: a + b, RULES, mesh42, in_groups=("inputs",))
     with pytest.raises(TypeError, match="1 entries for 2 arguments"):
         f(jnp.ones((8, 2)), jnp.ones((8, 2)))
+
+
+def test_explicit_mesh_axes_are_resharded_not_constrained():
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    params, x = make()
+    placed = sr.apply(params, RULES, mesh)
+
+    seen = []
+
+    @jax.jit
+    def f(p):
+        doubled = sr.constrain(jax.tree.map(lambda a: a * 2, p), RULES, mesh)
+        seen.append(jax.typeof(doubled["w_up"]).sharding.spec)
+        return doubled
+
+    out = f(placed)
+    assert seen == [P(None, "model")]  # the layout is part of the traced type
+    assert out["w_up"].sharding.spec == P(None, "model")
+
+    def scoped(x):
+        with jax.named_scope("block_0"):
+            y = jnp.sin(x)
+        return y * 2
+
+    with jax.set_mesh(mesh):
+        g = jax.jit(sr.auto_constrain(scoped, RULES))
+        x = jax.device_put(x, NamedSharding(mesh, P(None, "model")))
+        assert g(x).sharding.spec == P("data", None)  # resharded to `block_\d+$` -> (data, _)
+        np.testing.assert_allclose(g(x), jnp.sin(x) * 2, rtol=1e-6)
+
+
+def test_a_lone_array_argument_is_matched_by_its_parameter_name(mesh42):
+    step = sr.jit(lambda x: x * 2, RULES, mesh42, in_groups=("inputs",))
+    assert (
+        step.jitted(jnp.ones((8, 4)))
+        .lower(jnp.ones((8, 4)))
+        .compile()
+        .input_shardings[0][0]
+        .is_equivalent_to(NamedSharding(mesh42, P("data", None)), 2)
+    )
