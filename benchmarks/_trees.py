@@ -13,7 +13,11 @@ def _s(*shape: int, dtype=jnp.bfloat16) -> jax.ShapeDtypeStruct:
 def deepseek_v3(layers: int = 61, experts: int = 256, adam: bool = True) -> dict:
     """A DeepSeek-V3-shaped MoE: per-expert gate/up/down weights; with Adam `mu`/`nu`."""
     d, moe_ff, dense_ff, vocab = 7168, 2048, 18432, 129280
-    params: dict = {"embed": {"embedding": _s(vocab, d)}, "final_norm": {"scale": _s(d)}, "lm_head": {"kernel": _s(d, vocab)}}
+    params: dict = {
+        "embed": {"embedding": _s(vocab, d)},
+        "final_norm": {"scale": _s(d)},
+        "lm_head": {"kernel": _s(d, vocab)},
+    }
     blocks = {}
     for i in range(layers):
         block: dict = {
@@ -30,7 +34,10 @@ def deepseek_v3(layers: int = 61, experts: int = 256, adam: bool = True) -> dict
             "mlp_norm": {"scale": _s(d)},
         }
         if i < 3:
-            block["mlp"] = {n: {"kernel": _s(d, dense_ff) if n != "down_proj" else _s(dense_ff, d)} for n in ("gate_proj", "up_proj", "down_proj")}
+            block["mlp"] = {
+                n: {"kernel": _s(d, dense_ff) if n != "down_proj" else _s(dense_ff, d)}
+                for n in ("gate_proj", "up_proj", "down_proj")
+            }
         else:
             block["moe"] = {
                 "router": {"kernel": _s(d, experts)},
@@ -42,7 +49,10 @@ def deepseek_v3(layers: int = 61, experts: int = 256, adam: bool = True) -> dict
                     }
                     for e in range(experts)
                 },
-                "shared": {n: {"kernel": _s(d, moe_ff) if n != "down_proj" else _s(moe_ff, d)} for n in ("gate_proj", "up_proj", "down_proj")},
+                "shared": {
+                    n: {"kernel": _s(d, moe_ff) if n != "down_proj" else _s(moe_ff, d)}
+                    for n in ("gate_proj", "up_proj", "down_proj")
+                },
             }
         blocks[f"layers_{i}"] = block
     params["blocks"] = blocks
@@ -63,13 +73,22 @@ def llama3_70b(adam: bool = False) -> dict:
                 "v_proj": {"kernel": _s(d, kv)},
                 "o_proj": {"kernel": _s(d, d)},
             },
-            "mlp": {"gate_proj": {"kernel": _s(d, ff)}, "up_proj": {"kernel": _s(d, ff)}, "down_proj": {"kernel": _s(ff, d)}},
+            "mlp": {
+                "gate_proj": {"kernel": _s(d, ff)},
+                "up_proj": {"kernel": _s(d, ff)},
+                "down_proj": {"kernel": _s(ff, d)},
+            },
             "attn_norm": {"scale": _s(d)},
             "mlp_norm": {"scale": _s(d)},
         }
         for i in range(80)
     }
-    params = {"embed": {"embedding": _s(vocab, d)}, "blocks": layers, "final_norm": {"scale": _s(d)}, "lm_head": {"kernel": _s(d, vocab)}}
+    params = {
+        "embed": {"embedding": _s(vocab, d)},
+        "blocks": layers,
+        "final_norm": {"scale": _s(d)},
+        "lm_head": {"kernel": _s(d, vocab)},
+    }
     if not adam:
         return params
     f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)
@@ -95,7 +114,10 @@ REAL_RULES = [
 
 def rule_pairs(n_rules: int = 64) -> list[tuple[str, str]]:
     """`n_rules` (regex, spec) pairs: fillers first, the real rules last."""
-    fillers = [(rf"vision_tower/block_{i}/(attn|mlp)/w{i % 7}$", "(fsdp, model)") for i in range(n_rules - len(REAL_RULES))]
+    fillers = [
+        (rf"vision_tower/block_{i}/(attn|mlp)/w{i % 7}$", "(fsdp, model)")
+        for i in range(n_rules - len(REAL_RULES))
+    ]
     return fillers + REAL_RULES
 
 

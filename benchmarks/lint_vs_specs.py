@@ -20,11 +20,11 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).parent))
 
-import jax  # noqa: E402
-import _trees  # noqa: E402
+import _trees
+import jax
 
-import shardrules as sr  # noqa: E402
-from shardrules import _lint  # noqa: E402
+import shardrules as sr
+from shardrules import _lint
 
 SIZES = {"data": 2, "fsdp": 32, "model": 8}
 
@@ -52,12 +52,17 @@ def main() -> int:
         result = _lint.lint_file(str(path), tree, SIZES)
         assert result.errors == 0, result.diagnostics[:3]
 
-        floor = best(lambda: jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten_with_path(tree))), args.repeat)
+        floor = best(
+            lambda: jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten_with_path(tree))),
+            args.repeat,
+        )
         specs = best(lambda: sr.specs(tree, rules, SIZES), args.repeat)
         lint = best(lambda: _lint.lint_file(str(path), tree, SIZES), args.repeat)
 
     ratio = lint / specs
-    print(f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, {platform.system()}")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, {platform.system()}"
+    )
     print(f"python {platform.python_version()}, jax {jax.__version__}, shardrules {sr.__version__}")
     print(f"tree: DeepSeek-V3-shaped MoE with Adam state, {leaves} leaves; 64 rules; best of {args.repeat}")
     print(f"findings: {len(result.diagnostics)} ({', '.join(sorted({d.code for d in result.diagnostics}))})")

@@ -179,6 +179,7 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
     "SR001": RuleSyntaxError,
     "SR002": RuleSyntaxError,
     "SR003": RuleSyntaxError,
+    "SR017": RuleSyntaxError,
     "SR005": IncludeNotFoundError,
     "SR018": GroupNotFoundError,
     "SR101": MeshError,

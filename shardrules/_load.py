@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import _regex
 from ._errors import Diagnostic, Span, did_you_mean, error_for
 from ._parse import parse
 from ._rules import (
@@ -28,6 +29,12 @@ from ._rules import (
 )
 
 _AUTO_OPTIONS = ("min_bytes",)
+
+MAX_FILE_BYTES = 1 << 20
+"""The largest rule file read (1 MiB); rule files are a few kilobytes."""
+
+MAX_INCLUDE_DEPTH = 16
+"""How deep `include`s may nest."""
 
 
 def load(path: str | os.PathLike[str], *, include_root: str | os.PathLike[str] | None = None) -> RuleSet:
@@ -57,13 +64,13 @@ def load(path: str | os.PathLike[str], *, include_root: str | os.PathLike[str] |
 
 
 def loads(
-    text: str, name: str = "<string>", *, include_root: str | os.PathLike[str] | None = None
+    text: str | bytes, name: str = "<string>", *, include_root: str | os.PathLike[str] | None = None
 ) -> RuleSet:
     """Load rules from a string.
 
     **Arguments:**
 
-    - `text`: the rules.
+    - `text`: the rules (`bytes` are read as UTF-8).
     - `name`: the name errors show for this text.
     - `include_root`: the folder `include` paths are relative to and may not
       leave; by default the current directory.
@@ -79,12 +86,44 @@ def loads(
     ```
     """
     root = Path(include_root if include_root is not None else ".").resolve()
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise error_for(
+                [
+                    Diagnostic(
+                        "SR005", "error", f"`{name}` is not UTF-8 text ({err.reason} at byte {err.start})"
+                    )
+                ]
+            ) from None
+    if not isinstance(text, str):
+        raise TypeError(f"rule text must be str or bytes, not {type(text).__name__}")
+    if len(text) > MAX_FILE_BYTES:
+        raise error_for(
+            [Diagnostic("SR009", "error", f"`{name}` is larger than {MAX_FILE_BYTES >> 20} MiB")]
+        )
     return _Loader(root, explicit_root=include_root is not None).run(text, name, root / "<string>")
 
 
 def _read(path: Path, display: str, span: Span | None, sources: dict[str, str] | None = None) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise error_for(
+                [
+                    Diagnostic(
+                        "SR009",
+                        "error",
+                        f"`{display}` is larger than {MAX_FILE_BYTES >> 20} MiB; rule files are small text files",
+                        span,
+                        hint="check that this is the rule file you meant",
+                    )
+                ],
+                sources,
+            )
+        return data.decode("utf-8")
     except FileNotFoundError:
         message, hint = f"rule file `{display}` not found", "include paths are relative to the including file"
     except IsADirectoryError:
@@ -194,6 +233,14 @@ class _Loader:
             self.error("SR004", f"include cycle: {cycle}", stmt.span, "remove one of these includes")
             return
         if real in self.done:  # included before: every file is read once
+            return
+        if len(self.stack) >= MAX_INCLUDE_DEPTH:
+            self.error(
+                "SR008",
+                f"includes nest deeper than {MAX_INCLUDE_DEPTH} files: {' -> '.join(chain[:3])} -> ... -> {display}",
+                stmt.span,
+                "include the shared files from one top-level file instead of chaining them",
+            )
             return
         text = _read(real, display, stmt.span, self.sources)
         self.visit(text, display, real)
@@ -349,6 +396,14 @@ class _Loader:
         assert line.pattern is not None
         try:
             re.compile(line.pattern)
+            _regex.check(line.pattern)
+        except _regex.UnsafePattern as err:
+            self.error(
+                "SR017",
+                f"unsafe regular expression: {err.reason}",
+                line.pattern_span,
+                f"{err.hint} (see docs/language.md#safe-patterns)",
+            )
         except re.error as err:
             span = line.pattern_span
             if span is not None and err.pos is not None and span.line == span.end_line:
