@@ -11,7 +11,7 @@ from jax.core import Tracer
 
 from . import _check, _mesh
 from ._check import DEFAULT_REPLICATED_THRESHOLD
-from ._compile import compile_flat, compile_plan
+from ._compile import compile_leaves, compile_plan
 from ._errors import Diagnostic, error_for
 from ._load import load
 from ._mesh import MeshLike
@@ -220,10 +220,8 @@ def apply(
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
     assert isinstance(resolved, jax.sharding.Mesh)
-    keyed, treedef = flatten(tree)
-    the_plan = compile_flat(keyed, treedef, ruleset, resolved, group)
+    the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     the_plan.raise_for_errors()
-    leaves = [leaf for _, leaf in keyed]
     budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
     problems = _check.placement_diagnostics(the_plan, leaves, resolved)
     if budget is not None:
@@ -247,4 +245,4 @@ def apply(
     moved = jax.device_put([leaves[i] for i in moving], targets)
     for i, array in zip(moving, moved, strict=True):
         out[i] = array
-    return jax.tree_util.tree_unflatten(treedef, out)
+    return jax.tree_util.tree_unflatten(the_plan.treedef, out)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.core import Tracer
 
 from . import _mesh
@@ -182,6 +183,21 @@ def memory_diagnostics(plan: Plan, budget: int) -> list[Diagnostic]:
     ]
 
 
+def _unplaceable(leaf: Any) -> str:
+    """Why `jax.device_put` would refuse `leaf`, or `""`."""
+    if isinstance(leaf, np.ma.MaskedArray):
+        return "masked arrays are not supported"
+    if not isinstance(leaf, (np.ndarray, np.generic)):
+        return "only NumPy arrays and jax.Arrays can be moved"
+    try:
+        jax.dtypes.canonicalize_dtype(leaf.dtype)
+    except TypeError:
+        return f"dtype {leaf.dtype} is not a JAX dtype"
+    if leaf.dtype.kind in "OSUMm":
+        return f"dtype {leaf.dtype} is not a JAX dtype"
+    return ""
+
+
 def _rule_span(leaf: LeafPlan) -> Span | None:
     """Where the rule that planned `leaf` is written, if a rule did."""
     return leaf.rule.span if leaf.rule is not None else None
@@ -213,6 +229,18 @@ def placement_diagnostics(
             )
             continue
         if not isinstance(leaf, jax.Array):
+            problem = _unplaceable(leaf)
+            if problem:
+                problems.append(
+                    Diagnostic(
+                        "SR107",
+                        "error",
+                        f"`{lp.path}` ({type(leaf).__name__}, shape {lp.shape}) cannot become a jax.Array: {problem}",
+                        _rule_span(lp),
+                        lp.path,
+                        "convert it first (e.g. np.asarray(x, np.float32)), or keep it out of the tree",
+                    )
+                )
             continue
         if leaf.is_deleted():
             problems.append(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 from jax.sharding import PartitionSpec
 
 from ._errors import Diagnostic, Span, did_you_mean
@@ -19,7 +20,7 @@ from ._format import spec_text
 from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
-from ._paths import LeafInfo, flatten, leaf_info, path_str
+from ._paths import LeafInfo, flatten, leaf_info, path_strs
 from ._plan import LeafPlan, Plan, plural
 from ._rules import ResolvedEntry, Rule, RuleSet
 
@@ -36,9 +37,42 @@ class _LeafError(Exception):
 def compile_plan(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -> Plan:
     """Compile `rules[group]` for `tree` on `mesh` (sizes only are used; `None`
     when no mesh is known, which works for specs without `?` or `auto`)."""
+    return compile_leaves(tree, rules, mesh, group)[0]
+
+
+def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -> tuple[Plan, list[Any]]:
+    """`compile_plan`, and the tree's leaves.
+
+    Plans are cached on the `RuleSet`, keyed by the group, the tree's structure,
+    every leaf's shape and dtype, and the mesh's axis sizes: a second call for
+    a tree of the same structure only flattens it.
+    """
     _check_group(rules, group)  # before flattening: a typo'd group fails fast
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+    except (ValueError, TypeError):
+        flatten(tree)  # raises the SR109 error that explains it
+        raise
+    sizes = tuple(sizes_of(mesh).items()) if mesh is not None else None
+    # The treedef's text tells apart dict keys that compare equal (0, 0.0, False) but
+    # make different paths; treedefs themselves do not.
+    key = (group, treedef, str(treedef), tuple(_signature(leaf) for leaf in leaves), sizes)
+    cached = rules._plan_cache.get(key)
+    if cached is not None:
+        plan_leaves, diagnostics = cached
+        return Plan(plan_leaves, treedef, diagnostics, group, rules, mesh), leaves
     keyed, treedef = flatten(tree)
-    return compile_flat(keyed, treedef, rules, mesh, group)
+    plan = compile_flat(keyed, treedef, rules, mesh, group)
+    rules._plan_cache.put(key, (plan.leaves, plan.diagnostics))
+    return plan, leaves
+
+
+def _signature(leaf: Any) -> Any:
+    shape = getattr(leaf, "shape", None)
+    dtype = getattr(leaf, "dtype", None)
+    if isinstance(shape, tuple) and dtype is not None and not isinstance(leaf, type):
+        return shape, dtype
+    return None
 
 
 def compile_flat(
@@ -57,8 +91,9 @@ def compile_flat(
     plans: list[LeafPlan] = []
     unmatched: list[LeafInfo] = []
     reported: set[tuple[str, str, Span | None]] = set()
-    for keypath, leaf in keyed:
-        info = leaf_info(path_str(keypath), leaf)
+    paths = path_strs([keypath for keypath, _ in keyed])
+    for path, (_, leaf) in zip(paths, keyed, strict=True):
+        info = leaf_info(path, leaf)
         if info.shape is None or info.dtype is None:
             plans.append(LeafPlan(info.path, None, None, None, None, 0, "not an array"))
             continue

@@ -64,17 +64,30 @@ class Diagnostic:
         return "\n".join(lines)
 
 
+_WIDTH = 100  # longest source excerpt shown; longer lines are cut around the span
+
+
 def _excerpt(text: str, span: Span) -> list[str]:
-    source_lines = text.splitlines()
+    source_lines = text.split("\n")  # as the parser counts lines: not at \f or \u2028
     if not 1 <= span.line <= len(source_lines):
         return []
-    line = source_lines[span.line - 1].expandtabs(1)
+    line = source_lines[span.line - 1].rstrip("\r").expandtabs(1)
     end = span.end_col if span.end_line == span.line else len(line) + 1
+    start = span.col - 1
     width = max(1, min(end, len(line) + 1) - span.col)
+    prefix = ""
+    if len(line) > _WIDTH:
+        first = max(0, min(start - 20, len(line) - _WIDTH))
+        shown = line[first : first + _WIDTH]
+        prefix = "…" if first else ""
+        line = prefix + shown + ("…" if first + _WIDTH < len(line) else "")
+        start = start - first + len(prefix)
+        width = max(1, min(width, _WIDTH - (start - len(prefix))))
+    line = "".join(c if c.isprintable() or c == " " else "�" for c in line)
     gutter = " " * len(str(span.line))
     return [
         f"  {span.line} | {line}",
-        f"  {gutter} | {' ' * (span.col - 1)}{'^' * width}",
+        f"  {gutter} | {' ' * start}{'^' * width}",
     ]
 
 

@@ -100,9 +100,7 @@ def loads(
     if not isinstance(text, str):
         raise TypeError(f"rule text must be str or bytes, not {type(text).__name__}")
     if len(text) > MAX_FILE_BYTES:
-        raise error_for(
-            [Diagnostic("SR009", "error", f"`{name}` is larger than {MAX_FILE_BYTES >> 20} MiB")]
-        )
+        raise error_for([Diagnostic("SR009", "error", f"`{name}` is larger than {MAX_FILE_BYTES >> 20} MiB")])
     return _Loader(root, explicit_root=include_root is not None).run(text, name, root / "<string>")
 
 
@@ -178,6 +176,7 @@ class _Loader:
     # -------------------------------------------------------------- includes
 
     def visit(self, text: str, name: str, real: Path) -> None:
+        text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the rules
         self.sources[name] = text
         rule_file = parse(text, name)
         self.done.add(real)
@@ -206,6 +205,12 @@ class _Loader:
         self.stack.pop()
 
     def include(self, stmt: Include, parent_name: str, parent_real: Path) -> None:
+        if not stmt.path or "\x00" in stmt.path:
+            what = "an empty path" if not stmt.path else "a path with a NUL character"
+            self.error(
+                "SR005", f"include of {what}", stmt.span, 'write the file to include: include "common.shard"'
+            )
+            return
         target = Path(stmt.path)
         display = os.path.normpath(os.path.join(os.path.dirname(parent_name), stmt.path))
         if target.is_absolute() and not self.explicit_root:
@@ -346,7 +351,16 @@ class _Loader:
             return resolved[name]
 
         for name in decls:
-            resolve(name, ())
+            try:
+                resolve(name, ())
+            except RecursionError:
+                self.error(
+                    "SR011",
+                    f"alias chain too long from `{name}`",
+                    decls[name].span,
+                    "point aliases at mesh axes directly, or through a few other aliases",
+                )
+                break
         return resolved
 
     def unknown_name(
@@ -395,8 +409,16 @@ class _Loader:
     def check_pattern(self, line: RuleLine) -> None:
         assert line.pattern is not None
         try:
-            re.compile(line.pattern)
-            _regex.check(line.pattern)
+            try:
+                re.compile(line.pattern)
+            except (RecursionError, OverflowError, ValueError) as err:  # nesting or counts too large
+                raise re.error(f"too complex to compile ({type(err).__name__})") from None
+            try:
+                _regex.check(line.pattern)
+            except RecursionError:
+                raise _regex.UnsafePattern(
+                    "groups nested too deeply", "use fewer levels of parentheses"
+                ) from None
         except _regex.UnsafePattern as err:
             self.error(
                 "SR017",

@@ -1,11 +1,45 @@
-"""Finding the first rule whose pattern matches a path."""
+"""Finding the first rule whose pattern matches a path, fast.
+
+Semantics are those of the obvious loop — for each rule in order, `re.search`
+its pattern in the path; the first hit wins — but most rules are ruled out
+without running their regex: each pattern's longest run of literal text that
+every match must contain (`q_proj/kernel` in `attn/q_proj/kernel$`) is looked
+for with a plain substring test first.
+"""
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from ._rules import Rule
+
+_p: Any = importlib.import_module("re._parser")
+_c: Any = importlib.import_module("re._constants")
+
+
+def required_literal(pattern: str) -> str:
+    """The longest run of literal characters every match of `pattern` contains,
+    or `""` when there is none to rely on (alternation at the top, flags)."""
+    try:
+        parsed = _p.parse(pattern)
+    except re.error:
+        return ""
+    if parsed.state.flags & (re.IGNORECASE | re.VERBOSE):
+        return ""
+    best, run = "", []
+    for op, av in parsed:
+        if op == _c.LITERAL:
+            run.append(chr(av))
+            continue
+        if len(run) > len(best):
+            best = "".join(run)
+        run = []
+    if len(run) > len(best):
+        best = "".join(run)
+    return best
 
 
 class Matcher:
@@ -14,11 +48,15 @@ class Matcher:
 
     def __init__(self, rules: Sequence[Rule]):
         self.rules = tuple(r for r in rules if r.pattern is not None)
-        self._searches = tuple(re.compile(r.pattern).search for r in self.rules if r.pattern is not None)
+        self._entries = tuple(
+            (required_literal(r.pattern), re.compile(r.pattern).search, r)
+            for r in self.rules
+            if r.pattern is not None
+        )
 
     def first(self, path: str) -> Rule | None:
         """The first rule matching `path`, or `None`."""
-        for rule, search in zip(self.rules, self._searches, strict=True):
-            if search(path) is not None:
+        for literal, search, rule in self._entries:
+            if literal in path and search(path) is not None:
                 return rule
         return None

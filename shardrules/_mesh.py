@@ -7,6 +7,7 @@ A mesh comes from, in order: the `mesh=` argument; JAX's ambient mesh
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,9 +27,9 @@ def sizes_of(mesh: MeshLike) -> dict[str, int]:
     if isinstance(mesh, Mapping):
         out = {}
         for name, size in mesh.items():
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 1:
                 raise TypeError(f"mesh axis sizes must be positive ints; got {name}={size!r}")
-            out[str(name)] = size
+            out[str(name)] = int(size)
         return out
     raise TypeError(
         f"mesh must be a jax.sharding.Mesh, an AbstractMesh or a dict of axis sizes, "

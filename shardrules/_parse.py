@@ -4,6 +4,7 @@ Lark's exceptions into `RuleSyntaxError`s that show the line and a caret."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any, Literal
@@ -116,7 +117,7 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
         hint = _hint_for(token.type, str(token.value), expected)
     elif isinstance(err, lark.exceptions.UnexpectedCharacters):
         expected = set(err.allowed or ())
-        found = f"`{err.char}`"
+        found = _show_char(err.char)
         width = 1
         if err.char == '"':
             span = Span(name, line, col, line, col + 1)
@@ -142,6 +143,16 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
     message = f"unexpected {found}; expected {_expected(expected)}"
     span = Span(name, line, col, line, col + width)
     return RuleSyntaxError(Diagnostic("SR001", "error", message, span, hint=hint), {name: text})
+
+
+def _show_char(char: str) -> str:
+    """`x` as itself in backquotes; invisible or look-alike characters by name."""
+    if char.isascii() and char.isprintable():
+        return f"`{char}`"
+    name = unicodedata.name(char, "")
+    code = f"U+{ord(char):04X}"
+    shown = f"`{char}` " if char.isprintable() and not char.isspace() else ""
+    return f"{shown}({code}{' ' + name if name else ''})"
 
 
 def _hint_for(found_type: str, found: str, expected: set[str]) -> str:
@@ -206,7 +217,7 @@ class _Builder:
             if tok.type == "STAR":
                 value = "*"
             else:
-                if not re.fullmatch(r"[0-9]+", tok) or int(tok) < 1:
+                if not re.fullmatch(r"[0-9]{1,18}", tok) or int(tok) < 1:
                     raise self.number_error(tok, "a mesh axis size is a positive whole number or `*`")
                 value = int(tok)
         return MeshAxis(str(name), value, self.span(tree))
@@ -283,14 +294,17 @@ class _Builder:
                 f"unknown unit `{unit}`; use one of {', '.join(units)}",
                 did_you_mean(unit, units),
             )
+        if len(number) > 30:
+            raise self.number_error(tok, "a size this long is not a plausible number of bytes")
         scaled = Fraction(number) * _UNITS[unit]  # exact: 1.001KB is 1001 bytes
         if scaled.denominator != 1:
             raise self.number_error(tok, "a size must come to a whole number of bytes")
         return int(scaled)
 
     def number_error(self, tok: lark.Token, message: str, hint: str = "") -> RuleSyntaxError:
+        shown = str(tok) if len(tok) <= 40 else f"{tok[:16]}…{tok[-8:]}"
         return RuleSyntaxError(
-            Diagnostic("SR003", "error", f"bad number `{tok}`: {message}", self.span(tok), hint=hint),
+            Diagnostic("SR003", "error", f"bad number `{shown}`: {message}", self.span(tok), hint=hint),
             {self.name: self.text},
         )
 

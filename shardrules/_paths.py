@@ -8,6 +8,7 @@ a value (such as Flax's `Partitioned` or NNX's `Variable`) add no segment.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +38,28 @@ def path_str(keypath: Sequence[Any]) -> str:
     return "/".join(key_str(k) for k in keypath)
 
 
+def path_strs(keypaths: Sequence[Sequence[Any]]) -> list[str]:
+    """`path_str` of many key paths, rendering each distinct key once."""
+    seen: dict[Any, str] = {}
+    out = []
+    for keypath in keypaths:
+        parts = []
+        for key in keypath:
+            # Keys equal across types (0, 0.0 and False) render differently: keep the type in the key.
+            memo = (type(key), type(getattr(key, "key", None)), key)
+            try:
+                text = seen.get(memo)
+            except TypeError:  # an unhashable key
+                text, memo = None, None
+            if text is None:
+                text = key_str(key)
+                if memo is not None:
+                    seen[memo] = text
+            parts.append(text)
+        out.append("/".join(parts))
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class LeafInfo:
     """What the compiler needs to know of one leaf."""
@@ -51,7 +74,7 @@ class LeafInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape)) if self.shape is not None else 0
+        return math.prod(self.shape) if self.shape is not None else 0
 
     @property
     def nbytes(self) -> int:

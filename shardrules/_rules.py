@@ -13,8 +13,10 @@ layout compare equal.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -236,6 +238,33 @@ class Rule:
         return str(self.span) if self.span is not None else "<rules>"
 
 
+class PlanCache:
+    """Compiled plans of one `RuleSet`, most recently used kept; safe to share
+    between threads (a lookup or store holds a lock; compiling does not)."""
+
+    def __init__(self, size: int = 32):
+        self._size = size
+        self._items: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 @dataclasses.dataclass(frozen=True)
 class RuleSet:
     """A loaded rule file: includes expanded, aliases resolved, rules grouped.
@@ -264,6 +293,9 @@ class RuleSet:
     )
     group_span_items: tuple[tuple[str, Span | None], ...] = dataclasses.field(
         default=(), compare=False, repr=False
+    )
+    _plan_cache: PlanCache = dataclasses.field(
+        default_factory=lambda: PlanCache(), init=False, compare=False, repr=False
     )
 
     @property
@@ -296,6 +328,8 @@ class RuleSet:
         **Raises:** `GroupNotFoundError` (SR018) if the file has no such group,
         with the closest name as a hint.
         """
+        if not isinstance(name, str):
+            raise TypeError(f"group must be the name of a rules group (a str), not {type(name).__name__}")
         if name not in self.group_names:
             known = self.group_names
             hint = did_you_mean(name, known) or (

@@ -304,3 +304,33 @@ def test_table_shows_rule_files_relative_to_the_working_directory(tmp_path, monk
     table = sr.plan({"w": sds(8, 8)}, sr.load(path), SIZES).table()
     assert " sharding/m.shard:2:3 " in table
     assert str(tmp_path) not in table
+
+
+def test_cached_plans_tell_apart_keys_that_compare_equal():
+    rules = sr.loads('rules params:\n  "False" -> (fsdp)\n  default -> replicated\n')
+    first = sr.plan({0: sds(8)}, rules, SIZES)
+    second = sr.plan({False: sds(8)}, rules, SIZES)
+    assert [leaf.path for leaf in first] == ["0"] and first.leaves[0].spec == P(None)
+    assert [leaf.path for leaf in second] == ["False"] and second.leaves[0].spec == P("fsdp")
+
+
+def test_a_second_plan_for_the_same_structure_comes_from_the_cache():
+    rules = sr.loads('rules params:\n  "w" -> (fsdp, _)\n')
+    tree = {"w": sds(8, 8)}
+    sr.specs(tree, rules, SIZES)
+    assert len(rules._plan_cache) == 1
+    assert sr.specs({"w": sds(8, 8)}, rules, SIZES) == {"w": P("fsdp", None)}
+    assert len(rules._plan_cache) == 1
+    sr.specs({"w": sds(16, 8)}, rules, SIZES)
+    assert len(rules._plan_cache) == 2
+
+
+def test_plans_are_safe_to_compile_from_many_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    rules = sr.loads('rules params:\n  "w" -> (fsdp, _)\n  default -> replicated\n')
+    trees = [{"w": sds(8 * (i % 4 + 1), 8), "b": sds(i % 3 + 2)} for i in range(64)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda t: sr.specs(t, rules, SIZES), trees))
+    for tree, specs in zip(trees, got, strict=True):
+        assert specs == {"w": P("fsdp", None), "b": P(None)}, (tree, specs)

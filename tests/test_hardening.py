@@ -7,6 +7,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import shardrules as sr
@@ -111,3 +112,70 @@ def test_bytes_are_read_as_utf8():
     assert "not UTF-8" in str(info.value)
     with pytest.raises(TypeError):
         sr.loads(42)  # type: ignore[arg-type]
+
+
+HOSTILE_TEXTS = {
+    "deeply nested groups": 'rules p:\n  "' + "(" * 1000 + "a" + ")" * 1000 + '" -> replicated\n',
+    "huge repeat count": 'rules p:\n  "a{4294967295}" -> replicated\n',
+    "huge mesh size": "mesh data=" + "9" * 5000 + "\n",
+    "huge byte size": "rules p:\n  default -> auto(x, min_bytes=" + "9" * 5000 + ")\n",
+    "NUL in include": 'include "a\x00b"\n',
+    "empty include": 'include ""\n',
+    "long alias chain": "".join(f"alias a{i} = a{i + 1}\n" for i in range(1200)) + "alias a1200 = x\n",
+    "form feed then error": '# a\x0c comment\nrules p:\n  "x" -> (\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_TEXTS))
+def test_hostile_text_raises_only_our_errors(name):
+    with pytest.raises(sr.ShardRulesError) as info:
+        sr.loads(HOSTILE_TEXTS[name])
+    rendered = str(info.value)
+    assert len(rendered) < 2000  # long inputs are shortened in messages
+    if info.value.span is not None:
+        assert f"  {info.value.span.line} | " in rendered
+
+
+def test_error_excerpts_count_lines_as_the_parser_does():
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.loads('# a\x0c comment\u2028 still the comment\nrules p:\n  "x" -> (\n')
+    assert info.value.span is not None and info.value.span.line == 3
+    assert '  3 |   "x" -> (' in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("leaf", "why"),
+    [
+        (np.array([["a", "b"]] * 4), "not a JAX dtype"),
+        (np.ones(4, object), "not a JAX dtype"),
+        (np.ma.masked_array(np.ones(4)), "masked arrays"),
+    ],
+)
+def test_leaves_jax_cannot_hold_are_refused_before_anything_moves(mesh42, leaf, why):
+    rules = sr.loads("rules params:\n  default -> replicated\n")
+    good = jnp.ones((4, 4))
+    with pytest.raises(sr.PlacementError) as info:
+        sr.apply({"bad": leaf, "good": good}, rules, mesh42)
+    assert info.value.code == "SR107" and why in str(info.value) and info.value.path == "bad"
+    assert not good.is_deleted() and not good.committed
+
+
+def test_group_must_be_a_name():
+    rules = sr.loads("rules params:\n  default -> replicated\n")
+    with pytest.raises(TypeError, match="group must be the name"):
+        sr.specs({"w": np.ones(2)}, rules, {}, group=None)  # type: ignore[arg-type]
+
+
+def test_mesh_sizes_may_be_numpy_integers():
+    rules = sr.loads('rules params:\n  "w" -> (data)\n')
+    assert sr.specs({"w": np.ones(8)}, rules, {"data": np.int64(4)})["w"] == jax.sharding.PartitionSpec(
+        "data"
+    )
+
+
+def test_a_utf8_byte_order_mark_is_ignored(tmp_path):
+    path = tmp_path / "bom.shard"
+    path.write_bytes('\ufeffmesh x\nrules params:\n  "w" -> (x)\n'.encode())
+    rules = sr.load(path)
+    assert rules.mesh is not None and rules.mesh.names == ("x",)
+    assert rules.group("params")[0].span.line == 3
