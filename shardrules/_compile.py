@@ -277,6 +277,8 @@ def _not_divisible(
     dividing = [f"`{a}`={s}" for a, s in sizes.items() if s > 1 and dim % s == 0]
     options = f"{dim} divides by {', '.join(dividing)}; " if dividing else ""
     product = " × ".join(f"`{a}`={sizes[a]}" for a in axes)
+    if written not in axes and not written.startswith("("):  # an alias: say what it stands for
+        product = f"`{written}` → {product}"
     return _LeafError(
         "SR104",
         f"dimension {index} of `{info.path}` (shape {info.shape}) has size {dim}, "
