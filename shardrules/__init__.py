@@ -31,6 +31,8 @@ from ._format import format_text as format_text
 from ._jit import jit as jit
 from ._load import load as load
 from ._load import loads as loads
+from ._place import init as init
+from ._place import load_checkpoint as load_checkpoint
 from ._plan import LeafPlan as LeafPlan
 from ._plan import Plan as Plan
 from ._rules import Rule as Rule
@@ -61,8 +63,10 @@ __all__ = [
     "check_devices",
     "constrain",
     "format_text",
+    "init",
     "jit",
     "load",
+    "load_checkpoint",
     "load_shapes",
     "loads",
     "plan",

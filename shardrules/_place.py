@@ -1,0 +1,155 @@
+"""Creating arrays directly in their planned layout: sharded initialisation and
+streaming checkpoint loading. Neither ever holds a whole unsharded copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from . import _mesh
+from ._api import RulesLike, as_rules, shardings
+from ._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, safetensors_shapes
+
+
+def init(
+    init_fn: Callable[..., Any],
+    rules: RulesLike,
+    mesh: Mesh | None = None,
+    *,
+    group: str = "params",
+    static_argnums: int | tuple[int, ...] = (),
+) -> Callable[..., Any]:
+    """Wrap an initialiser so that its arrays are created already sharded.
+
+    The returned function runs `jax.eval_shape(init_fn, ...)` to learn the
+    shapes, compiles the rules for them, then runs `init_fn` under `jax.jit`
+    with those `out_shardings`: each device computes only its own shards, and no
+    unsharded copy of the parameters ever exists.
+
+    **Arguments:**
+
+    - `init_fn`: returns a pytree of arrays (e.g. `lambda key: model.init(key, x)`).
+    - `rules`: a `RuleSet`, or the path of a rule file.
+    - `mesh`: a `jax.sharding.Mesh`; by default the ambient mesh, else the rule
+      file's `mesh` line over `jax.devices()`.
+    - `group`: the rules group for the result.
+    - `static_argnums`: arguments that are not arrays (sizes, configs), as for
+      `jax.jit`.
+
+    **Returns:** a function taking `init_fn`'s arguments and returning its
+    pytree, sharded as planned.
+
+    ```python
+    params = shardrules.init(lambda key: model.init(key, x), rules, mesh)(jax.random.key(0))
+    ```
+    """
+    ruleset = as_rules(rules)
+
+    def run(*args: Any) -> Any:
+        resolved = mesh if mesh is not None else _mesh.resolve(None, ruleset, concrete=True, what="init")
+        assert isinstance(resolved, Mesh)
+        jitted = jax.jit(init_fn, static_argnums=static_argnums)
+        out = jitted.eval_shape(*args)
+        targets = shardings(out, ruleset, resolved, group=group)
+        return jax.jit(init_fn, static_argnums=static_argnums, out_shardings=targets)(*args)
+
+    return run
+
+
+def _checkpoint_files(path: Path) -> dict[str, tuple[Path, dict[str, Any], int]]:
+    """Tensor name → (file, header entry, offset of the file's data region)."""
+    if path.name.endswith(".index.json"):
+        try:
+            weight_map = json.loads(path.read_text())["weight_map"]
+        except (KeyError, TypeError, json.JSONDecodeError) as err:
+            raise ShapeSourceError(f"{path}: not a checkpoint index with a `weight_map` ({err})") from None
+        files = sorted({path.parent / f for f in weight_map.values()})
+    else:
+        files = [path]
+    out: dict[str, tuple[Path, dict[str, Any], int]] = {}
+    for file in files:
+        safetensors_shapes(file)  # validates the header, with clear errors
+        with open(file, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, info in header.items():
+            if name != "__metadata__":
+                out[name] = (file, info, 8 + size)
+    return out
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    rules: RulesLike,
+    mesh: Mesh | None = None,
+    *,
+    group: str = "params",
+    rename: Callable[[str], str | None] | None = None,
+) -> dict[str, jax.Array]:
+    """Load a `.safetensors` checkpoint straight into its planned shardings.
+
+    Each array is built with `jax.make_array_from_callback`: every device's
+    shard is read from the file on its own (through a memory map, so only the
+    bytes of that slice are read), and no process ever holds a whole tensor
+    it does not need. Dtypes are kept as stored (bfloat16 and float8 included).
+
+    **Arguments:**
+
+    - `path`: a `.safetensors` file, or a sharded checkpoint's
+      `model.safetensors.index.json`.
+    - `rules`, `mesh`, `group`: as for `shardrules.apply`; tensors are matched
+      by their name in the checkpoint (`model.layers.0.mlp.up_proj.weight`).
+    - `rename`: maps a checkpoint name to the key to use in the result (and to
+      match rules against), or to `None` to skip the tensor.
+
+    **Returns:** a flat dict of key → sharded `jax.Array`.
+
+    **Raises:** the errors of `shardrules.shardings` (every tensor is planned
+    before anything is read), `ValueError` for a malformed checkpoint,
+    `FileNotFoundError`.
+
+    ```python
+    params = shardrules.load_checkpoint("llama/model.safetensors.index.json", rules, mesh)
+    ```
+    """
+    ruleset = as_rules(rules)
+    resolved = (
+        mesh if mesh is not None else _mesh.resolve(None, ruleset, concrete=True, what="load_checkpoint")
+    )
+    assert isinstance(resolved, Mesh)
+    entries = _checkpoint_files(Path(path))
+    tensors: dict[str, tuple[Path, dict[str, Any], int]] = {}
+    for name, entry in entries.items():
+        key = rename(name) if rename is not None else name
+        if key is not None:
+            tensors[key] = entry
+    shapes = {
+        key: jax.ShapeDtypeStruct(tuple(info["shape"]), jax.numpy.dtype(_SAFETENSORS_DTYPES[info["dtype"]]))
+        for key, (_, info, _) in tensors.items()
+    }
+    targets = shardings(shapes, ruleset, resolved, group=group)  # plan everything before reading
+    out: dict[str, jax.Array] = {}
+    for key, (file, info, base) in tensors.items():
+        shape, dtype = shapes[key].shape, shapes[key].dtype
+        start, end = info["data_offsets"]
+        if end - start != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+            raise ShapeSourceError(
+                f"{file}: tensor {key!r} has {end - start} bytes for shape {shape} {dtype}"
+            )
+        data = (
+            np.memmap(file, dtype=dtype, mode="r", offset=base + start, shape=shape)
+            if end > start
+            else np.zeros(shape, dtype)
+        )
+        out[key] = jax.make_array_from_callback(
+            shape, targets[key], lambda index, data=data: np.asarray(data[index])
+        )
+    return out
