@@ -26,6 +26,7 @@ from jax.core import Tracer
 from . import _mesh
 from ._errors import Diagnostic, Span, error_for
 from ._load import iter_rules
+from ._match import required_literal
 from ._plan import LeafPlan, Plan, format_bytes, plural
 from ._rules import Rule
 
@@ -42,9 +43,10 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
         if id(rule) in winners or rule.pattern is None:
             continue
         search = rule.regex.search  # type: ignore[union-attr]
+        literal = required_literal(rule.pattern)  # a cheap substring test first, as in matching
         taken_by: dict[int, tuple[Rule, int]] = {}
         for leaf in arrays:
-            if search(leaf.path) is not None and leaf.rule is not None:
+            if literal in leaf.path and search(leaf.path) is not None and leaf.rule is not None:
                 first, count = taken_by.get(id(leaf.rule), (leaf.rule, 0))
                 taken_by[id(leaf.rule)] = (first, count + 1)
         if not taken_by:
