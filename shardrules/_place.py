@@ -26,6 +26,7 @@ def init(
     *,
     group: str = "params",
     static_argnums: int | tuple[int, ...] = (),
+    chunk_bytes: int | None = None,
 ) -> Callable[..., Any]:
     """Wrap an initialiser so that its arrays are created already sharded.
 
@@ -43,6 +44,11 @@ def init(
     - `group`: the rules group for the result.
     - `static_argnums`: arguments that are not arrays (sizes, configs), as for
       `jax.jit`.
+    - `chunk_bytes`: create the leaves in groups of at most this many bytes,
+      one compiled call per group, so that the initialiser's temporaries (such
+      as random bits) exist for one group at a time. By default a model over
+      256 MiB is made in 8 groups, a smaller one in one call. XLA drops the
+      leaves a group does not return, so each is computed once.
 
     **Returns:** a function taking `init_fn`'s arguments and returning its
     pytree, sharded as planned.
@@ -56,12 +62,44 @@ def init(
     def run(*args: Any) -> Any:
         resolved = mesh if mesh is not None else _mesh.resolve(None, ruleset, concrete=True, what="init")
         assert isinstance(resolved, Mesh)
-        jitted = jax.jit(init_fn, static_argnums=static_argnums)
-        out = jitted.eval_shape(*args)
+        out = jax.jit(init_fn, static_argnums=static_argnums).eval_shape(*args)
         targets = shardings(out, ruleset, resolved, group=group)
-        return jax.jit(init_fn, static_argnums=static_argnums, out_shardings=targets)(*args)
+        shapes, treedef = jax.tree_util.tree_flatten(out)
+        target_leaves = treedef.flatten_up_to(targets)
+        results: list[Any] = [None] * len(shapes)
+        for part in _chunks([s.size * s.dtype.itemsize for s in shapes], chunk_bytes):
+
+            def some(*a: Any, part: list[int] = part) -> list[Any]:
+                leaves = jax.tree_util.tree_leaves(init_fn(*a))
+                return [leaves[i] for i in part]
+
+            made = jax.jit(
+                some, static_argnums=static_argnums, out_shardings=[target_leaves[i] for i in part]
+            )(*args)
+            for i, array in zip(part, made, strict=True):
+                results[i] = array
+        return jax.tree_util.tree_unflatten(treedef, results)
 
     return run
+
+
+def _chunks(sizes: list[int], chunk_bytes: int | None) -> list[list[int]]:
+    """Leaf indices in groups of at most `chunk_bytes` (a leaf larger than that alone)."""
+    total = sum(sizes)
+    if chunk_bytes is None:
+        chunk_bytes = total if total <= _SMALL else max(total // 8, 1)
+    groups: list[list[int]] = [[]]
+    filled = 0
+    for i, size in enumerate(sizes):
+        if groups[-1] and filled + size > chunk_bytes:
+            groups.append([])
+            filled = 0
+        groups[-1].append(i)
+        filled += size
+    return [g for g in groups if g]
+
+
+_SMALL = 256 * 2**20  # models up to this size are initialised in one piece
 
 
 def _checkpoint_files(path: Path) -> dict[str, tuple[Path, dict[str, Any], int]]:

@@ -126,3 +126,24 @@ def test_init_with_static_arguments(mesh222):
     out = make(jax.random.key(0), 16)
     assert out["mlp"]["up_proj.weight"].shape == (16, 8)
     assert out["mlp"]["up_proj.weight"].sharding.spec == P("model", "fsdp")
+
+
+def test_init_in_chunks_gives_the_same_arrays(mesh222):
+    def init_fn(key):
+        keys = jax.random.split(key, 4)
+        return {f"layer{i}": {"up_proj.weight": jax.random.normal(k, (16, 8))} for i, k in enumerate(keys)}
+
+    whole = sr.init(init_fn, RULES, mesh222)(jax.random.key(1))
+    chunked = sr.init(init_fn, RULES, mesh222, chunk_bytes=16 * 8 * 4)(jax.random.key(1))  # one leaf per call
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked), strict=True):
+        assert a.sharding == b.sharding == NamedSharding(mesh222, P("model", "fsdp"))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_chunks_group_leaves_by_bytes():
+    from shardrules._place import _chunks
+
+    assert _chunks([10, 10, 10], 20) == [[0, 1], [2]]
+    assert _chunks([30, 5, 5], 20) == [[0], [1, 2]]
+    assert _chunks([1, 1], None) == [[0, 1]]
+    assert len(_chunks([2**30] * 8, None)) == 8

@@ -20,6 +20,7 @@ import dataclasses
 import math
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,24 +139,42 @@ _STRINGS = st.one_of(
 ).map(lambda body: f'"{body}"')
 _COMMENTS = st.text(st.characters(exclude_characters="\n"), max_size=12).map(lambda s: "#" + s)
 
+_LARK = _grammar.parser()
+_TERMINALS = {
+    "NAME": _word(_NAMES),
+    "NUMBER": _word(_NUMBERS),
+    "STRING": _word(_STRINGS),
+    "COMMENT": _word(_COMMENTS),
+    "_NL": st.sampled_from(["\n", "\n", "\r\n"]),
+    # keywords (Lark names the anonymous ones after their text)
+    **{
+        kw.upper(): _word(st.just(kw))
+        for kw in ("mesh", "include", "alias", "rules", "default", "replicated", "auto")
+    },
+}
+
+
+def _from_grammar(start: str) -> st.SearchStrategy[str]:
+    """Text for the grammar rule `start`, with the terminal strategies above."""
+    terminals, rules, _ = _LARK.grammar.compile([start], ())
+    used = {t.name for t in terminals} | {s.name for r in rules for s in r.expansion}
+    return from_lark(_LARK, start=start, explicit={k: v for k, v in _TERMINALS.items() if k in used})
+
+
+# Whole files from the grammar's start rule come out short (one or two lines,
+# mostly comments), so most lines are drawn from its `statement` and `rule`
+# rules instead, each with an optional trailing comment and a line end, and
+# the pieces are joined into one file.
+_LINES = st.tuples(
+    st.one_of(_from_grammar("statement"), _from_grammar("rule")),
+    st.one_of(st.just(""), _TERMINALS["COMMENT"]),
+    _TERMINALS["_NL"],
+).map("".join)
 RULE_TEXTS = st.tuples(
-    from_lark(
-        _grammar.parser(),
-        explicit={
-            "NAME": _word(_NAMES),
-            "NUMBER": _word(_NUMBERS),
-            "STRING": _word(_STRINGS),
-            "COMMENT": _word(_COMMENTS),
-            "_NL": st.sampled_from(["\n", "\n", "\r\n"]),
-            # keywords (Lark names the anonymous ones after their text)
-            **{
-                kw.upper(): _word(st.just(kw))
-                for kw in ("mesh", "include", "alias", "rules", "default", "replicated", "auto")
-            },
-        },
-    ),
+    st.sampled_from(["", "rules params:\n"]),  # so that rules are often in a group, for `loads`
+    st.lists(st.one_of(_LINES, _LINES, _LINES, _from_grammar("start")), max_size=12).map("".join),
     st.booleans(),
-).map(lambda t: t[0][:-1] if t[1] and t[0].endswith("\n") else t[0])  # the last newline is optional
+).map(lambda t: t[0] + t[1][:-1] if t[2] and t[1].endswith("\n") else t[0] + t[1])  # last newline optional
 
 
 def _load_outcome(text: str | bytes, root: Path) -> Any:
@@ -303,16 +322,31 @@ _FRAGMENTS = [
     "[.]",
     r"\w+",
     "a.b",
+    "a b",
+    "(?i:kernel)",
 ]
 
 
+def _regex_literal(text: str) -> str:
+    """A regex matching `text`, written so that it fits between the quotes of a rule."""
+    return "".join("\\n" if c == "\n" else '\\"' if c == '"' else re.escape(c) for c in text)
+
+
 @st.composite
-def _patterns(draw: st.DrawFn) -> str:
-    flags = draw(st.sampled_from(["", "", "", "", "(?i)", "(?x)", "(?a)"]))
-    branches = draw(
-        st.lists(
-            st.lists(st.sampled_from(_FRAGMENTS), min_size=1, max_size=4).map("".join), min_size=1, max_size=2
+def _patterns(draw: st.DrawFn, words: Sequence[str]) -> str:
+    """A regex of fragments: from the safe alphabet above, or text taken from the
+    paths of the trees under test (as written, or with its case swapped)."""
+    fragments: st.SearchStrategy[str] = st.sampled_from(_FRAGMENTS)
+    if words:
+        pieces = st.tuples(st.sampled_from(words), st.integers(0, 8), st.integers(1, 12)).map(
+            lambda t: t[0][t[1] : t[1] + t[2]] or t[0]
         )
+        fragments = st.one_of(
+            fragments, pieces.map(_regex_literal), pieces.map(str.swapcase).map(_regex_literal)
+        )
+    flags = draw(st.sampled_from(["", "", "", "(?i)", "(?x)", "(?a)"]))
+    branches = draw(
+        st.lists(st.lists(fragments, min_size=1, max_size=4).map("".join), min_size=1, max_size=2)
     )
     start = draw(st.sampled_from(["", "", "^"]))
     end = draw(st.sampled_from(["", "", "$"]))
@@ -320,9 +354,9 @@ def _patterns(draw: st.DrawFn) -> str:
 
 
 @st.composite
-def _rule_lines(draw: st.DrawFn) -> list[str | None]:
+def _rule_lines(draw: st.DrawFn, words: Sequence[str] = ()) -> list[str | None]:
     """Patterns in file order; `None` is the `default` line, anywhere or absent."""
-    lines: list[str | None] = draw(st.lists(_patterns(), min_size=0, max_size=6))
+    lines: list[str | None] = draw(st.lists(_patterns(words), min_size=0, max_size=6))
     if draw(st.booleans()):
         lines.insert(draw(st.integers(0, len(lines))), None)
     return lines
@@ -360,7 +394,11 @@ _AWKWARD_CHARS = st.one_of(
 )
 _SEGMENTS = st.one_of(
     st.sampled_from(
-        ["attn", "kernel", "q_proj", "layers", "0", "12", "w", "b", "True", "1.0", "a.b", "x/y", "ü"]
+        [
+            *("attn", "kernel", "q_proj", "layers", "0", "12", "w", "b", "True", "1.0", "a.b", "x/y", "ü"),
+            # case variants and spaces, for `(?i)` and `(?x)` patterns
+            *("ATTN", "Kernel", "Q_Proj", "true", "W", "ab", "a b", "attnkernel"),
+        ]
     ),
     st.text(_AWKWARD_CHARS, max_size=6),
 )
@@ -442,10 +480,8 @@ def _build(node: Node, path: tuple[str, ...], expected: list[tuple[str, str]], t
     return Moments(*built)
 
 
-@given(lines=_rule_lines(), nodes=st.lists(st.one_of(_FLAT, _nodes()), min_size=1, max_size=2))
-def test_plan_picks_the_first_matching_rule_and_renders_paths(
-    lines: list[str | None], nodes: list[Node]
-) -> None:
+@given(data=st.data(), nodes=st.lists(st.one_of(_FLAT, _nodes()), min_size=1, max_size=2))
+def test_plan_picks_the_first_matching_rule_and_renders_paths(data: st.DataObject, nodes: list[Node]) -> None:
     """Each leaf's path is its keys joined by `/` (a dict key as `str(key)`, an
     attribute by its name, a sequence index as its number; `None` adds no leaf),
     and `LeafPlan.rule` is the first rule in file order whose regex
@@ -453,6 +489,13 @@ def test_plan_picks_the_first_matching_rule_and_renders_paths(
     none. One rule set plans several trees, including a twin of each whose
     numeric dict keys compare equal (`1 == True == 1.0`) but render differently,
     as a rule set used for parameters and then for optimizer state would."""
+    trees = []
+    for node in nodes:
+        for twin in (False, True):
+            expected: list[tuple[str, str]] = []
+            trees.append((_build(node, (), expected, twin), expected))
+    words = sorted({w for _, expected in trees for _, path in expected for w in path.split("/") if w})
+    lines = data.draw(_rule_lines(words), label="rule patterns")
     text = _rule_text(lines)
     try:
         rules = sr.loads(text)
@@ -461,25 +504,22 @@ def test_plan_picks_the_first_matching_rule_and_renders_paths(
         assume(False)
         raise
     note(text)
-    for node in nodes:
-        for twin in (False, True):
-            expected: list[tuple[str, str]] = []
-            tree = _build(node, (), expected, twin)
-            got = sr.plan(tree, rules, {"data": 2})
-            arrays = [path for kind, path in expected if kind == "array"]
-            others = [path for kind, path in expected if kind == "other"]
-            by_index = {lp.shape[0] - 2: lp for lp in got.leaves if lp.is_array}
-            assert sorted(by_index) == list(range(len(arrays)))
-            for i, path in enumerate(arrays):
-                lp = by_index[i]
-                note(f"leaf {i}: expected path {path!r}, got {lp.path!r}")
-                assert lp.path == path
-                want = _reference(lines, path)
-                assert (None if lp.rule is None else lp.rule.index) == want, (path, lp.rule)
-            assert collections.Counter(
-                lp.path for lp in got.leaves if not lp.is_array
-            ) == collections.Counter(others)
-            assert all(lp.rule is None for lp in got.leaves if not lp.is_array)
+    for tree, expected in trees:
+        got = sr.plan(tree, rules, {"data": 2})
+        arrays = [path for kind, path in expected if kind == "array"]
+        others = [path for kind, path in expected if kind == "other"]
+        by_index = {lp.shape[0] - 2: lp for lp in got.leaves if lp.is_array}
+        assert sorted(by_index) == list(range(len(arrays)))
+        for i, path in enumerate(arrays):
+            lp = by_index[i]
+            note(f"leaf {i}: expected path {path!r}, got {lp.path!r}")
+            assert lp.path == path
+            want = _reference(lines, path)
+            assert (None if lp.rule is None else lp.rule.index) == want, (path, lp.rule)
+        assert collections.Counter(lp.path for lp in got.leaves if not lp.is_array) == collections.Counter(
+            others
+        )
+        assert all(lp.rule is None for lp in got.leaves if not lp.is_array)
 
 
 def test_trees_whose_keys_compare_equal_but_render_differently_get_their_own_paths() -> None:
@@ -538,14 +578,11 @@ def _trees(numpy_only: bool = False) -> st.SearchStrategy[Any]:
         st.just(None),
         *(() if numpy_only else (st.sampled_from([7, "name", 0.5]),)),
     )
-    return st.recursive(
-        leaves,
-        lambda child: st.one_of(
-            st.dictionaries(st.sampled_from(_KEYS), child, max_size=3),
-            st.lists(child, max_size=3),
-        ),
-        max_leaves=8,
-    )
+    return st.recursive(leaves, _containers, max_leaves=8)
+
+
+def _containers(child: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.dictionaries(st.sampled_from(_KEYS), child, max_size=3), st.lists(child, max_size=3))
 
 
 @st.composite
