@@ -100,7 +100,16 @@ def loads(
     if not isinstance(text, str):
         raise TypeError(f"rule text must be str or bytes, not {type(text).__name__}")
     if len(text) > MAX_FILE_BYTES:
-        raise error_for([Diagnostic("SR009", "error", f"`{name}` is larger than {MAX_FILE_BYTES >> 20} MiB")])
+        raise error_for(
+            [
+                Diagnostic(
+                    "SR009",
+                    "error",
+                    f"`{name}` is larger than {MAX_FILE_BYTES >> 20} MiB; rule files are small text files",
+                    hint="check that this is the rule text you meant",
+                )
+            ]
+        )
     return _Loader(root, explicit_root=include_root is not None).run(text, name, root / "<string>")
 
 
@@ -367,6 +376,14 @@ class _Loader:
         self, ref: AxisRef, axes: set[str], aliases: dict[str, Alias] | dict[str, tuple[str, ...]]
     ) -> None:
         known = sorted(axes | set(aliases))
+        if ref.name in ("None", "none", "null"):
+            self.error(
+                "SR010",
+                f"unknown name `{ref.name}`: not a mesh axis or an alias",
+                ref.span,
+                "write `_` for a dimension that is not sharded",
+            )
+            return
         hint = did_you_mean(ref.name, known) or (
             f"known names: {', '.join(known)}" if known else "declare it in the mesh line or as an alias"
         )

@@ -155,7 +155,20 @@ def _show_char(char: str) -> str:
     return f"{shown}({code}{' ' + name if name else ''})"
 
 
+_KEYWORDS = ("mesh", "include", "alias", "rules", "default", "replicated", "auto")
+
+
 def _hint_for(found_type: str, found: str, expected: set[str]) -> str:
+    if found_type == "NAME":
+        from ._errors import did_you_mean
+
+        close = did_you_mean(found.lower(), _KEYWORDS)
+        if close and found not in _KEYWORDS:
+            return close + " (keywords are lower case)" if found.lower() in _KEYWORDS else close
+    if found_type == "STRING" and expected & {"LPAR", "RPAR", "ELLIPSIS", "UNSHARDED"}:
+        return "mesh axes and aliases are written without quotes, e.g. (data, model)"
+    if found_type == "STRING" and "NAME" in expected:
+        return "names are written without quotes, e.g. `rules params:` or `alias embed = fsdp`"
     if "STRING" in expected and found_type == "NAME":
         return f'patterns are quoted: "{found}"; statements start with mesh, include, alias, rules or default'
     if {"LPAR", "REPLICATED"} <= expected and found_type == "NAME":

@@ -334,20 +334,20 @@ def _regex_literal(text: str) -> str:
 
 @st.composite
 def _patterns(draw: st.DrawFn, words: Sequence[str]) -> str:
-    """A regex of fragments: from the safe alphabet above, or text taken from the
-    paths of the trees under test (as written, or with its case swapped)."""
+    """A regex of fragments: from the safe alphabet above, or pieces of the
+    paths of the trees under test (as written, or with their case swapped)."""
+    flags = draw(st.sampled_from(["", "", "(?i)", "(?i)", "(?x)", "(?a)"]))
     fragments: st.SearchStrategy[str] = st.sampled_from(_FRAGMENTS)
     if words:
-        pieces = st.tuples(st.sampled_from(words), st.integers(0, 8), st.integers(1, 12)).map(
+        pieces = st.tuples(st.sampled_from(words), st.integers(0, 12), st.integers(1, 16)).map(
             lambda t: t[0][t[1] : t[1] + t[2]] or t[0]
         )
-        fragments = st.one_of(
-            fragments, pieces.map(_regex_literal), pieces.map(str.swapcase).map(_regex_literal)
-        )
-    flags = draw(st.sampled_from(["", "", "", "(?i)", "(?x)", "(?a)"]))
-    branches = draw(
-        st.lists(st.lists(fragments, min_size=1, max_size=4).map("".join), min_size=1, max_size=2)
-    )
+        literal = pieces.map(_regex_literal)
+        swapped = pieces.map(str.swapcase).map(_regex_literal)
+        # under `(?i)`, mostly pieces in the other case, which match only case-insensitively
+        fragments = st.one_of(*([swapped] * 3 if flags == "(?i)" else [literal, literal, swapped]), fragments)
+    branch = st.lists(fragments, min_size=1, max_size=3).map("".join)
+    branches = draw(st.lists(branch, min_size=1, max_size=2))
     start = draw(st.sampled_from(["", "", "^"]))
     end = draw(st.sampled_from(["", "", "$"]))
     return flags + start + "|".join(branches) + end
@@ -414,13 +414,16 @@ _NUM_KEYS = st.one_of(
 Node = tuple[Any, ...]
 
 
-def _nodes(depth: int = 0) -> st.SearchStrategy[Node]:
-    leaves = st.sampled_from([("array",), ("array",), ("array",), ("other",), ("none",)])
-    if depth >= 3:
-        return leaves
+_LEAF_NODES = st.sampled_from([("array",), ("array",), ("array",), ("other",), ("none",)])
+
+
+def _nodes(depth: int) -> st.SearchStrategy[Node]:
+    return _LEAF_NODES if depth >= 3 else st.one_of(_LEAF_NODES, _containers_of(depth))
+
+
+def _containers_of(depth: int) -> st.SearchStrategy[Node]:
     child = st.deferred(lambda: _nodes(depth + 1))
     return st.one_of(
-        leaves,
         st.lists(st.tuples(_STR_KEYS, child), max_size=4, unique_by=lambda kv: kv[0]).map(
             lambda c: ("dict", c)
         ),
@@ -480,7 +483,7 @@ def _build(node: Node, path: tuple[str, ...], expected: list[tuple[str, str]], t
     return Moments(*built)
 
 
-@given(data=st.data(), nodes=st.lists(st.one_of(_FLAT, _nodes()), min_size=1, max_size=2))
+@given(data=st.data(), nodes=st.lists(st.one_of(_FLAT, _containers_of(0)), min_size=1, max_size=2))
 def test_plan_picks_the_first_matching_rule_and_renders_paths(data: st.DataObject, nodes: list[Node]) -> None:
     """Each leaf's path is its keys joined by `/` (a dict key as `str(key)`, an
     attribute by its name, a sequence index as its number; `None` adds no leaf),
@@ -494,7 +497,10 @@ def test_plan_picks_the_first_matching_rule_and_renders_paths(data: st.DataObjec
         for twin in (False, True):
             expected: list[tuple[str, str]] = []
             trees.append((_build(node, (), expected, twin), expected))
-    words = sorted({w for _, expected in trees for _, path in expected for w in path.split("/") if w})
+    # text for patterns to match: whole paths and their segments
+    words = sorted(
+        {w for _, expected in trees for _, path in expected for w in (path, *path.split("/")) if w}
+    )
     lines = data.draw(_rule_lines(words), label="rule patterns")
     text = _rule_text(lines)
     try:
