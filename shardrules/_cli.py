@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import fnmatch
 import re
 import sys
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     fmt.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     fmt.add_argument("--diff", action="store_true", help="change nothing; print what would change")
+    fmt.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip files and folders matching GLOB when searching folders (repeatable); "
+        "also read from [tool.shardrules] exclude in pyproject.toml",
+    )
     fmt.set_defaults(run=_fmt)
 
     lint = commands.add_parser(
@@ -97,12 +107,15 @@ def _plan_options(parser: argparse.ArgumentParser, shapes_required: bool = False
 _SKIPPED = {"node_modules", "site-packages", "__pycache__"}
 
 
-def _shard_files(paths: Sequence[Path]) -> list[Path]:
+def _shard_files(paths: Sequence[Path], exclude: Sequence[str] = ()) -> list[Path]:
     """The files named, and every `*.shard` under the folders named, skipping
-    hidden folders (`.git`, `.venv`, ...) and installed packages."""
+    hidden folders (`.git`, `.venv`, ...), installed packages, and what
+    `--exclude` or `[tool.shardrules] exclude` in the pyproject.toml nearest to
+    the folder name."""
     out: list[Path] = []
     for path in paths:
         if path.is_dir():
+            patterns = [str(Path(g).resolve()) for g in exclude] + _configured_excludes(path.resolve())
             found = (p for p in path.rglob("*.shard") if p.is_file())
             out.extend(
                 sorted(
@@ -111,11 +124,32 @@ def _shard_files(paths: Sequence[Path]) -> list[Path]:
                     if not any(
                         part.startswith(".") or part in _SKIPPED for part in p.relative_to(path).parts[:-1]
                     )
+                    and not _excluded(p.resolve(), patterns)
                 )
             )
         else:
             out.append(path)
     return out
+
+
+def _configured_excludes(start: Path) -> list[str]:
+    """`[tool.shardrules] exclude` of the nearest pyproject.toml at or above
+    `start`, as absolute paths (globs allowed)."""
+    for folder in (start, *start.parents):
+        config = folder / "pyproject.toml"
+        if config.is_file():
+            try:
+                data = tomllib.loads(config.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                return []
+            globs = data.get("tool", {}).get("shardrules", {}).get("exclude", [])
+            return [str(folder / g) for g in globs if isinstance(g, str)]
+    return []
+
+
+def _excluded(path: Path, patterns: Sequence[str]) -> bool:
+    """Whether `path` (absolute) or one of its folders matches a pattern."""
+    return any(fnmatch.fnmatch(str(c), p) for c in (path, *path.parents) for p in patterns)
 
 
 def _lines(text: str) -> list[str]:
@@ -127,7 +161,7 @@ def _lines(text: str) -> list[str]:
 
 def _fmt(args: argparse.Namespace) -> int:
     changed = errors = 0
-    for path in _shard_files(args.files):
+    for path in _shard_files(args.files, args.exclude):
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:

@@ -391,3 +391,22 @@ def test_python_dash_m_shardrules(tmp_path: Path) -> None:
     fmt = run(".")
     assert (fmt.returncode, fmt.stdout, fmt.stderr) == (0, "reformatted mlp.shard\n", "")
     assert read(path) == CANONICAL
+
+
+def test_folders_can_be_excluded_on_the_command_line_and_in_pyproject(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write("sharding/a.shard", CANONICAL)
+    write("tests/data/bad/x.shard", BROKEN)
+    write("other/y.shard", MESSY)
+    assert main(["fmt", "--check", "--exclude", "tests/data/*", "--exclude", "other", "."]) == 0
+    assert capsys.readouterr() == ("", "")
+    write("pyproject.toml", '[tool.shardrules]\nexclude = ["tests/data", "other/*.shard"]\n')
+    assert main(["fmt", "--check", "."]) == 0
+    assert main(["fmt", "--check", "sharding"]) == 0  # found from the folder searched, not the cwd
+    # A file named explicitly is always formatted.
+    assert main(["fmt", "--check", "other/y.shard"]) == 1
+
+
+def test_the_repository_itself_passes_fmt_check(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fmt", "--check", str(REPO)]) == 0, capsys.readouterr()
