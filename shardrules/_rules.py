@@ -264,6 +264,16 @@ class PlanCache:
     def __len__(self) -> int:
         return len(self._items)
 
+    # A copied or unpickled RuleSet starts with an empty cache (locks do not copy).
+    def __getstate__(self) -> dict[str, Any]:
+        return {"size": self._size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["size"])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PlanCache:
+        return PlanCache(self._size)
+
 
 @dataclasses.dataclass(frozen=True)
 class RuleSet:

@@ -273,3 +273,19 @@ def test_a_group_header_without_rules_makes_an_empty_group():
 def test_byte_sizes_are_exact(text, expected):
     rules = sr.loads(f"rules p:\n  default -> auto(x, min_bytes={text})\n")
     assert rules.defaults["p"].spec.min_bytes == expected
+
+
+def test_rule_sets_pickle_and_copy(tmp_path):
+    import copy
+    import pickle
+
+    import jax
+
+    rules = sr.loads('mesh x\nrules params:\n  "w" -> (x)\n', name="r.shard")
+    sr.specs({"w": jax.ShapeDtypeStruct((4,), "float32")}, rules, {"x": 2})  # fills the plan cache
+    for clone in (pickle.loads(pickle.dumps(rules)), copy.deepcopy(rules), copy.copy(rules)):
+        assert clone == rules
+        assert clone.group("params")[0].span == rules.group("params")[0].span
+        assert sr.specs({"w": jax.ShapeDtypeStruct((4,), "float32")}, clone, {"x": 2})[
+            "w"
+        ] == jax.sharding.PartitionSpec("x")
