@@ -235,7 +235,7 @@ def apply(
     for i, lp in enumerate(the_plan.leaves):
         if lp.spec is None:
             continue
-        sharding = jax.sharding.NamedSharding(resolved, lp.spec)
+        sharding = ruleset._plan_cache.named_sharding(resolved, lp.spec)
         if isinstance(leaves[i], Tracer):
             # Inside a trace there is no data to move: pin the layout instead.
             out[i] = _mesh.pin(leaves[i], sharding)

@@ -245,6 +245,7 @@ class PlanCache:
     def __init__(self, size: int = 32):
         self._size = size
         self._items: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._shardings: dict[Any, Any] = {}
         self._lock = threading.Lock()
 
     def get(self, key: Any) -> Any:
@@ -263,6 +264,22 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def named_sharding(self, mesh: Any, spec: Any) -> Any:
+        """The same `NamedSharding` object for the same mesh and spec (at most
+        1024 kept): JAX moves data faster to shardings it has seen."""
+        import jax
+
+        key = (mesh, spec)
+        with self._lock:
+            found = self._shardings.get(key)
+        if found is None:
+            found = jax.sharding.NamedSharding(mesh, spec)
+            with self._lock:
+                if len(self._shardings) >= 1024:
+                    self._shardings.clear()
+                self._shardings[key] = found
+        return found
 
     # A copied or unpickled RuleSet starts with an empty cache (locks do not copy).
     def __getstate__(self) -> dict[str, Any]:
