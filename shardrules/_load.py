@@ -517,6 +517,8 @@ class _Loader:
         for ref in entry.axes:
             if ref.name in aliases:
                 names = aliases[ref.name]
+            elif ref.name in {a.name for a in self.alias_decls} and ref.name not in axes:
+                return None  # an alias whose definition failed: that error is reported already
             elif ref.name == "_" or (mesh is not None and ref.name not in axes):
                 self.unknown_name(ref, axes, aliases)
                 return None

@@ -289,3 +289,12 @@ def test_rule_sets_pickle_and_copy(tmp_path):
         assert sr.specs({"w": jax.ShapeDtypeStruct((4,), "float32")}, clone, {"x": 2})[
             "w"
         ] == jax.sharding.PartitionSpec("x")
+
+
+def test_a_failed_alias_is_reported_once_not_at_every_use():
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.loads(
+            'mesh data, fsdp\nalias embed = fdsp\nrules params:\n  "w" -> (embed, _)\n  "v" -> (embed)\n'
+        )
+    assert [d.code for d in info.value.diagnostics] == ["SR010"]
+    assert "did you mean `fsdp`?" in str(info.value)
