@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from jax.sharding import Mesh
 
 from . import _mesh
 from ._api import RulesLike, as_rules, shardings
+from ._plan import format_bytes
 from ._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, safetensors_shapes
 
 
@@ -131,6 +133,7 @@ def load_checkpoint(
     *,
     group: str = "params",
     rename: Callable[[str], str | None] | None = None,
+    progress: bool | None = None,
 ) -> dict[str, jax.Array]:
     """Load a `.safetensors` checkpoint straight into its planned shardings.
 
@@ -147,6 +150,8 @@ def load_checkpoint(
       by their name in the checkpoint (`model.layers.0.mlp.up_proj.weight`).
     - `rename`: maps a checkpoint name to the key to use in the result (and to
       match rules against), or to `None` to skip the tensor.
+    - `progress`: print a progress line to stderr as tensors load; by default
+      only when stderr is a terminal and the checkpoint is over 1 GiB.
 
     **Returns:** a flat dict of key → sharded `jax.Array`.
 
@@ -174,8 +179,12 @@ def load_checkpoint(
         for key, (_, info, _) in tensors.items()
     }
     targets = shardings(shapes, ruleset, resolved, group=group)  # plan everything before reading
+    total = sum(s.size * s.dtype.itemsize for s in shapes.values())
+    if progress is None:
+        progress = total > 2**30 and sys.stderr.isatty()
+    done = 0
     out: dict[str, jax.Array] = {}
-    for key, (file, info, base) in tensors.items():
+    for n, (key, (file, info, base)) in enumerate(tensors.items(), 1):
         shape, dtype = shapes[key].shape, shapes[key].dtype
         start, end = info["data_offsets"]
         if end - start != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
@@ -190,4 +199,11 @@ def load_checkpoint(
         out[key] = jax.make_array_from_callback(
             shape, targets[key], lambda index, data=data: np.asarray(data[index])
         )
+        done += end - start
+        if progress:
+            sys.stderr.write(
+                f"\rloading {n}/{len(tensors)} tensors, {format_bytes(done)} of {format_bytes(total)}"
+                + ("\n" if n == len(tensors) else "")
+            )
+            sys.stderr.flush()
     return out

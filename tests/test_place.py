@@ -147,3 +147,13 @@ def test_chunks_group_leaves_by_bytes():
     assert _chunks([30, 5, 5], 20) == [[0], [1, 2]]
     assert _chunks([1, 1], None) == [[0, 1]]
     assert len(_chunks([2**30] * 8, None)) == 8
+
+
+def test_load_checkpoint_can_report_progress(tmp_path, mesh222, capsys):
+    write_safetensors(tmp_path / "model.safetensors", tensors())
+    sr.load_checkpoint(tmp_path / "model.safetensors", RULES, mesh222, progress=True)
+    err = capsys.readouterr().err
+    assert err.endswith("\rloading 5/5 tensors, 1.0 KiB of 1.0 KiB\n"), err
+    assert err.count("\r") == 5
+    sr.load_checkpoint(tmp_path / "model.safetensors", RULES, mesh222)
+    assert capsys.readouterr().err == ""  # small, and not a terminal: quiet
