@@ -20,7 +20,7 @@ from ._format import spec_text
 from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
-from ._paths import LeafInfo, flatten, leaf_info, path_strs
+from ._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
 from ._plan import LeafPlan, Plan, plural
 from ._rules import ResolvedEntry, Rule, RuleSet
 
@@ -61,8 +61,11 @@ def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str)
     if cached is not None:
         plan_leaves, diagnostics = cached
         return Plan(plan_leaves, treedef, diagnostics, group, rules, mesh), leaves
-    keyed, treedef = flatten(tree)
-    plan = compile_flat(keyed, treedef, rules, mesh, group)
+    paths = leaf_paths(tree)
+    if len(paths) != len(leaves):  # cannot happen for pytrees JAX flattens consistently
+        keyed, _ = flatten(tree)
+        paths = path_strs([keypath for keypath, _ in keyed])
+    plan = _compile(paths, leaves, treedef, rules, mesh, group)
     rules._plan_cache.put(key, (plan.leaves, plan.diagnostics))
     return plan, leaves
 
@@ -79,6 +82,13 @@ def compile_flat(
     keyed: list[tuple[Any, Any]], treedef: Any, rules: RuleSet, mesh: MeshLike | None, group: str
 ) -> Plan:
     """`compile_plan` for a tree already flattened with its key paths."""
+    paths = path_strs([keypath for keypath, _ in keyed])
+    return _compile(paths, [leaf for _, leaf in keyed], treedef, rules, mesh, group)
+
+
+def _compile(
+    paths: list[str], leaves: list[Any], treedef: Any, rules: RuleSet, mesh: MeshLike | None, group: str
+) -> Plan:
     _check_group(rules, group)
     sizes = sizes_of(mesh) if mesh is not None else None
     group_rules = list(iter_rules(rules, group))
@@ -91,8 +101,7 @@ def compile_flat(
     plans: list[LeafPlan] = []
     unmatched: list[LeafInfo] = []
     reported: set[tuple[str, str, Span | None]] = set()
-    paths = path_strs([keypath for keypath, _ in keyed])
-    for path, (_, leaf) in zip(paths, keyed, strict=True):
+    for path, leaf in zip(paths, leaves, strict=True):
         info = leaf_info(path, leaf)
         if info.shape is None or info.dtype is None:
             plans.append(LeafPlan(info.path, None, None, None, None, 0, "not an array"))

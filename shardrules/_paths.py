@@ -113,3 +113,48 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[li
                 )
             ]
         ) from err
+
+
+def leaf_paths(tree: Any) -> list[str]:
+    """The `/`-joined path of every leaf of `tree`, in `jax.tree_util` order.
+
+    Plain dicts, lists, tuples, namedtuples and `None` (the bulk of large
+    parameter trees) are walked here directly; every other node is handed to
+    `jax.tree_util.tree_flatten_with_path`, so the result is always JAX's.
+    """
+    out: list[str] = []
+    _walk(tree, None, out)
+    return out
+
+
+def _join(prefix: str | None, segment: str) -> str:
+    return segment if prefix is None else f"{prefix}/{segment}"
+
+
+def _walk(node: Any, prefix: str | None, out: list[str]) -> None:
+    kind = type(node)
+    if kind is dict:
+        try:
+            keys = sorted(node)
+        except TypeError:
+            keys = None
+        if keys is not None:
+            for key in keys:
+                _walk(node[key], _join(prefix, str(key)), out)
+            return
+    elif kind is list or kind is tuple:
+        for i, child in enumerate(node):
+            _walk(child, _join(prefix, str(i)), out)
+        return
+    elif node is None:
+        return
+    elif isinstance(node, tuple) and hasattr(kind, "_fields") and kind.__bases__ == (tuple,):
+        for name, child in zip(kind._fields, node, strict=True):
+            _walk(child, _join(prefix, name), out)
+        return
+    keyed, _ = flatten(node)
+    for keypath, _ in keyed:
+        if keypath:
+            out.append(_join(prefix, path_str(keypath)))
+        else:  # `node` is itself a leaf
+            out.append(prefix or "")

@@ -334,3 +334,21 @@ def test_plans_are_safe_to_compile_from_many_threads():
         got = list(pool.map(lambda t: sr.specs(t, rules, SIZES), trees))
     for tree, specs in zip(trees, got, strict=True):
         assert specs == {"w": P("fsdp", None), "b": P(None)}, (tree, specs)
+
+
+def test_fast_paths_are_jaxs_paths():
+    from shardrules._paths import leaf_paths, path_str
+
+    od = collections.OrderedDict([("y", 1), ("x", 2)])
+    trees = [
+        {"b": [1, (2, None, Pair(3, {"z": 4}))], "a": Block(kernel=5, bias={"k": [6]}), "o": od},
+        {"": {"attn": 1}, "x": {"": [2, {"": 3}]}},
+        {1: 2, 0: 3},
+        7,
+        None,
+        [],
+        {"m": {}},
+    ]
+    for tree in trees:
+        want = [path_str(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+        assert leaf_paths(tree) == want, tree
