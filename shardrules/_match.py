@@ -9,15 +9,11 @@ for with a plain substring test first.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Sequence
-from typing import Any
 
+from ._regex import _c, _p
 from ._rules import Rule
-
-_p: Any = importlib.import_module("re._parser")
-_c: Any = importlib.import_module("re._constants")
 
 
 def required_literal(pattern: str) -> str:

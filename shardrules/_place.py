@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ from jax.sharding import Mesh
 from . import _mesh
 from ._api import RulesLike, as_rules, shardings
 from ._plan import format_bytes
-from ._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, safetensors_shapes
+from ._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, read_header
 
 
 def init(
@@ -116,13 +115,9 @@ def _checkpoint_files(path: Path) -> dict[str, tuple[Path, dict[str, Any], int]]
         files = [path]
     out: dict[str, tuple[Path, dict[str, Any], int]] = {}
     for file in files:
-        safetensors_shapes(file)  # validates the header, with clear errors
-        with open(file, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
+        _, header, start = read_header(file)  # validated, with clear errors
         for name, info in header.items():
-            if name != "__metadata__":
-                out[name] = (file, info, 8 + size)
+            out[name] = (file, info, start)
     return out
 
 

@@ -97,7 +97,12 @@ def _open(path: Path):  # one place that opens files, so tests can count what is
 
 def safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, jax.ShapeDtypeStruct]:
     """Tensor name → shape and dtype, from a `.safetensors` file's header alone."""
-    path = Path(path)
+    return read_header(Path(path))[0]
+
+
+def read_header(path: Path) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, Any], int]:
+    """A `.safetensors` file's shapes, its raw header entries (with
+    `data_offsets`), and where its data region starts; reads the header only."""
     with _open(path) as f:
         head = f.read(8)
         if len(head) < 8:
@@ -128,7 +133,8 @@ def safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, jax.ShapeDtype
                 f"{path}: tensor {name!r} has no valid dtype and shape: {info!r}"
             ) from None
         out[name] = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
-    return out
+    header.pop("__metadata__", None)
+    return out, header, 8 + size
 
 
 def _index(path: Path) -> dict[str, jax.ShapeDtypeStruct]:

@@ -309,29 +309,8 @@ def test_format_raises_rule_syntax_error_with_location() -> None:
 
 # ------------------------------------------------------------------ the reference example
 
-DESIGN = r"""# sharding/llama.shard
-mesh data, fsdp, model            # axes these rules may name; sizes come from the runtime mesh
-                                  # optional sizes for lint without devices: mesh data=2, fsdp=*, model=8
-include "common.shard"            # relative to this file
-
-alias batch = (data, fsdp)        # logical name -> mesh axes (like Flax logical_axis_rules)
-alias embed = fsdp
-alias heads = model
-
-rules params:                     # a named group; first matching rule wins, in file order
-  "embed/embedding"            -> (model, embed)
-  "attn/(q|k|v)_proj/kernel"   -> (..., embed, heads)   # `...`: leading dims unsharded (scanned layers)
-  "attn/o_proj/kernel"         -> (..., heads, embed)
-  "norm/scale$"                -> replicated
-  "lm_head/kernel"             -> (embed, model?)       # `?`: only where it divides that dim
-  default                      -> auto(fsdp, min_bytes=1MiB)   # FSDP fallback: largest divisible dim
-
-rules activations:                # matched against module paths / jax.named_scope names
-  "layers_\d+/attn$"           -> (batch, _, embed)
-
-rules inputs:
-  "tokens|targets"             -> (batch, _)
-"""
+# The reference example of the design, exactly as written there.
+DESIGN = (Path(__file__).parent / "data" / "design_example.txt").read_text()
 
 DESIGN_FORMATTED = r"""# sharding/llama.shard
 mesh data, fsdp, model  # axes these rules may name; sizes come from the runtime mesh
