@@ -1,19 +1,44 @@
 """Finding the first rule whose pattern matches a path, fast.
 
 Semantics are those of the obvious loop — for each rule in order, `re.search`
-its pattern in the path; the first hit wins — but most rules are ruled out
-without running their regex: each pattern's longest run of literal text that
-every match must contain (`q_proj/kernel` in `attn/q_proj/kernel$`) is looked
-for with a plain substring test first.
+its pattern in the path; the first hit wins — but almost all of that work is
+shared between paths.
+
+Large trees repeat one shape of path many times over with other numbers in it
+(`layers_17/moe/experts/203/up_proj/kernel`). A path's *key* is the path with
+every ASCII digit written as `0`; the work that depends only on the key is
+done once per key:
+
+- A pattern that treats all digits alike ("digit-blind": `layers_\\d+/attn`,
+  `kernel$`, `.`, `\\w`) matches a path exactly when it matches the path's key,
+  so it is decided once per key.
+- A pattern that tells digits apart (`layers_0/`, `[0-3]`) is searched in each
+  path, but only where its required literal text, written as a key, occurs in
+  the path's key (a necessary condition), and only if no digit-blind rule
+  before it has already matched that key.
+
+So for each key the matcher keeps the short list of rules still to try; for
+most trees that list is one rule, known to match.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ._regex import _c, _p
 from ._rules import Rule
+
+# Path → key: every ASCII digit becomes 0. Keys are UTF-8 bytes, whose `translate`
+# is ten times faster than `str.translate` (UTF-8 never puts ASCII bytes inside
+# another character's encoding).
+_KEY = bytes.maketrans(b"123456789", b"000000000")
+_DIGITS = range(ord("0"), ord("9") + 1)
+# Keys remembered per matcher; past this, paths are still matched, just not remembered.
+_MAX_KEYS = 1 << 17
+
+_Search = Callable[[str], Any]
 
 
 def required_literal(pattern: str) -> str:
@@ -38,21 +63,119 @@ def required_literal(pattern: str) -> str:
     return best
 
 
+def digit_blind(pattern: str) -> bool:
+    """Whether `pattern` matches a path exactly when it matches the path with
+    its ASCII digits changed to other digits: every part of it accepts either
+    all ten digits or none of them (and there are no backreferences)."""
+    try:
+        return _blind(list(_p.parse(pattern)))
+    except re.error:
+        return False
+
+
+def _blind(items: list[Any]) -> bool:
+    for op, av in items:
+        if op in (_c.LITERAL, _c.NOT_LITERAL):
+            if av in _DIGITS:
+                return False
+        elif op == _c.IN:
+            if len({_in_class(av, d) for d in _DIGITS}) != 1:
+                return False
+        elif op in (_c.ANY, _c.AT, _c.CATEGORY):
+            pass  # `.`, anchors, `\b`, `\d`, `\w`, `\s`...: the same for every digit
+        elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT, getattr(_c, "POSSESSIVE_REPEAT", None)):
+            if not _blind(list(av[2])):
+                return False
+        elif op == _c.SUBPATTERN:
+            if not _blind(list(av[-1])):
+                return False
+        elif op == _c.BRANCH:
+            if not all(_blind(list(branch)) for branch in av[1]):
+                return False
+        elif op in (_c.ASSERT, _c.ASSERT_NOT):
+            if not _blind(list(av[1])):
+                return False
+        elif op == getattr(_c, "ATOMIC_GROUP", None):
+            if not _blind(list(av)):
+                return False
+        else:  # backreferences and anything unforeseen: decide per path
+            return False
+    return True
+
+
+def _category_has_digits(category: Any) -> bool:
+    name = str(category)
+    return (
+        ("DIGIT" in name and "NOT_DIGIT" not in name)
+        or ("WORD" in name and "NOT_WORD" not in name)
+        or "NOT_SPACE" in name
+        or "NOT_LINEBREAK" in name
+    )
+
+
+def _in_class(items: Any, code: int) -> bool | None:
+    """Whether a character class accepts the character `code` (`None`: cannot tell)."""
+    negate, hit = False, False
+    for kind, value in items:
+        if kind == _c.NEGATE:
+            negate = True
+        elif kind == _c.LITERAL:
+            hit = hit or value == code
+        elif kind == _c.RANGE:
+            hit = hit or value[0] <= code <= value[1]
+        elif kind == _c.CATEGORY:
+            hit = hit or _category_has_digits(value)
+        else:
+            return None
+    return hit != negate
+
+
 class Matcher:
     """First match wins over a group's pattern rules, in order. Each pattern is
     a Python regex searched (`re.search`) anywhere in the path."""
 
     def __init__(self, rules: Sequence[Rule]):
         self.rules = tuple(r for r in rules if r.pattern is not None)
-        self._entries = tuple(
-            (required_literal(r.pattern), re.compile(r.pattern).search, r)
-            for r in self.rules
-            if r.pattern is not None
-        )
+        entries = []
+        for rule in self.rules:
+            assert rule.pattern is not None
+            literal = required_literal(rule.pattern)
+            entries.append(
+                (
+                    literal.encode("utf-8", "surrogatepass").translate(_KEY),
+                    literal,
+                    re.compile(rule.pattern).search,
+                    digit_blind(rule.pattern),
+                    rule,
+                )
+            )
+        self._entries = tuple(entries)
+        # key → the rules still to try for paths with that key: (search, literal, rule),
+        # with search None for a rule known to match.
+        self._by_key: dict[bytes, tuple[tuple[_Search | None, str, Rule], ...]] = {}
 
     def first(self, path: str) -> Rule | None:
         """The first rule matching `path`, or `None`."""
-        for literal, search, rule in self._entries:
-            if literal in path and search(path) is not None:
+        key = path.encode("utf-8", "surrogatepass").translate(_KEY)
+        todo = self._by_key.get(key)
+        if todo is None:
+            todo = self._todo(key)
+            if len(self._by_key) < _MAX_KEYS:
+                self._by_key[key] = todo
+        for search, literal, rule in todo:
+            if search is None or (literal in path and search(path) is not None):
                 return rule
         return None
+
+    def _todo(self, key: bytes) -> tuple[tuple[_Search | None, str, Rule], ...]:
+        todo: list[tuple[_Search | None, str, Rule]] = []
+        text = key.decode("utf-8", "surrogatepass")
+        for key_literal, literal, search, blind, rule in self._entries:
+            if key_literal not in key:
+                continue  # its literal text is not in any path with this key
+            if not blind:
+                todo.append((search, literal, rule))
+            elif search(text) is not None:
+                todo.append((None, literal, rule))
+                break  # every path with this key matches it: later rules never win
+        return tuple(todo)
