@@ -19,6 +19,7 @@ from ._parse import byte_size
 from ._paths import flatten
 from ._plan import Plan
 from ._rules import RuleSet
+from ._torchax import to_jax
 
 RulesLike = RuleSet | str | os.PathLike[str]
 
@@ -73,6 +74,7 @@ def plan(
     ```
     """
     ruleset = as_rules(rules)
+    tree = to_jax(tree)[0]
     compiled = compile_plan(tree, ruleset, _mesh.resolve(mesh, ruleset, concrete=False, what="plan"), group)
     extra = _check.all_warnings(compiled, byte_size(replicated_threshold))
     if device_memory is not None:
@@ -110,6 +112,7 @@ def check(
         print(d.render(rules.sources))
     ```
     """
+    tree = to_jax(tree)[0]
     if isinstance(rules, Plan):
         the_plan = rules
         found = list(the_plan.diagnostics)
@@ -155,6 +158,7 @@ def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: s
     """
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=False, what="specs")
+    tree = to_jax(tree)[0]
     return compile_plan(tree, ruleset, resolved, group).specs()
 
 
@@ -173,6 +177,7 @@ def shardings(
     """
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="shardings")
+    tree = to_jax(tree)[0]
     the_plan = compile_plan(tree, ruleset, resolved, group)
     return the_plan.shardings(resolved)  # type: ignore[arg-type]
 
@@ -220,6 +225,7 @@ def apply(
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
     assert isinstance(resolved, jax.sharding.Mesh)
+    tree, restore = to_jax(tree, plain_torch="error", what="apply")  # torchax tensors: their jax arrays
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     the_plan.raise_for_errors()
     budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
@@ -245,4 +251,5 @@ def apply(
     moved = jax.device_put([leaves[i] for i in moving], targets)
     for i, array in zip(moving, moved, strict=True):
         out[i] = array
-    return jax.tree_util.tree_unflatten(the_plan.treedef, out)
+    result = jax.tree_util.tree_unflatten(the_plan.treedef, out)
+    return restore(result) if restore is not None else result
