@@ -15,6 +15,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
+from . import _logical
 from ._errors import Diagnostic, Span, did_you_mean
 from ._format import spec_text
 from ._load import iter_rules
@@ -66,6 +67,8 @@ def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str)
         keyed, _ = flatten(tree)
         paths = path_strs([keypath for keypath, _ in keyed])
     plan = _compile(paths, leaves, treedef, rules, mesh, group)
+    if _logical.uses_logical(rules, group):
+        plan = _logical.resolve(plan, tree, mesh)  # `logical` specs read the boxes around leaves
     rules._plan_cache.put(key, (plan.leaves, plan.diagnostics))
     return plan, leaves
 
@@ -83,7 +86,11 @@ def compile_flat(
 ) -> Plan:
     """`compile_plan` for a tree already flattened with its key paths."""
     paths = path_strs([keypath for keypath, _ in keyed])
-    return _compile(paths, [leaf for _, leaf in keyed], treedef, rules, mesh, group)
+    plan = _compile(paths, [leaf for _, leaf in keyed], treedef, rules, mesh, group)
+    if _logical.uses_logical(rules, group):
+        tree = jax.tree_util.tree_unflatten(treedef, [leaf for _, leaf in keyed])
+        plan = _logical.resolve(plan, tree, mesh)
+    return plan
 
 
 def _compile(
@@ -211,6 +218,13 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
     spec = rule.spec
     if spec.kind == "replicated":
         return PartitionSpec(*([None] * len(shape)))
+    if spec.kind == "logical":  # resolved by `_logical.resolve` for leaves that carry names
+        raise _LeafError(
+            "SR113",
+            f"`{info.path}` (shape {shape}) has no logical axis names for `logical` to use",
+            spec.span,
+            "add a rule above this one for this path",
+        )
     if spec.needs_sizes and sizes is None:
         raise _LeafError(
             "SR108",

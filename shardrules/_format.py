@@ -79,8 +79,8 @@ def entry_text(entry: Entry) -> str:
 
 def spec_text(spec: Spec) -> str:
     """A spec as written in canonical form, e.g. `(..., embed, heads)`."""
-    if spec.kind == "replicated":
-        return "replicated"
+    if spec.kind in ("replicated", "logical"):
+        return spec.kind
     if spec.kind == "auto":
         assert spec.auto_axes is not None
         args = [entry_text(spec.auto_axes)]

@@ -461,6 +461,9 @@ class _Loader:
         before = len(self.errors)
         if spec.kind == "replicated":
             return ResolvedSpec("replicated", span=spec.span)
+        if spec.kind == "logical":  # resolved per leaf, from its names, when compiled
+            named = [*(mesh.names if mesh else ()), *(a for axes in aliases.values() for a in axes)]
+            return ResolvedSpec("logical", span=spec.span, logical_axes=tuple(dict.fromkeys(named)))
         if spec.kind == "auto":
             assert spec.auto_axes is not None
             seen: set[str] = set()

@@ -155,7 +155,7 @@ def _show_char(char: str) -> str:
     return f"{shown}({code}{' ' + name if name else ''})"
 
 
-_KEYWORDS = ("mesh", "include", "alias", "rules", "default", "replicated", "auto")
+_KEYWORDS = ("mesh", "include", "alias", "rules", "default", "replicated", "auto", "logical")
 
 
 def _hint_for(found_type: str, found: str, expected: set[str]) -> str:
@@ -259,6 +259,8 @@ class _Builder:
     def spec(self, tree: Any) -> Spec:
         if tree.data == "spec_replicated":
             return Spec("replicated", span=self.span(tree))
+        if tree.data == "spec_logical":
+            return Spec("logical", span=self.span(tree))
         if tree.data == "spec_entries":
             entries = tuple(self.entry(c) for c in tree.children)
             return Spec("entries", entries, span=self.span(tree))

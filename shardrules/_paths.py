@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -101,7 +102,7 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[li
     """`jax.tree_util.tree_flatten_with_path`, with a clear error for trees JAX
     cannot flatten (such as dicts whose keys cannot be sorted)."""
     try:
-        return jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+        keyed, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
     except (ValueError, TypeError) as err:
         raise error_for(
             [
@@ -113,6 +114,54 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[li
                 )
             ]
         ) from err
+    boxes = box_types()
+    if boxes and keyed:
+        keyed = _unboxed(tree, keyed, boxes, is_leaf)
+    return keyed, treedef
+
+
+def box_types() -> tuple[type, ...]:
+    """The wrapper types that only box a value and add no path segment: Flax
+    linen's `Partitioned` (and `LogicallyPartitioned`) and NNX's `Variable`.
+    Flax is never imported here: if it is not loaded, no such box can exist."""
+    found: list[type] = []
+    meta = sys.modules.get("flax.core.meta")
+    if meta is not None and isinstance(getattr(meta, "Partitioned", None), type):
+        found.append(meta.Partitioned)
+    variables = sys.modules.get("flax.nnx.variablelib")
+    if variables is not None and isinstance(getattr(variables, "Variable", None), type):
+        found.append(variables.Variable)
+    return tuple(found)
+
+
+def _unboxed(
+    tree: Any,
+    keyed: list[tuple[KeyPath, Any]],
+    boxes: tuple[type, ...],
+    is_leaf: Callable[[Any], bool] | None,
+) -> list[tuple[KeyPath, Any]]:
+    """`keyed` with the key of each box's one child (`value`) left out of the paths."""
+    if not any(isinstance(k, jax.tree_util.GetAttrKey) for keypath, _ in keyed for k in keypath):
+        return keyed  # every box adds an attribute key: without one there is no box
+
+    def stop(x: Any) -> bool:
+        return isinstance(x, boxes) or (is_leaf is not None and bool(is_leaf(x)))
+
+    outer = jax.tree_util.tree_flatten_with_path(tree, is_leaf=stop)[0]
+    paths: list[KeyPath] = []
+    for keypath, node in outer:
+        if not isinstance(node, boxes):
+            paths.append(keypath)
+            continue
+        children = jax.tree_util.tree_flatten(node, is_leaf=lambda x, node=node: x is not node)[0]
+        if len(children) == 1:  # a box of one value: its contents, keyed from the box
+            inner = flatten(children[0], is_leaf)[0]
+        else:  # not only a box after all: keep JAX's paths
+            inner = jax.tree_util.tree_flatten_with_path(node, is_leaf=is_leaf)[0]
+        paths.extend((*keypath, *sub) for sub, _ in inner)
+    if len(paths) != len(keyed):  # cannot happen for pytrees JAX flattens consistently
+        return keyed
+    return [(path, leaf) for path, (_, leaf) in zip(paths, keyed, strict=True)]
 
 
 def leaf_paths(tree: Any) -> list[str]:

@@ -104,10 +104,11 @@ class Spec:
     - `"entries"`: `(e1, e2, ...)`;
     - `"replicated"`;
     - `"auto"`: `auto(axes, name=value, ...)`, with `auto_axes` one `Entry`
-      of kind `"axes"` and `options` the `name=value` pairs (values in bytes).
+      of kind `"axes"` and `options` the `name=value` pairs (values in bytes);
+    - `"logical"`: each leaf's own logical axis names, read through the aliases.
     """
 
-    kind: Literal["entries", "replicated", "auto"]
+    kind: Literal["entries", "replicated", "auto", "logical"]
     entries: tuple[Entry, ...] = ()
     auto_axes: Entry | None = None
     options: tuple[tuple[str, int], ...] = ()
@@ -180,17 +181,24 @@ class ResolvedEntry:
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedSpec:
-    kind: Literal["entries", "replicated", "auto"]
+    """A spec with aliases resolved; `kind` as in `Spec`. A `"logical"` spec has
+    no entries here: they come from each leaf's metadata when it is compiled."""
+
+    kind: Literal["entries", "replicated", "auto", "logical"]
     entries: tuple[ResolvedEntry, ...] = ()
     auto_axes: tuple[str, ...] = ()
     min_bytes: int = 0
     span: Span | None = _span()
+    # For `logical`: each axis the file's mesh line and aliases name, once.
+    logical_axes: tuple[str, ...] = ()
 
     @property
     def axes(self) -> tuple[str, ...]:
         """Every mesh axis this spec may use."""
         if self.kind == "auto":
             return self.auto_axes
+        if self.kind == "logical":
+            return self.logical_axes
         return tuple(a for e in self.entries for a in e.axes)
 
     @property

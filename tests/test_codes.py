@@ -84,6 +84,13 @@ LINT_CASES = {
         "--mesh",
     ),
     "SR110": ('rules params:\n  "w" -> (_, model)\n', {"w": S(4096, 4096)}, SIZES, (2, 3), "more mesh axes"),
+    "SR113": (
+        "alias embed = fsdp\nrules params:\n  default -> logical\n",
+        {"w": S(8, 8)},
+        SIZES,
+        (3, 14),
+        "with_logical_partitioning",
+    ),
     "SR201": (
         'rules params:\n  "w" -> (fsdp)\n  "zzz" -> replicated\n',
         {"w": S(8)},
@@ -195,8 +202,32 @@ def test_sr111_trees_on_different_devices(mesh42):
         sr.check_devices(params=params, batch={"x": moved})
 
 
-# SR008, SR009 and SR017 are triggered in test_hardening.py.
-TESTED_ELSEWHERE = {"SR004", "SR005", "SR006", "SR008", "SR009", "SR017", "SR106", "SR107", "SR109", "SR111"}
+def test_sr206_logical_name_without_an_alias(tmp_path):
+    nn = pytest.importorskip("flax.linen")
+    path = tmp_path / "bad.shard"
+    path.write_text("alias embed = fsdp\nrules params:\n  default -> logical\n")
+    tree = {"emb": nn.LogicallyPartitioned(S(64, 8), ("vocab", "embed"))}
+    result = _lint.lint_file(str(path), tree, SIZES)
+    (d,) = [d for d in result.diagnostics if d.code == "SR206"]
+    assert d.severity == "warning" and d.path == "emb" and "`vocab`" in d.message
+    assert d.span is not None and (d.span.line, d.span.col) == (3, 14)
+    assert "alias vocab = _" in d.hint
+
+
+# SR008, SR009 and SR017 are triggered in test_hardening.py; SR206 (a boxed tree) just above.
+TESTED_ELSEWHERE = {
+    "SR004",
+    "SR005",
+    "SR006",
+    "SR008",
+    "SR009",
+    "SR017",
+    "SR106",
+    "SR107",
+    "SR109",
+    "SR111",
+    "SR206",
+}
 
 
 def test_every_documented_code_is_tested_here():
