@@ -22,6 +22,7 @@ from ._errors import IncludeNotFoundError as IncludeNotFoundError
 from ._errors import MeshError as MeshError
 from ._errors import PlacementError as PlacementError
 from ._errors import PlanError as PlanError
+from ._errors import ProcessMismatchError as ProcessMismatchError
 from ._errors import RuleDefinitionError as RuleDefinitionError
 from ._errors import RuleSyntaxError as RuleSyntaxError
 from ._errors import ShardRulesError as ShardRulesError
@@ -50,6 +51,7 @@ __all__ = [
     "PlacementError",
     "Plan",
     "PlanError",
+    "ProcessMismatchError",
     "Rule",
     "RuleDefinitionError",
     "RuleSet",

@@ -9,7 +9,8 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from . import _check, _mesh
+from . import _check, _mesh, _multihost
+from ._agree import check_mode
 from ._check import DEFAULT_REPLICATED_THRESHOLD
 from ._compile import compile_leaves, compile_plan
 from ._errors import Diagnostic, error_for
@@ -189,6 +190,8 @@ def apply(
     *,
     group: str = "params",
     device_memory: int | str | None = None,
+    process_local: bool = False,
+    verify: str = "sample",
 ) -> Any:
     """Lay a pytree out on the mesh as the rules say.
 
@@ -211,6 +214,14 @@ def apply(
       by default the smallest memory limit the mesh's devices report, if they
       report one (GPUs and TPUs do; CPUs do not). A plan over it is an SR110
       error, raised before anything moves.
+    - `process_local`: in a multi-process run, each process passes only its
+      own slice of the arrays (its part of the batch), and the global arrays
+      are assembled from the slices (`jax.make_array_from_process_local_data`);
+      by default every process passes the whole tree. One process: no effect.
+    - `verify`: in a multi-process run, how the processes check that they
+      pass the same tree before anything moves (SR112): `"sample"` hashes up
+      to 1 MiB of each leaf, `"full"` every byte, `"off"` skips the check.
+      See docs/multihost.md.
 
     **Returns:** a pytree like `tree` whose arrays are sharded `jax.Array`s.
 
@@ -226,6 +237,13 @@ def apply(
     resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
     assert isinstance(resolved, jax.sharding.Mesh)
     tree, restore = to_jax(tree, plain_torch="error", what="apply")  # torchax tensors: their jax arrays
+    mode = check_mode(verify)
+    if jax.process_count() > 1:  # each process puts its own shards: see _multihost
+        budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
+        placed = _multihost.apply(
+            tree, ruleset, resolved, group=group, budget=budget, process_local=process_local, verify=mode
+        )
+        return restore(placed) if restore is not None else placed
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     the_plan.raise_for_errors()
     budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)

@@ -173,6 +173,12 @@ class PlacementError(ShardRulesError, ValueError):
     """Inputs cannot be moved as planned: committed elsewhere, deleted, or abstract."""
 
 
+class ProcessMismatchError(ShardRulesError, ValueError):
+    """In a multi-process run, the processes passed trees that differ (paths,
+    shapes, dtypes or values) where they must be the same, or one of them
+    stopped on an error the others did not find (SR112)."""
+
+
 class TreeError(ShardRulesError, TypeError):
     """The input is not a pytree shardrules can walk."""
 
@@ -200,6 +206,7 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
     "SR106": PlacementError,
     "SR107": PlacementError,
     "SR111": PlacementError,
+    "SR112": ProcessMismatchError,
     "SR109": TreeError,
 }
 

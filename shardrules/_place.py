@@ -121,6 +121,20 @@ def _checkpoint_files(path: Path) -> dict[str, tuple[Path, dict[str, Any], int]]
     return out
 
 
+def _reader(data: np.ndarray) -> Callable[[Any], np.ndarray]:
+    """The callback reading one tensor's slices: each distinct slice once, even
+    when several devices of this process hold it (partly replicated specs)."""
+    seen: dict[Any, np.ndarray] = {}
+
+    def read(index: Any) -> np.ndarray:
+        key = tuple((s.start, s.stop, s.step) for s in index)
+        if key not in seen:
+            seen[key] = np.asarray(data[index])
+        return seen[key]
+
+    return read
+
+
 def load_checkpoint(
     path: str | os.PathLike[str],
     rules: RulesLike,
@@ -191,9 +205,7 @@ def load_checkpoint(
             if end > start
             else np.zeros(shape, dtype)
         )
-        out[key] = jax.make_array_from_callback(
-            shape, targets[key], lambda index, data=data: np.asarray(data[index])
-        )
+        out[key] = jax.make_array_from_callback(shape, targets[key], _reader(data))
         done += end - start
         if progress:
             sys.stderr.write(

@@ -214,7 +214,8 @@ def test_sr206_logical_name_without_an_alias(tmp_path):
     assert "alias vocab = _" in d.hint
 
 
-# SR008, SR009 and SR017 are triggered in test_hardening.py; SR206 (a boxed tree) just above.
+# SR008, SR009 and SR017 are triggered in test_hardening.py; SR206 (a boxed tree) just above;
+# SR112 needs two processes: tests/test_multihost.py starts them and checks its messages.
 TESTED_ELSEWHERE = {
     "SR004",
     "SR005",
@@ -226,6 +227,7 @@ TESTED_ELSEWHERE = {
     "SR107",
     "SR109",
     "SR111",
+    "SR112",
     "SR206",
 }
 

@@ -1,0 +1,252 @@
+"""One process of the multi-process test (tests/test_multihost.py starts it).
+
+    python tests/multihost_worker.py OUT_DIR PROCESS_ID NUM_PROCESSES PORT
+
+With NUM_PROCESSES=1 it runs the same program alone on 8 devices (the
+reference); otherwise it joins a `jax.distributed` run on 127.0.0.1:PORT with
+4 CPU devices of its own. Either way the mesh is data=2 × model=4 and the
+results go to OUT_DIR/result-PROCESS_ID.json. Not a test module: pytest does
+not collect it (its name does not start with `test_`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+
+OUT, PROCESS, PROCESSES, PORT = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // PROCESSES}"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+if PROCESSES > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        f"127.0.0.1:{PORT}", num_processes=PROCESSES, process_id=PROCESS, initialization_timeout=60
+    )
+
+import shardrules as sr  # noqa: E402
+
+RULES = """\
+mesh data, model
+
+alias batch = data
+
+rules params:
+  "embed"                -> (data, model)
+  "attn/(q|k|v)/kernel$" -> (data, model)
+  "attn/o/kernel$"       -> (model, data)
+  "mlp/up/kernel$"       -> (data, model)
+  "mlp/down/kernel$"     -> (model, data)
+  "head/kernel$"         -> (data, model)
+  "scale$"               -> replicated
+
+rules inputs:
+  "tokens|targets" -> (batch, _)
+
+rules checkpoint:
+  "sharded"    -> (data, model)
+  "by_data"    -> (data, _)
+  "replicated" -> replicated
+"""
+VOCAB, D, FF, SEQ, BATCH, STEPS, LR = 64, 32, 64, 8, 8, 4, 0.1
+result: dict = {"process": PROCESS, "processes": jax.process_count(), "devices": jax.device_count()}
+
+
+def init_params(rng: np.random.Generator) -> dict:
+    def normal(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+
+    return {
+        "embed": normal(VOCAB, D),
+        "attn": {n: {"kernel": normal(D, D)} for n in ("q", "k", "v", "o")},
+        "norm": {"scale": np.ones(D, np.float32)},
+        "mlp": {"up": {"kernel": normal(D, FF)}, "down": {"kernel": normal(FF, D)}},
+        "head": {"kernel": normal(D, VOCAB)},
+    }
+
+
+def forward(p, tokens):
+    x = p["embed"][tokens]
+    q, k, v = (x @ p["attn"][n]["kernel"] for n in ("q", "k", "v"))
+    scores = jnp.einsum("bqd,bkd->bqk", q, k) / np.sqrt(D)
+    scores = jnp.where(jnp.tril(jnp.ones((SEQ, SEQ), bool)), scores, -1e9)
+    x = x + jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(scores), v) @ p["attn"]["o"]["kernel"]
+    h = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * p["norm"]["scale"]
+    x = x + jax.nn.gelu(h @ p["mlp"]["up"]["kernel"]) @ p["mlp"]["down"]["kernel"]
+    return x @ p["head"]["kernel"]
+
+
+def train_step(params, batch):
+    def loss_fn(p):
+        logp = jax.nn.log_softmax(forward(p, batch["tokens"]))
+        return -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    return jax.tree.map(lambda p, g: p - LR * g, params, grads), loss
+
+
+def total(tree) -> float:
+    """The sum of every leaf, computed on the global arrays (a collective)."""
+    return float(jax.jit(lambda t: sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(t)))(tree))
+
+
+def expect_error(name: str, fn) -> None:
+    """Run `fn`, which should raise a shardrules error; record its code and text."""
+    try:
+        fn()
+    except sr.ShardRulesError as err:
+        result[name] = {"code": err.code, "type": type(err).__name__, "message": str(err), "path": err.path}
+    else:
+        result[name] = None
+
+
+def write_checkpoint(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    header, blobs, offset = {}, [], 0
+    for name, array in tensors.items():
+        raw = array.tobytes()
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def main() -> None:
+    started = time.perf_counter()
+    (OUT / "rules.shard").write_text(RULES) if PROCESS == 0 else None
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    if PROCESSES > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("rule file written")
+    rules = sr.load(OUT / "rules.shard")
+
+    # Parameters: every process holds the same host copy and puts its own shards.
+    host_params = init_params(np.random.default_rng(0))
+    params = sr.apply(host_params, rules, mesh)
+    q = params["attn"]["q"]["kernel"]
+    result["q_spec"] = str(q.sharding.spec)
+    result["q_addressable_shards"] = len(q.addressable_shards)
+    result["params_total"] = total(params)
+
+    # Inputs: each process holds only its rows of the global batch.
+    start = np.random.default_rng(1).integers(0, VOCAB, (BATCH, 1))
+    seq = (start + np.arange(SEQ + 1)) % VOCAB
+    full = {"tokens": seq[:, :-1].astype(np.int32), "targets": seq[:, 1:].astype(np.int32)}
+    rows = slice(PROCESS * BATCH // PROCESSES, (PROCESS + 1) * BATCH // PROCESSES)
+    mine = {k: v[rows] for k, v in full.items()}
+    batch = sr.apply(mine, rules, mesh, group="inputs", process_local=True)
+    whole = sr.apply(full, rules, mesh, group="inputs")
+    result["local_rows"] = mine["tokens"].shape[0]
+    result["batch_shape"] = list(batch["tokens"].shape)
+    result["batch_spec"] = str(batch["tokens"].sharding.spec)
+    same = jax.jit(
+        lambda a, b: jnp.array_equal(a["tokens"], b["tokens"]) & jnp.array_equal(a["targets"], b["targets"])
+    )
+    result["batch_matches_whole"] = bool(same(batch, whole))
+
+    # A few training steps with shardings from the rules.
+    step = sr.jit(train_step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    losses = []
+    for _ in range(STEPS):
+        params, loss = step(params, batch)
+        losses.append(float(loss))
+    result["losses"] = losses
+
+    # Sharded initialisation: each process computes only its own shards.
+    def make(key):
+        k1, k2 = jax.random.split(key)
+        return {
+            "embed": jax.random.normal(k1, (VOCAB, D)),
+            "norm": {"scale": jnp.ones(D)},
+            "head": {"kernel": jax.random.normal(k2, (D, VOCAB))},
+        }
+
+    made = sr.init(make, rules, mesh)(jax.random.key(0))
+    result["init_total"] = total(made)
+    result["init_embed_spec"] = str(made["embed"].sharding.spec)
+    result["init_embed_local_shards"] = len(made["embed"].addressable_shards)
+
+    # Checkpoint loading: count the bytes each process reads.
+    ckpt = {
+        "sharded": np.arange(64 * 32, dtype=np.float32).reshape(64, 32),
+        "by_data": np.arange(16 * 8, dtype=np.float32).reshape(16, 8) * 2,
+        "replicated": np.arange(8, dtype=np.float32) - 3,
+    }
+    if PROCESS == 0:
+        write_checkpoint(OUT / "model.safetensors", ckpt)
+    if PROCESSES > 1:
+        multihost_utils.sync_global_devices("checkpoint written")
+    # The callback shardrules passes is called once per local device; a slice it
+    # really reads is a new array, one it has read already comes back as the same object.
+    reads: list[dict] = []
+    kept: list[np.ndarray] = []  # alive, so that ids are not reused
+    real = jax.make_array_from_callback
+
+    def counting(shape, sharding, callback, *args, **kwargs):
+        def read(index):
+            data = callback(index)
+            fresh = not any(data is k for k in kept)
+            kept.append(data)
+            reads.append(
+                {
+                    "shape": list(shape),
+                    "index": [[s.start, s.stop] for s in index],
+                    "bytes": int(np.asarray(data).nbytes),
+                    "fresh": fresh,
+                }
+            )
+            return data
+
+        return real(shape, sharding, read, *args, **kwargs)
+
+    jax.make_array_from_callback = counting
+    try:
+        loaded = sr.load_checkpoint(OUT / "model.safetensors", rules, mesh, group="checkpoint")
+    finally:
+        jax.make_array_from_callback = real
+    result["checkpoint_reads"] = reads
+    result["checkpoint_bytes_read"] = sum(r["bytes"] for r in reads if r["fresh"])
+    result["checkpoint_file_bytes"] = sum(a.nbytes for a in ckpt.values())
+    result["checkpoint_total"] = total(loaded)
+    result["checkpoint_expected_total"] = float(sum(a.sum() for a in ckpt.values()))
+    result["checkpoint_specs"] = {k: str(v.sharding.spec) for k, v in loaded.items()}
+
+    # Disagreements between processes are found before anything moves.
+    if PROCESSES > 1:
+        skewed = init_params(np.random.default_rng(PROCESS))  # a different seed on each process
+        expect_error("mismatch_values", lambda: sr.apply(skewed, rules, mesh))
+        one_off = init_params(np.random.default_rng(0))
+        one_off["mlp"]["up"]["kernel"][0, 0] += PROCESS  # one element, on process 1 only
+        expect_error("mismatch_one_element_full", lambda: sr.apply(one_off, rules, mesh, verify="full"))
+        extra = dict(host_params, extra={"scale": np.ones(D, np.float32)}) if PROCESS == 1 else host_params
+        expect_error("mismatch_structure", lambda: sr.apply(extra, rules, mesh))
+        short = {k: v[: 4 - PROCESS] for k, v in full.items()}  # 4 rows here, 3 there
+        expect_error(
+            "mismatch_local_shapes", lambda: sr.apply(short, rules, mesh, group="inputs", process_local=True)
+        )
+        unchecked = sr.apply(skewed, rules, mesh, verify="off")  # the check is what stops it
+        result["unchecked_embed_shape"] = list(unchecked["embed"].shape)
+        # After all that, the processes still agree and go on together.
+        result["after_errors_total"] = total(sr.apply(host_params, rules, mesh))
+    result["seconds"] = time.perf_counter() - started
+
+
+if __name__ == "__main__":
+    main()
+    (OUT / f"result-{PROCESS}.json").write_text(json.dumps(result, indent=1))
+    if PROCESSES > 1:
+        jax.distributed.shutdown()

@@ -1,0 +1,244 @@
+"""shardrules on JAX's multi-controller runtime: 2 processes × 4 CPU devices.
+
+One launch of tests/multihost_worker.py as two `jax.distributed` processes on
+127.0.0.1 (gloo collectives), and one as a single process with 8 devices: the
+same program (apply, process-local inputs, a few training steps, sharded init,
+checkpoint loading, disagreements between the processes). The tests below
+read what each process recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardrules as sr
+from shardrules import _agree
+
+WORKER = Path(__file__).with_name("multihost_worker.py")
+TIMEOUT = 100  # seconds for every process together
+PROCESSES = 2
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    kept = [line for line in text.splitlines() if "[Gloo]" not in line]
+    return "\n".join(kept[-lines:])
+
+
+def _launch(folder: Path) -> dict[str, list[dict]]:
+    """Run the single-process reference and the 2-process run side by side;
+    kill every process group on the way out, whatever happened."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    runs = {"single": (1, 0), "multi": (PROCESSES, _free_port())}
+    started: list[tuple[str, int, subprocess.Popen, Path]] = []
+    try:
+        for name, (count, port) in runs.items():
+            out = folder / name
+            out.mkdir()
+            for process in range(count):
+                log = out / f"stderr-{process}.txt"
+                with log.open("w") as stderr:
+                    child = subprocess.Popen(
+                        [sys.executable, str(WORKER), str(out), str(process), str(count), str(port)],
+                        env=env,
+                        stdout=stderr,
+                        stderr=stderr,
+                        start_new_session=True,  # its own process group, killed below
+                    )
+                started.append((name, process, child, log))
+        deadline = time.monotonic() + TIMEOUT
+        for name, process, child, log in started:
+            try:
+                code = child.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name} process {process} still running after {TIMEOUT}s:\n{_tail(log)}")
+            if code != 0:
+                pytest.fail(f"{name} process {process} exited with {code}:\n{_tail(log)}")
+    finally:
+        for _, _, child, _ in started:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+    return {
+        name: [json.loads((folder / name / f"result-{p}.json").read_text()) for p in range(count)]
+        for name, (count, _) in runs.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+    return _launch(tmp_path_factory.mktemp("multihost"))
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(results):
+    (single,) = results["single"]
+    multi = results["multi"]
+    assert [r["processes"] for r in multi] == [2, 2] and single["processes"] == 1
+    assert all(r["devices"] == 8 for r in [single, *multi])
+    for r in multi:
+        # Each process put only the shards of its own 4 devices, and the global arrays are the same.
+        assert r["q_addressable_shards"] == 4 and single["q_addressable_shards"] == 8
+        assert r["q_spec"] == single["q_spec"] == "P('data', 'model')"
+        assert r["params_total"] == pytest.approx(single["params_total"], rel=1e-6)
+        assert len(r["losses"]) == 4
+        np.testing.assert_allclose(r["losses"], single["losses"], rtol=1e-5)
+    assert single["losses"][-1] < single["losses"][0]
+
+
+@pytest.mark.slow
+def test_process_local_inputs_assemble_the_global_batch(results):
+    for r in results["multi"]:
+        assert r["local_rows"] == 4  # half the batch on each process
+        assert r["batch_shape"] == [8, 8]  # the global batch
+        assert r["batch_spec"] == "P('data', None)"
+        assert r["batch_matches_whole"] is True  # the same array as from the whole batch on every process
+
+
+@pytest.mark.slow
+def test_sharded_init_matches_one_process(results):
+    (single,) = results["single"]
+    for r in results["multi"]:
+        assert r["init_embed_spec"] == "P('data', 'model')"
+        assert r["init_embed_local_shards"] == 4
+        assert r["init_total"] == pytest.approx(single["init_total"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_checkpoint_each_process_reads_only_its_slices(results):
+    (single,) = results["single"]
+    # The file: sharded (64, 32) over data × model, by_data (16, 8) over data,
+    # replicated (8,), all float32. Alone, one process reads every byte once.
+    file_bytes = (64 * 32 + 16 * 8 + 8) * 4
+    assert single["checkpoint_file_bytes"] == file_bytes
+    assert single["checkpoint_bytes_read"] == file_bytes
+    # With 2 processes, each holds one row of the data axis: half of each
+    # sharded tensor (each of its 4 slices once), and the small replicated one.
+    half = (64 * 32 // 2 + 16 * 8 // 2 + 8) * 4
+    for r in results["multi"]:
+        assert r["checkpoint_bytes_read"] == half
+        fresh = [tuple(map(tuple, read["index"])) for read in r["checkpoint_reads"] if read["fresh"]]
+        sharded = [read for read in r["checkpoint_reads"] if read["shape"] == [64, 32]]
+        assert len(sharded) == 4 and all(read["fresh"] for read in sharded)
+        by_data = [read for read in r["checkpoint_reads"] if read["shape"] == [16, 8]]
+        assert len(by_data) == 4 and sum(read["fresh"] for read in by_data) == 1  # 4 devices, one read
+        rows = {read["index"][0][0] for read in r["checkpoint_reads"] if read["shape"] == [64, 32]}
+        assert rows == {0 if r["process"] == 0 else 32}  # only its own rows
+        assert len(fresh) == len(set(fresh))
+        assert r["checkpoint_total"] == r["checkpoint_expected_total"]
+        assert r["checkpoint_specs"] == single["checkpoint_specs"]
+
+
+@pytest.mark.slow
+def test_processes_that_disagree_are_stopped_and_named(results):
+    first, second = results["multi"]
+    for me, other, r in ((0, 1, first), (1, 0, second)):
+        values = r["mismatch_values"]
+        assert values is not None, "different values on the two processes were not detected"
+        assert values["code"] == "SR112" and values["type"] == "ProcessMismatchError"
+        assert f"this is process {me} of 2" in values["message"]
+        assert f"embed: values differ from those on process {other}" in values["message"]
+        assert "attn/q/kernel" in values["message"] and "process_local=True" in values["message"]
+        # Every element is hashed with verify="full": one changed element is found.
+        one = r["mismatch_one_element_full"]
+        assert one is not None and one["code"] == "SR112" and one["path"] == "mlp/up/kernel"
+        assert "embed" not in one["message"]
+        shapes = r["mismatch_local_shapes"]
+        assert shapes is not None and shapes["code"] == "SR112"
+        mine, theirs = ("(8, 8)", "(6, 8)") if me == 0 else ("(6, 8)", "(8, 8)")
+        assert f"tokens: {mine} int32 here, {theirs} int32 on process {other}" in shapes["message"]
+    assert first["mismatch_structure"]["code"] == "SR112"
+    assert "process 1 has 1 leaf that this process lacks" in first["mismatch_structure"]["message"]
+    assert "extra/scale: only on this process, not on process 0" in second["mismatch_structure"]["message"]
+    assert second["mismatch_structure"]["path"] == "extra/scale"
+    # verify="off" skips the check (and the skewed arrays are built), and the
+    # processes are still in step after the errors.
+    for r in results["multi"]:
+        assert r["unchecked_embed_shape"] == [64, 32]
+        assert r["after_errors_total"] == pytest.approx(r["params_total"], rel=1e-6)
+
+
+# ------------------------------------------------- the comparison, in one process
+
+
+def _table(rows: list[np.ndarray], longest: int) -> np.ndarray:
+    table = np.zeros((longest, rows[0].size), np.uint32)
+    table[: len(rows)] = np.stack(rows)
+    return table
+
+
+def test_mismatches_names_paths_shapes_and_processes():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = a.copy()
+    b[2, 3] = -1
+    mine = [
+        _agree.fingerprint("w", a.shape, a.dtype, _agree.data_hash(a, "sample")),
+        _agree.fingerprint("v", (4,), np.float32, None),
+        _agree.fingerprint("only/here", (2,), np.int32, None),
+    ]
+    theirs = [
+        _agree.fingerprint("w", b.shape, b.dtype, _agree.data_hash(b, "sample")),
+        _agree.fingerprint("v", (5,), np.float16, None),
+        _agree.fingerprint("only/there", (2,), np.int32, None),
+        _agree.fingerprint("also/there", (2,), np.int32, None),
+    ]
+    headers = np.array([[3, 0], [4, 0]], np.uint32)
+    tables = np.stack([_table(mine, 4), _table(theirs, 4)])
+    found = _agree.mismatches(["w", "v", "only/here"], headers, tables, 0)
+    assert found == [
+        ("w", "w: values differ from those on process 1"),
+        ("v", "v: (4,) float32 here, (5,) float16 on process 1"),
+        ("only/here", "only/here: only on this process, not on process 1"),
+        (None, "process 1 has 2 leaves that this process lacks (its error names them)"),
+    ]
+    error = _agree.mismatch_error(found, 0, 2, "apply(group='params')", local=False)
+    assert error.code == "SR112" and error.path == "w"
+    # Processes holding different slices (process-local data) compare shapes only.
+    assert (
+        _agree.mismatches(["w"], np.array([[1, 0], [1, 0]], np.uint32), tables[:, :1], 0, [[True, False]])
+        == []
+    )
+
+
+def test_sample_hash_reads_a_sample_and_full_reads_everything():
+    big = np.zeros(_agree.SAMPLE_BYTES // 4 * 3, np.float32)  # 3 MiB
+    changed = big.copy()
+    changed[5000] = 1.0  # bytes 20000-20003: between the first two sampled runs (0-4 KiB, 48-52 KiB)
+    assert _agree.data_hash(big, "sample") == _agree.data_hash(changed, "sample")
+    assert _agree.data_hash(big, "full") != _agree.data_hash(changed, "full")
+    changed[-1] = 1.0  # the last bytes are always sampled
+    assert _agree.data_hash(big, "sample") != _agree.data_hash(changed, "sample")
+    strided = np.arange(4 << 20, dtype=np.float32).reshape(2048, 2048)[:, ::2]
+    assert _agree.data_hash(strided, "sample") != _agree.data_hash(strided + 1, "sample")
+    small = np.ones((4, 4), np.float32)
+    assert _agree.data_hash(small, "sample") == _agree.data_hash(small.copy(), "sample")
+    assert _agree.data_hash(small, "sample") != _agree.data_hash(small.astype(np.float64), "sample")
+
+
+def test_verify_modes_and_one_process(mesh42):
+    assert _agree.check_mode("sample") == "sample"
+    assert _agree.check_mode(False) == "off"
+    rules = sr.loads('mesh data, model\nrules inputs:\n  "x" -> (data, _)\n')
+    with pytest.raises(ValueError, match="'sample', 'full', 'off'"):
+        sr.apply({"x": np.ones((8, 2))}, rules, mesh42, group="inputs", verify="fast")
+    # One process holds the whole batch: process-local data is the global array.
+    x = np.arange(16.0).reshape(8, 2)
+    local = sr.apply({"x": x}, rules, mesh42, group="inputs", process_local=True)["x"]
+    assert local.shape == (8, 2) and str(local.sharding.spec) == "P('data', None)"
+    np.testing.assert_array_equal(np.asarray(local), x)
