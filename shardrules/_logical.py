@@ -3,7 +3,7 @@
 Flax lets model code name each parameter's dimensions (`("embed", "mlp")`),
 in `nn.with_logical_partitioning` (linen: the value is boxed in a
 `LogicallyPartitioned`), `nn.with_partitioning` (a `Partitioned` naming mesh
-axes) or NNX's `sharding_names=` (metadata of an `nnx.Variable`). A rule
+axes) or NNX's `out_sharding` metadata of an `nnx.Variable`. A rule
 `default -> logical` reads those names the way a spec reads its entries: each
 is an alias of the rule file, else a mesh axis, so the file's `alias` lines
 play the part of Flax's `logical_axis_rules`.
@@ -254,7 +254,7 @@ def _nameless(found: list[LeafPlan]) -> Diagnostic:
         first.rule.spec.span,
         first.path,
         "name the dimensions where the model creates the parameter "
-        '(linen: `nn.with_logical_partitioning(init, ("embed", "mlp"))`; NNX: `sharding_names=`), '
+        '(linen: `nn.with_logical_partitioning(init, ("embed", "mlp"))`; NNX: `out_sharding` metadata), '
         f'or add a rule above this one for these paths, e.g. `"{first.path}$" -> replicated`',
     )
 

@@ -1,5 +1,8 @@
-"""Named scopes for Flax NNX module calls, so `auto_constrain` sees NNX modules
-the way it sees Flax linen modules (which name their calls themselves).
+"""Flax NNX support: named scopes for NNX module calls, and sharded creation of
+NNX modules for `shardrules.init`.
+
+Named scopes let `auto_constrain` see NNX modules the way it sees Flax linen
+modules (which name their calls themselves).
 
 While a function is traced, each NNX module found in its arguments runs its
 `__call__` inside `jax.named_scope(PATH)`, PATH being its place in the model
@@ -94,3 +97,46 @@ def module_scopes(trees: Any) -> Iterator[None]:
                     cls.__call__ = call  # type: ignore[method-assign]
                 else:
                     delattr(cls, "__call__")
+
+
+# ------------------------------------------------------------------ sharded init
+
+
+def is_module(value: Any) -> bool:
+    """Whether `value` is a Flax NNX module (never imports Flax)."""
+    nnx = sys.modules.get("flax.nnx")
+    return nnx is not None and isinstance(value, nnx.Module)
+
+
+def state_initialiser(init_fn: Any) -> tuple[Any, Any]:
+    """For an `init_fn` that builds an NNX module: a function of the same
+    arguments that returns the module's `nnx.State` (a plain pytree, which
+    `jax.jit` can create in any layout), and `merge(state)`, which puts the
+    module back together from such a state with `nnx.merge`.
+
+    The module's graph definition (its structure, without arrays) is taken from
+    the first trace of the state function, so `merge` works after it has run,
+    or been `jax.eval_shape`d, once.
+
+    ```python
+    make_state, merge = state_initialiser(lambda: Model(rngs=nnx.Rngs(0)))
+    state = jax.jit(make_state, out_shardings=targets)()
+    model = merge(state)
+    ```
+    """
+    nnx = sys.modules["flax.nnx"]
+    graphdefs: list[Any] = []
+
+    @functools.wraps(init_fn)
+    def make_state(*args: Any) -> Any:
+        graphdef, state = nnx.split(init_fn(*args))
+        if not graphdefs:
+            graphdefs.append(graphdef)
+        return state
+
+    def merge(state: Any) -> Any:
+        if not graphdefs:
+            raise RuntimeError("call or trace the state function before merging its state")
+        return nnx.merge(graphdefs[0], state)
+
+    return make_state, merge

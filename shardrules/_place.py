@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _mesh
+from . import _mesh, _nnx
 from ._api import RulesLike, as_rules, shardings
 from ._plan import format_bytes
 from ._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, read_header
@@ -38,7 +38,9 @@ def init(
 
     **Arguments:**
 
-    - `init_fn`: returns a pytree of arrays (e.g. `lambda key: model.init(key, x)`).
+    - `init_fn`: returns a pytree of arrays (e.g. `lambda key: model.init(key, x)`),
+      or builds a Flax NNX module (`lambda: Model(rngs=nnx.Rngs(0))`): then its
+      `nnx.State` is created sharded and merged into the module returned.
     - `rules`: a `RuleSet`, or the path of a rule file.
     - `mesh`: a `jax.sharding.Mesh`; by default the ambient mesh, else the rule
       file's `mesh` line over `jax.devices()`.
@@ -64,6 +66,10 @@ def init(
         resolved = mesh if mesh is not None else _mesh.resolve(None, ruleset, concrete=True, what="init")
         assert isinstance(resolved, Mesh)
         out = jax.jit(init_fn, static_argnums=static_argnums).eval_shape(*args)
+        make, merge = init_fn, None
+        if _nnx.is_module(out):  # an NNX model: create its state sharded, then merge it in
+            make, merge = _nnx.state_initialiser(init_fn)
+            out = jax.jit(make, static_argnums=static_argnums).eval_shape(*args)
         targets = shardings(out, ruleset, resolved, group=group)
         shapes, treedef = jax.tree_util.tree_flatten(out)
         target_leaves = treedef.flatten_up_to(targets)
@@ -71,7 +77,7 @@ def init(
         for part in _chunks([s.size * s.dtype.itemsize for s in shapes], chunk_bytes):
 
             def some(*a: Any, part: list[int] = part) -> list[Any]:
-                leaves = jax.tree_util.tree_leaves(init_fn(*a))
+                leaves = jax.tree_util.tree_leaves(make(*a))
                 return [leaves[i] for i in part]
 
             made = jax.jit(
@@ -79,7 +85,8 @@ def init(
             )(*args)
             for i, array in zip(part, made, strict=True):
                 results[i] = array
-        return jax.tree_util.tree_unflatten(treedef, results)
+        tree = jax.tree_util.tree_unflatten(treedef, results)
+        return merge(tree) if merge is not None else tree
 
     return run
 
