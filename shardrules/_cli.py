@@ -93,6 +93,13 @@ def _plan_options(parser: argparse.ArgumentParser, shapes_required: bool = False
     )
     parser.add_argument("--group", help="the rules group to plan (default: params)")
     parser.add_argument(
+        "--hosts",
+        type=int,
+        metavar="N",
+        help="the mesh's devices are spread over N hosts (consecutive devices in mesh order per host); "
+        "report bytes per host as well as per device",
+    )
+    parser.add_argument(
         "--device-memory", metavar="SIZE", help="per-device budget, e.g. 80GiB; more is an error (SR110)"
     )
     parser.add_argument(
@@ -231,7 +238,13 @@ def _lint_command(args: argparse.Namespace) -> int:
     tree, mesh, budget, threshold = _inputs(args)
     results = [
         _lint.lint_file(
-            path, tree, mesh, group=args.group, device_memory=budget, replicated_threshold=threshold
+            path,
+            tree,
+            mesh,
+            group=args.group,
+            device_memory=budget,
+            replicated_threshold=threshold,
+            hosts=args.hosts,
         )
         for path in args.rules
     ]
@@ -252,11 +265,19 @@ def _explain_command(args: argparse.Namespace) -> int:
         except re.error as err:
             raise _lint.UsageError(f"--path {args.path!r}: not a regular expression: {err}") from None
     result = _lint.lint_file(
-        args.rules, tree, mesh, group=args.group, device_memory=budget, replicated_threshold=threshold
+        args.rules,
+        tree,
+        mesh,
+        group=args.group,
+        device_memory=budget,
+        replicated_threshold=threshold,
+        hosts=args.hosts,
     )
     if result.plan is not None:
-        _lint.write_table(_lint.explain_rows(result.plan, args.path), sys.stdout, _lint.use_rich(sys.stdout))
-        sys.stdout.write("\n" + "\n".join(_lint.totals(result.plan)) + "\n")
+        rows = _lint.explain_rows(result.plan, args.path, args.hosts)
+        header = _lint.HOST_HEADER if args.hosts is not None else _lint.HEADER
+        _lint.write_table(rows, sys.stdout, _lint.use_rich(sys.stdout), header)
+        sys.stdout.write("\n" + "\n".join(_lint.totals(result.plan, hosts=args.hosts)) + "\n")
     if result.diagnostics:
         sys.stdout.flush()
         _lint.write_text([result], sys.stderr)

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from . import _check
 from ._compile import compile_plan
 from ._errors import Diagnostic, IncludeNotFoundError, ShardRulesError
+from ._hosts import HostsError, check_hosts, host_bytes, leaf_host_bytes
 from ._load import load
 from ._mesh import declared_sizes
 from ._plan import Plan, format_bytes, plural, spec_str
@@ -50,6 +51,7 @@ class Result:
     diagnostics: list[Diagnostic]
     sources: Mapping[str, str]
     plan: Plan | None = None
+    hosts: int | None = None
 
     @property
     def errors(self) -> int:
@@ -85,14 +87,21 @@ def lint_file(
     group: str | None = None,
     device_memory: int | None = None,
     replicated_threshold: int = _check.DEFAULT_REPLICATED_THRESHOLD,
+    hosts: int | None = None,
 ) -> Result:
     """Every finding for one rule file: loading, every group's rules on the mesh,
-    and, given `tree`, the plan of `group` (default `params`) for it."""
+    and, given `tree`, the plan of `group` (default `params`) for it. `hosts`:
+    the mesh's devices are spread over this many hosts (for bytes per host)."""
     loaded = _load(path)
     if isinstance(loaded, Result):
         return loaded
     rules = loaded
     sizes = _sizes(rules, mesh)
+    if hosts is not None:
+        try:
+            check_hosts(sizes, hosts)
+        except HostsError as err:
+            raise UsageError(f"{path}: {err}") from None
     found: list[Diagnostic] = []
     the_plan: Plan | None = None
     if tree is None and group is not None:
@@ -123,7 +132,7 @@ def lint_file(
         found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]
     unique = list(dict.fromkeys(found))
     unique.sort(key=lambda d: (d.severity != "error", *_where(d)))
-    return Result(path, unique, rules.sources, the_plan)
+    return Result(path, unique, rules.sources, the_plan, hosts)
 
 
 def _where(d: Diagnostic) -> tuple[str, int, int]:
@@ -140,6 +149,9 @@ def write_text(results: Sequence[Result], out: TextIO) -> None:
         for d in result.diagnostics:
             text = d.render(result.sources)
             out.write((text if d.span is not None else f"{result.file}: {text}") + "\n")
+        if result.hosts is not None and result.plan is not None and isinstance(result.plan.mesh, Mapping):
+            out.write(f"{result.file}: {format_bytes(result.plan.bytes_per_device)} per device; ")
+            out.write(host_line(result.plan, result.hosts) + "\n")
     errors = sum(r.errors for r in results)
     warnings = sum(len(r.diagnostics) for r in results) - errors
     if errors or warnings:
@@ -193,9 +205,13 @@ def write_github(results: Sequence[Result], out: TextIO) -> None:
 # ------------------------------------------------------------------ explain
 
 
-def explain_rows(plan: Plan, path_filter: str | None = None) -> list[tuple[str, ...]]:
-    """path, shape, dtype, rule, spec, bytes per device, for each array leaf."""
+def explain_rows(
+    plan: Plan, path_filter: str | None = None, hosts: int | None = None
+) -> list[tuple[str, ...]]:
+    """path, shape, dtype, rule, spec, bytes per device (and, given `hosts`,
+    the distinct bytes per host), for each array leaf."""
     search = re.compile(path_filter).search if path_filter else None
+    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
     rows = []
     for leaf in plan.leaves:
         if not leaf.is_array or (search is not None and search(leaf.path) is None):
@@ -211,14 +227,21 @@ def explain_rows(plan: Plan, path_filter: str | None = None) -> list[tuple[str, 
                 format_bytes(leaf.bytes_per_device),
             )
         )
+        if hosts is not None and sizes:
+            held = 0
+            if leaf.spec is not None and leaf.bytes_per_device:
+                held = int(leaf_host_bytes(leaf.bytes_per_device, leaf.spec, sizes, hosts).max())
+            rows[-1] += (format_bytes(held),)
     return rows
 
 
 HEADER = ("path", "shape", "dtype", "rule", "spec", "per device")
+HOST_HEADER = (*HEADER, "per host")
 
 
-def totals(plan: Plan, top: int = 5) -> list[str]:
-    """The summary under the table: bytes per device, replication, biggest replicated leaves."""
+def totals(plan: Plan, top: int = 5, hosts: int | None = None) -> list[str]:
+    """The summary under the table: bytes per device (and per host, given
+    `hosts`), replication, biggest replicated leaves."""
     sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
     devices = math.prod(sizes.values()) if sizes else 1
     arrays = [leaf for leaf in plan.leaves if leaf.is_array]
@@ -239,6 +262,7 @@ def totals(plan: Plan, top: int = 5) -> list[str]:
         ),
         # Shards divide evenly, so every device holds the same bytes: max == min.
         f"bytes per device: {format_bytes(held)} max, {format_bytes(held)} min",
+        *([host_line(plan, hosts)] if hosts is not None and sizes else []),
     ]
     if total:
         lines.append(
@@ -262,20 +286,33 @@ def totals(plan: Plan, top: int = 5) -> list[str]:
     return lines
 
 
-def write_table(rows: Sequence[tuple[str, ...]], out: TextIO, rich: bool) -> None:
+def host_line(plan: Plan, hosts: int) -> str:
+    """`bytes per host (H hosts × D devices): X on its devices, Y distinct`."""
+    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else {}
+    on_devices, distinct = host_bytes(plan, sizes, hosts)
+    per_host = math.prod(sizes.values()) // hosts
+    return (
+        f"bytes per host ({plural(hosts, 'host')} × {plural(per_host, 'device')}): "
+        f"{format_bytes(on_devices)} on its devices, {format_bytes(distinct)} distinct"
+    )
+
+
+def write_table(
+    rows: Sequence[tuple[str, ...]], out: TextIO, rich: bool, header: Sequence[str] = HEADER
+) -> None:
     if rich:
         from rich.console import Console
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False)
-        for name in HEADER:  # long paths wrap rather than being cut short
+        for name in header:  # long paths wrap rather than being cut short
             table.add_column(name, overflow="fold")
         for row in rows:
             table.add_row(*row)
         Console(file=out).print(table)
         return
-    everything = [HEADER, *rows]
-    widths = [max(len(r[i]) for r in everything) for i in range(len(HEADER))]
+    everything = [tuple(header), *rows]
+    widths = [max(len(r[i]) for r in everything) for i in range(len(header))]
     for row in everything:
         out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
 

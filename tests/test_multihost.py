@@ -18,11 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 import shardrules as sr
-from shardrules import _agree
+from shardrules import _agree, _hosts
+from shardrules._cli import main as cli_main
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 TIMEOUT = 100  # seconds for every process together
@@ -242,3 +244,45 @@ def test_verify_modes_and_one_process(mesh42):
     local = sr.apply({"x": x}, rules, mesh42, group="inputs", process_local=True)["x"]
     assert local.shape == (8, 2) and str(local.sharding.spec) == "P('data', None)"
     np.testing.assert_array_equal(np.asarray(local), x)
+
+
+# ------------------------------------------------- bytes per host, without devices
+
+
+def test_host_pieces_follow_the_device_order():
+    P = jax.sharding.PartitionSpec
+    across = {"data": 2, "model": 4}  # hosts hold devices 0-3 and 4-7: one `data` row each
+    assert list(_hosts.leaf_host_bytes(10, P("data", None), across, 2)) == [10, 10]  # its own shard, once
+    assert list(_hosts.leaf_host_bytes(10, P("model", None), across, 2)) == [40, 40]  # all 4 `model` shards
+    assert list(_hosts.leaf_host_bytes(10, P(("data", "model")), across, 2)) == [40, 40]
+    assert list(_hosts.leaf_host_bytes(10, P(None), across, 2)) == [10, 10]
+    within = {"model": 4, "data": 2}  # now host 0 has model 0-1 × data 0-1
+    assert list(_hosts.leaf_host_bytes(10, P("data", None), within, 2)) == [20, 20]
+    assert list(_hosts.leaf_host_bytes(10, P("model", "data"), within, 2)) == [40, 40]
+    assert list(_hosts.leaf_host_bytes(10, P("model", None), within, 4)) == [10, 10, 10, 10]
+
+
+def test_hosts_that_do_not_fit_the_mesh_are_refused(tmp_path, capsys):
+    assert _hosts.check_hosts({"data": 16, "model": 8}, 16) == 8
+    with pytest.raises(_hosts.HostsError, match="128 devices, which do not split evenly over 3 hosts"):
+        _hosts.check_hosts({"data": 16, "model": 8}, 3)
+    with pytest.raises(_hosts.HostsError, match="needs mesh sizes"):
+        _hosts.check_hosts(None, 2)
+    rules = tmp_path / "r.shard"
+    rules.write_text('mesh data, model\nrules params:\n  "w" -> (data, model)\n')
+    shapes = tmp_path / "s.json"
+    shapes.write_text('{"w": [[64, 64], "float32"]}')
+    args = ["explain", str(rules), "--shapes", str(shapes), "--mesh", "data=16,model=8"]
+    assert cli_main([*args, "--hosts", "3"]) == 2
+    assert "do not split evenly over 3 hosts" in capsys.readouterr().err
+    assert cli_main([*args, "--hosts", "16"]) == 0
+    out = capsys.readouterr().out
+    # (64, 64) float32 over 128 devices: 128 B each; a host's 8 devices hold 8 different `model` shards.
+    assert "per host" in out.splitlines()[0]
+    assert out.splitlines()[1].split()[-4:] == ["128", "B", "1.0", "KiB"]
+    assert "bytes per host (16 hosts × 8 devices): 1.0 KiB on its devices, 1.0 KiB distinct" in out
+    assert (
+        cli_main(["lint", str(rules), "--shapes", str(shapes), "--mesh", "data=16,model=8", "--hosts", "16"])
+        == 0
+    )
+    assert "128 B per device; bytes per host (16 hosts × 8 devices)" in capsys.readouterr().out
