@@ -32,6 +32,7 @@ from ._format import format_text as format_text
 from ._jit import jit as jit
 from ._load import load as load
 from ._load import loads as loads
+from ._orbax import load_orbax as load_orbax
 from ._place import init as init
 from ._place import load_checkpoint as load_checkpoint
 from ._plan import LeafPlan as LeafPlan
@@ -69,6 +70,7 @@ __all__ = [
     "jit",
     "load",
     "load_checkpoint",
+    "load_orbax",
     "load_shapes",
     "loads",
     "plan",
