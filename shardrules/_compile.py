@@ -13,16 +13,18 @@ import math
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from . import _logical
 from ._errors import Diagnostic, Span, did_you_mean
 from ._format import spec_text
+from ._gcpause import paused
 from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
-from ._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
-from ._plan import LeafPlan, Plan, plural
+from ._paths import LeafInfo, flatten, leaf_info, path_strs, walk_paths
+from ._plan import LeafPlan, Plan, Why, plural
 from ._rules import ResolvedEntry, Rule, RuleSet
 
 _MAX_LISTED = 500
@@ -55,29 +57,55 @@ def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str)
         flatten(tree)  # raises the SR109 error that explains it
         raise
     sizes = tuple(sizes_of(mesh).items()) if mesh is not None else None
-    # The treedef's text tells apart dict keys that compare equal (0, 0.0, False) but
-    # make different paths; treedefs themselves do not.
-    key = (group, treedef, str(treedef), tuple(_signature(leaf) for leaf in leaves), sizes)
+    signatures = _signatures(leaves)
+    key = (group, treedef, tuple(signatures), sizes)
     cached = rules._plan_cache.get(key)
-    if cached is not None:
-        plan_leaves, diagnostics = cached
+    # Equal treedefs can still make different paths where dict keys compare equal
+    # but render differently (0, 0.0, False): a plan made for a tree that is not
+    # plain (see `walk_paths`) is reused only for a treedef of the same text.
+    if cached is not None and (cached[0] is None or cached[0] == str(treedef)):
+        _, plan_leaves, diagnostics = cached
         return Plan(plan_leaves, treedef, diagnostics, group, rules, mesh), leaves
-    paths = leaf_paths(tree)
-    if len(paths) != len(leaves):  # cannot happen for pytrees JAX flattens consistently
-        keyed, _ = flatten(tree)
-        paths = path_strs([keypath for keypath, _ in keyed])
-    plan = _compile(paths, leaves, treedef, rules, mesh, group)
+    with paused():  # every object made per leaf outlives the loop, and none is in a cycle
+        paths, plain = walk_paths(tree)
+        if len(paths) != len(leaves):  # cannot happen for pytrees JAX flattens consistently
+            keyed, _ = flatten(tree)
+            paths, plain = path_strs([keypath for keypath, _ in keyed]), False
+        plan = _compile(paths, signatures, treedef, rules, mesh, group)
     if _logical.uses_logical(rules, group):
         plan = _logical.resolve(plan, tree, mesh)  # `logical` specs read the boxes around leaves
-    rules._plan_cache.put(key, (plan.leaves, plan.diagnostics))
+    rules._plan_cache.put(key, (None if plain else str(treedef), plan.leaves, plan.diagnostics))
     return plan, leaves
 
 
-def _signature(leaf: Any) -> Any:
+def _signatures(leaves: list[Any]) -> list[tuple[tuple[int, ...], np.dtype] | None]:
+    """`_signature` of every leaf, worked out once per distinct (shape, dtype)."""
+    seen: dict[Any, tuple[tuple[int, ...], np.dtype] | None] = {}
+    out = []
+    for leaf in leaves:
+        shape = getattr(leaf, "shape", None)
+        if type(shape) is not tuple or isinstance(leaf, type):
+            out.append(_signature(leaf))
+            continue
+        key = (shape, getattr(leaf, "dtype", None))
+        try:
+            signature = seen[key]
+        except KeyError:
+            signature = seen[key] = _signature(leaf)
+        except TypeError:  # an unhashable dtype
+            signature = _signature(leaf)
+        out.append(signature)
+    return out
+
+
+def _signature(leaf: Any) -> tuple[tuple[int, ...], np.dtype] | None:
+    """`(shape, dtype)` of an array leaf (see `leaf_info`), `None` for any other leaf."""
     shape = getattr(leaf, "shape", None)
     dtype = getattr(leaf, "dtype", None)
     if isinstance(shape, tuple) and dtype is not None and not isinstance(leaf, type):
-        return shape, dtype
+        info = leaf_info("", leaf)
+        if info.shape is not None and info.dtype is not None:
+            return info.shape, info.dtype
     return None
 
 
@@ -86,7 +114,7 @@ def compile_flat(
 ) -> Plan:
     """`compile_plan` for a tree already flattened with its key paths."""
     paths = path_strs([keypath for keypath, _ in keyed])
-    plan = _compile(paths, [leaf for _, leaf in keyed], treedef, rules, mesh, group)
+    plan = _compile(paths, [_signature(leaf) for _, leaf in keyed], treedef, rules, mesh, group)
     if _logical.uses_logical(rules, group):
         tree = jax.tree_util.tree_unflatten(treedef, [leaf for _, leaf in keyed])
         plan = _logical.resolve(plan, tree, mesh)
@@ -94,60 +122,113 @@ def compile_flat(
 
 
 def _compile(
-    paths: list[str], leaves: list[Any], treedef: Any, rules: RuleSet, mesh: MeshLike | None, group: str
+    paths: list[str],
+    signatures: list[tuple[tuple[int, ...], np.dtype] | None],
+    treedef: Any,
+    rules: RuleSet,
+    mesh: MeshLike | None,
+    group: str,
 ) -> Plan:
+    """The plan for leaves given by their paths and `_signature`s."""
     _check_group(rules, group)
     sizes = sizes_of(mesh) if mesh is not None else None
     group_rules = list(iter_rules(rules, group))
     diagnostics: list[Diagnostic] = []
     broken = _check_rules(group_rules, rules, sizes, diagnostics)
-    matcher = Matcher(group_rules)
+    first = Matcher(group_rules).first
     default = rules.defaults.get(group)
 
-    memo: dict[tuple[int, tuple[int, ...], int], tuple[PartitionSpec, int]] = {}
+    # (rule, shape, dtype) → (spec, bytes per device, why), or None after an error.
+    memo: dict[tuple[int, tuple[int, ...], np.dtype], tuple[PartitionSpec | None, int, Why] | None] = {}
     plans: list[LeafPlan] = []
     unmatched: list[LeafInfo] = []
     reported: set[tuple[str, str, Span | None]] = set()
-    for path, leaf in zip(paths, leaves, strict=True):
-        info = leaf_info(path, leaf)
-        if info.shape is None or info.dtype is None:
-            plans.append(LeafPlan(info.path, None, None, None, None, 0, "not an array"))
+    for path, signature in zip(paths, signatures, strict=True):
+        if signature is None:
+            plans.append(_leaf_plan(path, None, None, None, None, 0, "not an array"))
             continue
-        rule = matcher.first(info.path) or default
-        if info.size == 1 or not info.shape:
-            why = "scalar" if not info.shape else "size-1"
-            spec = PartitionSpec(*([None] * len(info.shape)))
-            plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, spec, info.nbytes, why))
-            continue
-        if rule is None:
-            unmatched.append(info)
-            plans.append(LeafPlan(info.path, info.shape, info.dtype, None, None, 0, "unmatched"))
-            continue
-        why = "default" if rule.is_default else "rule"
-        if id(rule) in broken:
-            plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, None, 0, "error"))
-            continue
-        key = (id(rule), info.shape, info.dtype.itemsize)
+        shape, dtype = signature
+        rule = first(path) or default
+        key = (id(rule), shape, dtype)
         try:
-            spec, per_device = memo[key]
+            done = memo[key]
         except KeyError:
-            try:
-                spec = leaf_spec(rule, info, sizes, rules)
-            except _LeafError as err:
-                if (err.code, err.message, err.span) not in reported:  # e.g. SR108: once per rule
-                    reported.add((err.code, err.message, err.span))
-                    diagnostics.append(
-                        Diagnostic(err.code, "error", err.message, err.span, info.path, err.hint)
-                    )
-                plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, None, 0, "error"))
-                continue
-            per_device = shard_bytes(info, spec, sizes)
-            memo[key] = (spec, per_device)
-        plans.append(LeafPlan(info.path, info.shape, info.dtype, rule, spec, per_device, why))
+            done = _plan_one(rule, path, shape, dtype, sizes, rules, broken, diagnostics, reported)
+            if done is None or done[2] != "error":  # errors name their leaf: one diagnostic each
+                memo[key] = done
+        if done is None:
+            unmatched.append(LeafInfo(path, shape, dtype))
+            plans.append(_leaf_plan(path, shape, dtype, None, None, 0, "unmatched"))
+            continue
+        spec, per_device, why = done
+        plans.append(_leaf_plan(path, shape, dtype, rule, spec, per_device, why))
 
     if unmatched:
         diagnostics.append(_unmatched(unmatched, rules, group))
     return Plan(tuple(plans), treedef, tuple(diagnostics), group, rules, mesh)
+
+
+def _plan_one(
+    rule: Rule | None,
+    path: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    sizes: dict[str, int] | None,
+    rules: RuleSet,
+    broken: set[int],
+    diagnostics: list[Diagnostic],
+    reported: set[tuple[str, str, Span | None]],
+) -> tuple[PartitionSpec | None, int, Why] | None:
+    """Spec, bytes per device and why, for an array that `rule` matched (`None`:
+    unmatched). The same for every array of this shape and dtype that the rule
+    matches, except that an error is reported only once."""
+    info = LeafInfo(path, shape, dtype)
+    if info.size == 1 or not shape:
+        return PartitionSpec(*([None] * len(shape))), info.nbytes, "scalar" if not shape else "size-1"
+    if rule is None:
+        return None
+    if id(rule) in broken:
+        return None, 0, "error"
+    try:
+        spec = leaf_spec(rule, info, sizes, rules)
+    except _LeafError as err:
+        if (err.code, err.message, err.span) not in reported:  # e.g. SR108: once per rule
+            reported.add((err.code, err.message, err.span))
+            diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, info.path, err.hint))
+        return None, 0, "error"
+    return spec, shard_bytes(info, spec, sizes), "default" if rule.is_default else "rule"
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _leaf_plan(
+    path: str,
+    shape: tuple[int, ...] | None,
+    dtype: np.dtype | None,
+    rule: Rule | None,
+    spec: PartitionSpec | None,
+    per_device: int,
+    why: Why,
+) -> LeafPlan:
+    """`LeafPlan(...)` without the frozen dataclass's field-by-field `__init__`
+    (twice as fast; plans of 100k+ leaves make one per leaf)."""
+    plan = _new(LeafPlan)
+    _set(
+        plan,
+        "__dict__",
+        {
+            "path": path,
+            "shape": shape,
+            "dtype": dtype,
+            "rule": rule,
+            "spec": spec,
+            "bytes_per_device": per_device,
+            "why": why,
+        },
+    )
+    return plan
 
 
 def _check_group(rules: RuleSet, group: str) -> None:

@@ -44,10 +44,26 @@ _Search = Callable[[str], Any]
 def required_literal(pattern: str) -> str:
     """The longest run of literal characters every match of `pattern` contains,
     or `""` when there is none to rely on (alternation at the top, flags)."""
+    return _facts(pattern)[0]
+
+
+def digit_blind(pattern: str) -> bool:
+    """Whether `pattern` matches a path exactly when it matches the path with
+    its ASCII digits changed to other digits: every part of it accepts either
+    all ten digits or none of them (and there are no backreferences)."""
+    return _facts(pattern)[1]
+
+
+def _facts(pattern: str) -> tuple[str, bool]:
+    """`required_literal` and `digit_blind` of `pattern`, from one parse."""
     try:
         parsed = _p.parse(pattern)
     except re.error:
-        return ""
+        return "", False
+    return _literal(parsed), _blind(list(parsed))
+
+
+def _literal(parsed: Any) -> str:
     if parsed.state.flags & (re.IGNORECASE | re.VERBOSE):
         return ""
     best, run = "", []
@@ -61,16 +77,6 @@ def required_literal(pattern: str) -> str:
     if len(run) > len(best):
         best = "".join(run)
     return best
-
-
-def digit_blind(pattern: str) -> bool:
-    """Whether `pattern` matches a path exactly when it matches the path with
-    its ASCII digits changed to other digits: every part of it accepts either
-    all ten digits or none of them (and there are no backreferences)."""
-    try:
-        return _blind(list(_p.parse(pattern)))
-    except re.error:
-        return False
 
 
 def _blind(items: list[Any]) -> bool:
@@ -139,16 +145,9 @@ class Matcher:
         entries = []
         for rule in self.rules:
             assert rule.pattern is not None
-            literal = required_literal(rule.pattern)
-            entries.append(
-                (
-                    literal.encode("utf-8", "surrogatepass").translate(_KEY),
-                    literal,
-                    re.compile(rule.pattern).search,
-                    digit_blind(rule.pattern),
-                    rule,
-                )
-            )
+            literal, blind = _facts(rule.pattern)
+            key_literal = literal.encode("utf-8", "surrogatepass").translate(_KEY)
+            entries.append((key_literal, literal, re.compile(rule.pattern).search, blind, rule))
         self._entries = tuple(entries)
         # key → the rules still to try for paths with that key: (search, literal, rule),
         # with search None for a rule known to match.

@@ -169,41 +169,77 @@ def leaf_paths(tree: Any) -> list[str]:
 
     Plain dicts, lists, tuples, namedtuples and `None` (the bulk of large
     parameter trees) are walked here directly; every other node is handed to
-    `jax.tree_util.tree_flatten_with_path`, so the result is always JAX's.
+    `jax.tree_util.tree_flatten_with_path`, so the result is always JAX's. A
+    type that JAX turns out to treat as a leaf (arrays, `ShapeDtypeStruct`) is
+    remembered for the rest of the walk and not handed over again.
     """
+    return walk_paths(tree)[0]
+
+
+def walk_paths(tree: Any) -> tuple[list[str], bool]:
+    """`leaf_paths`, and whether the tree is *plain*: only dicts with `str`
+    keys, lists, tuples, namedtuples, `None` and leaves. Any tree whose treedef
+    equals a plain tree's has the same paths (a treedef compares dict keys with
+    `==`, and `1 == True == 1.0` render differently, but equal `str`s do not)."""
     out: list[str] = []
-    _walk(tree, None, out)
-    return out
+    append = out.append
+    leaf_types: set[type] = set()
+    plain = [True]
+
+    def walk(node: Any, prefix: str | None) -> None:
+        kind = type(node)
+        if kind in leaf_types:
+            append(prefix or "")
+            return
+        if kind is dict:
+            try:
+                keys = sorted(node)
+            except TypeError:
+                keys = None
+            if keys is not None:
+                for key in keys:
+                    child = node[key]
+                    if type(key) is not str:
+                        plain[0] = False
+                        key = str(key)
+                    path = key if prefix is None else f"{prefix}/{key}"
+                    if type(child) in leaf_types:  # most children: no call needed
+                        append(path)
+                    else:
+                        walk(child, path)
+                return
+        elif kind is list or kind is tuple:
+            for i, child in enumerate(node):
+                walk(child, str(i) if prefix is None else f"{prefix}/{i}")
+            return
+        elif node is None:
+            return
+        elif isinstance(node, tuple) and hasattr(kind, "_fields") and kind.__bases__ == (tuple,):
+            for name, child in zip(kind._fields, node, strict=True):
+                walk(child, _join(prefix, name))
+            return
+        if not _other(node, prefix, out, leaf_types):
+            plain[0] = False
+
+    walk(tree, None)
+    return out, plain[0]
 
 
 def _join(prefix: str | None, segment: str) -> str:
     return segment if prefix is None else f"{prefix}/{segment}"
 
 
-def _walk(node: Any, prefix: str | None, out: list[str]) -> None:
+def _other(node: Any, prefix: str | None, out: list[str], leaf_types: set[type]) -> bool:
+    """Paths under a node that JAX flattens with a rule of its own, or of a leaf
+    of a type not seen before; whether it was a leaf."""
     kind = type(node)
-    if kind is dict:
-        try:
-            keys = sorted(node)
-        except TypeError:
-            keys = None
-        if keys is not None:
-            for key in keys:
-                _walk(node[key], _join(prefix, str(key)), out)
-            return
-    elif kind is list or kind is tuple:
-        for i, child in enumerate(node):
-            _walk(child, _join(prefix, str(i)), out)
-        return
-    elif node is None:
-        return
-    elif isinstance(node, tuple) and hasattr(kind, "_fields") and kind.__bases__ == (tuple,):
-        for name, child in zip(kind._fields, node, strict=True):
-            _walk(child, _join(prefix, name), out)
-        return
     keyed, _ = flatten(node)
     for keypath, _ in keyed:
         if keypath:
             out.append(_join(prefix, path_str(keypath)))
         else:  # `node` is itself a leaf
             out.append(prefix or "")
+    if len(keyed) == 1 and not keyed[0][0] and keyed[0][1] is node:
+        leaf_types.add(kind)  # JAX has no flatten rule for this type: its values are leaves
+        return True
+    return False

@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._errors import Diagnostic, Span, error_for
+from ._gcpause import paused
 from ._mesh import MeshLike, sizes_of
 from ._rules import Rule, RuleSet
 
@@ -106,7 +107,8 @@ class Plan:
     def specs(self) -> Any:
         """The `PartitionSpec` pytree (`None` for leaves that are not arrays)."""
         self.raise_for_errors()
-        return jax.tree_util.tree_unflatten(self.treedef, [leaf.spec for leaf in self.leaves])
+        with paused():  # one new node per container of the tree
+            return jax.tree_util.tree_unflatten(self.treedef, [leaf.spec for leaf in self.leaves])
 
     def shardings(self, mesh: jax.sharding.Mesh | None = None) -> Any:
         """The `NamedSharding` pytree on `mesh` (default: the plan's mesh)."""
