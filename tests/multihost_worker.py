@@ -125,18 +125,33 @@ def write_checkpoint(path: Path, tensors: dict[str, np.ndarray]) -> None:
 
 
 def main() -> None:
+    from jax.experimental import multihost_utils
+
     started = time.perf_counter()
     (OUT / "rules.shard").write_text(RULES) if PROCESS == 0 else None
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     if PROCESSES > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices("rule file written")
     rules = sr.load(OUT / "rules.shard")
 
     # Parameters: every process holds the same host copy and puts its own shards.
+    # Count what crosses between processes meanwhile: JAX's own equality check for
+    # host data (jax.device_put) would gather every leaf whole.
+    gathered: list[int] = []
+    real_gather = multihost_utils.process_allgather
+
+    def counting_gather(tree, *args, **kwargs):
+        gathered.extend(int(np.asarray(x).nbytes) for x in jax.tree.leaves(tree))
+        return real_gather(tree, *args, **kwargs)
+
     host_params = init_params(np.random.default_rng(0))
-    params = sr.apply(host_params, rules, mesh)
+    multihost_utils.process_allgather = counting_gather
+    try:
+        params = sr.apply(host_params, rules, mesh)
+    finally:
+        multihost_utils.process_allgather = real_gather
+    result["apply_gathered_bytes"] = sum(gathered)
+    result["params_bytes"] = sum(x.nbytes for x in jax.tree.leaves(host_params))
     q = params["attn"]["q"]["kernel"]
     result["q_spec"] = str(q.sharding.spec)
     result["q_addressable_shards"] = len(q.addressable_shards)
@@ -238,6 +253,11 @@ def main() -> None:
         expect_error(
             "mismatch_local_shapes", lambda: sr.apply(short, rules, mesh, group="inputs", process_local=True)
         )
+        # A problem only one process has: it raises its own error, the other one SR112 (neither hangs).
+        gone = jnp.ones(D)
+        if PROCESS == 1:
+            gone.delete()
+        expect_error("failed_on_one", lambda: sr.apply(dict(host_params, norm={"scale": gone}), rules, mesh))
         unchecked = sr.apply(skewed, rules, mesh, verify="off")  # the check is what stops it
         result["unchecked_embed_shape"] = list(unchecked["embed"].shape)
         # After all that, the processes still agree and go on together.

@@ -99,8 +99,12 @@ def test_two_processes_train_like_one(results):
         assert r["q_addressable_shards"] == 4 and single["q_addressable_shards"] == 8
         assert r["q_spec"] == single["q_spec"] == "P('data', 'model')"
         assert r["params_total"] == pytest.approx(single["params_total"], rel=1e-6)
+        # Only fingerprints crossed between the processes: a 2-word header and a
+        # table of 16 words per leaf (9 leaves), not the 48 KiB of parameters.
+        assert r["apply_gathered_bytes"] == (2 + 9 * 16) * 4 and r["params_bytes"] == 49280
         assert len(r["losses"]) == 4
         np.testing.assert_allclose(r["losses"], single["losses"], rtol=1e-5)
+    assert single["apply_gathered_bytes"] == 0  # one process: nothing to compare
     assert single["losses"][-1] < single["losses"][0]
 
 
@@ -169,6 +173,13 @@ def test_processes_that_disagree_are_stopped_and_named(results):
     assert "process 1 has 1 leaf that this process lacks" in first["mismatch_structure"]["message"]
     assert "extra/scale: only on this process, not on process 0" in second["mismatch_structure"]["message"]
     assert second["mismatch_structure"]["path"] == "extra/scale"
+    # A deleted array on process 1 only: its own SR107 there, SR112 naming it on process 0.
+    assert second["failed_on_one"]["code"] == "SR107" and second["failed_on_one"]["path"] == "norm/scale"
+    assert first["failed_on_one"]["code"] == "SR112"
+    assert (
+        "process 1 stopped on errors that this process (process 0 of 2) did not find"
+        in (first["failed_on_one"]["message"])
+    )
     # verify="off" skips the check (and the skewed arrays are built), and the
     # processes are still in step after the errors.
     for r in results["multi"]:
