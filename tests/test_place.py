@@ -149,6 +149,19 @@ def test_chunks_group_leaves_by_bytes():
     assert len(_chunks([2**30] * 8, None)) == 8
 
 
+def test_chunks_make_the_largest_leaves_first():
+    """A group's temporaries (3x its bytes for random init) come on top of the
+    leaves already made: the big ones go first, when few are made."""
+    from shardrules._place import _chunks
+
+    assert _chunks([10, 40, 20, 5], 30) == [[1], [2, 0], [3]]
+    sizes = [2**20] * 28 + [2**28]  # many layer weights, then a large embedding
+    groups = _chunks(sizes, None)
+    assert groups[0] == [28]
+    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+    assert all(sum(sizes[i] for i in g) <= sum(sizes) // 16 for g in groups[1:])
+
+
 def test_load_checkpoint_can_report_progress(tmp_path, mesh222, capsys):
     write_safetensors(tmp_path / "model.safetensors", tensors())
     sr.load_checkpoint(tmp_path / "model.safetensors", RULES, mesh222, progress=True)
@@ -157,3 +170,79 @@ def test_load_checkpoint_can_report_progress(tmp_path, mesh222, capsys):
     assert err.count("\r") == 5
     sr.load_checkpoint(tmp_path / "model.safetensors", RULES, mesh222)
     assert capsys.readouterr().err == ""  # small, and not a terminal: quiet
+
+
+def _decoder_init(key):
+    k1, k2 = jax.random.split(key)
+    return {
+        "mlp": {
+            "up_proj.weight": jax.random.normal(k1, (16, 8)),
+            "down_proj.weight": jax.random.normal(k2, (8, 16)),
+        },
+        "norm": jnp.ones(8),
+    }
+
+
+def test_init_each_device_holds_only_its_shards(mesh222):
+    params = sr.init(_decoder_init, RULES, mesh222)(jax.random.key(0))
+    plan = sr.plan(jax.eval_shape(_decoder_init, jax.random.key(0)), RULES, mesh222)
+    held: dict[int, int] = {}
+    for array in jax.tree.leaves(params):
+        for shard in array.addressable_shards:
+            held[shard.device.id] = held.get(shard.device.id, 0) + shard.data.nbytes
+    total = sum(a.nbytes for a in jax.tree.leaves(params))
+    # up (16, 8) over model × fsdp: 8 × 4 floats; down (8, 16) over fsdp × model: 4 × 8; norm whole.
+    assert set(held.values()) == {(8 * 4 + 4 * 8 + 8) * 4} == {plan.bytes_per_device}
+    assert len(held) == 8 and plan.bytes_per_device < total
+
+
+def test_init_checks_the_plan_before_running_the_initialiser(mesh222):
+    traced = []
+
+    def init_fn(key):
+        traced.append(1)  # runs once per trace: eval_shape, then each compiled call
+        return _decoder_init(key)
+
+    sr.init(init_fn, RULES, mesh222)(jax.random.key(0))
+    assert len(traced) >= 2  # learning the shapes, then the sharded call
+    traced.clear()
+    strict = sr.loads('rules params:\n  "up_proj" -> ((fsdp, model), _)\n  default -> replicated\n')
+
+    def odd_init(key):
+        traced.append(1)
+        return {"up_proj": jax.random.normal(key, (6, 8))}  # 6 rows do not divide by fsdp × model = 4
+
+    with pytest.raises(sr.PlanError, match="SR104"):
+        sr.init(odd_init, strict, mesh222)(jax.random.key(0))
+    assert len(traced) == 1  # shapes only: the failing plan stopped it before anything was computed
+
+
+def test_init_without_a_mesh_uses_the_ambient_one_else_the_rule_files(mesh222):
+    with jax.set_mesh(mesh222):
+        params = sr.init(_decoder_init, RULES)(jax.random.key(0))
+    assert params["mlp"]["up_proj.weight"].sharding == NamedSharding(mesh222, P("model", "fsdp"))
+
+    sized = sr.loads(
+        'mesh fsdp=4, model=2\nrules params:\n  "up_proj" -> (model, fsdp)\n  default -> replicated\n'
+    )
+    made = sr.init(_decoder_init, sized)(jax.random.key(0))["mlp"]["up_proj.weight"]
+    assert dict(made.sharding.mesh.shape) == {"fsdp": 4, "model": 2}
+    assert {s.data.shape for s in made.addressable_shards} == {(8, 2)}
+
+
+def test_init_an_equinox_module_through_its_arrays(mesh42):
+    """The recipe of docs/cookbook/sharded-init.md: init the arrays, combine with the rest."""
+    eqx = pytest.importorskip("equinox")
+    rules = sr.loads('rules params:\n  "layers/\\d+/weight$" -> (model?, data)\n  default -> replicated\n')
+
+    def build(key):
+        return eqx.nn.MLP(16, 3, 32, depth=2, key=key)
+
+    key = jax.random.key(0)
+    arrays = sr.init(lambda k: eqx.filter(build(k), eqx.is_array), rules, mesh42)(key)
+    mlp = eqx.combine(arrays, eqx.filter(eqx.filter_eval_shape(build, key), eqx.is_array, inverse=True))
+    assert mlp.layers[1].weight.sharding == NamedSharding(mesh42, P("model", "data"))
+    assert mlp.layers[0].weight.sharding.spec == P("model", "data")  # (32, 16)
+    assert mlp.layers[2].weight.sharding.spec == P(None, "data")  # (3, 32): `model?` left out
+    want = build(key)
+    np.testing.assert_allclose(np.asarray(mlp(jnp.ones(16))), np.asarray(want(jnp.ones(16))), rtol=1e-5)
