@@ -206,18 +206,28 @@ def _processes(qs: Sequence[int]) -> str:
 
 
 def mismatch_error(
-    found: Sequence[tuple[str | None, str]], me: int, processes: int, what: str, local: bool
+    found: Sequence[tuple[str | None, str]],
+    me: int,
+    processes: int,
+    what: str,
+    local: bool,
+    fix: str | None = None,
 ) -> Exception:
     lines = [line for _, line in found]
     shown = lines[:_MAX_LISTED] + (
         [f"... and {len(lines) - _MAX_LISTED} more"] if len(lines) > _MAX_LISTED else []
     )
-    fix = (
-        "each process must pass the same global shapes and dtypes, and replicas the same values"
-        if local
-        else "every process must pass the same tree with the same values: seed random "
-        "generators identically on every process and read the same files; for data where each "
-        "process holds only its own slice (a batch), pass process_local=True"
+    """The SR112 error listing `found`; `fix` replaces the hint written for `apply`."""
+    hint = (
+        fix
+        or (
+            "each process must pass the same global shapes and dtypes, and replicas the same values"
+            if local
+            else "every process must pass the same tree with the same values: seed random "
+            "generators identically on every process and read the same files; for data where each "
+            "process holds only its own slice (a batch), pass process_local=True"
+        )
+        + "; verify='off' skips this check"
     )
     path = next((p for p, _ in found if p is not None), None)
     return error_for(
@@ -228,7 +238,7 @@ def mismatch_error(
                 f"{what}: the processes do not hold the same tree (this is process {me} of {processes}):\n"
                 + "\n".join("    " + line for line in shown),
                 path=path,
-                hint=f"{fix}; verify='off' skips this check",
+                hint=hint,
             )
         ]
     )

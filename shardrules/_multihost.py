@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -220,3 +220,26 @@ def _move(the_plan: Plan, leaves: Sequence[Any], mesh: Mesh, ruleset: RuleSet, l
         for i, array in zip(resharded, moved, strict=True):
             out[i] = array
     return jax.tree_util.tree_unflatten(the_plan.treedef, out)
+
+
+def agree_on_shapes(shapes: Mapping[str, jax.ShapeDtypeStruct], what: str) -> None:
+    """In a multi-process run, raise SR112 unless every process has the same
+    names, shapes and dtypes (a checkpoint's header: no tensor data is read)."""
+    if jax.process_count() == 1:
+        return
+    me, processes = jax.process_index(), jax.process_count()
+    names = list(shapes)
+    rows = [_agree.fingerprint(n, tuple(shapes[n].shape), shapes[n].dtype, None) for n in names]
+    headers, tables = _agree.exchange(rows, failed=False)
+    found = _agree.mismatches(names, headers, tables, me)
+    if found:
+        raise _agree.mismatch_error(
+            found,
+            me,
+            processes,
+            what,
+            local=False,
+            fix="every process must read the same checkpoint: a copy that differs on some host "
+            "(stale, partly written, another version) gives other tensors; read it from a shared "
+            "file system, or compare the copies' checksums",
+        )

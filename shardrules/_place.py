@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from . import _mesh, _nnx
 from ._api import RulesLike, as_rules, shardings
+from ._multihost import agree_on_shapes
 from ._plan import format_bytes
 from ._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, read_header
 
@@ -194,6 +195,7 @@ def load_checkpoint(
         key: jax.ShapeDtypeStruct(tuple(info["shape"]), jax.numpy.dtype(_SAFETENSORS_DTYPES[info["dtype"]]))
         for key, (_, info, _) in tensors.items()
     }
+    agree_on_shapes(shapes, f"load_checkpoint({str(path)!r})")  # every process: the same file
     targets = shardings(shapes, ruleset, resolved, group=group)  # plan everything before reading
     total = sum(s.size * s.dtype.itemsize for s in shapes.values())
     if progress is None:

@@ -203,6 +203,8 @@ def main() -> None:
     }
     if PROCESS == 0:
         write_checkpoint(OUT / "model.safetensors", ckpt)
+        stale = dict(ckpt, sharded=ckpt["sharded"][:, :16].copy())  # another version of the file
+        write_checkpoint(OUT / "stale.safetensors", stale)
     if PROCESSES > 1:
         multihost_utils.sync_global_devices("checkpoint written")
     # The callback shardrules passes is called once per local device; a slice it
@@ -252,6 +254,11 @@ def main() -> None:
         short = {k: v[: 4 - PROCESS] for k, v in full.items()}  # 4 rows here, 3 there
         expect_error(
             "mismatch_local_shapes", lambda: sr.apply(short, rules, mesh, group="inputs", process_local=True)
+        )
+        # Process 1 reads another version of the checkpoint: stopped before anything is read.
+        name = "stale.safetensors" if PROCESS == 1 else "model.safetensors"
+        expect_error(
+            "checkpoint_mismatch", lambda: sr.load_checkpoint(OUT / name, rules, mesh, group="checkpoint")
         )
         # A problem only one process has: it raises its own error, the other one SR112 (neither hangs).
         gone = jnp.ones(D)

@@ -173,6 +173,14 @@ def test_processes_that_disagree_are_stopped_and_named(results):
     assert "process 1 has 1 leaf that this process lacks" in first["mismatch_structure"]["message"]
     assert "extra/scale: only on this process, not on process 0" in second["mismatch_structure"]["message"]
     assert second["mismatch_structure"]["path"] == "extra/scale"
+    for me, r in enumerate(results["multi"]):
+        shapes = (
+            "(64, 32) float32 here, (64, 16) float32 on process 1",
+            "(64, 16) float32 here, (64, 32) float32 on process 0",
+        )
+        assert r["checkpoint_mismatch"]["code"] == "SR112" and r["checkpoint_mismatch"]["path"] == "sharded"
+        assert f"sharded: {shapes[me]}" in r["checkpoint_mismatch"]["message"]
+        assert "every process must read the same checkpoint" in r["checkpoint_mismatch"]["message"]
     # A deleted array on process 1 only: its own SR107 there, SR112 naming it on process 0.
     assert second["failed_on_one"]["code"] == "SR107" and second["failed_on_one"]["path"] == "norm/scale"
     assert first["failed_on_one"]["code"] == "SR112"
