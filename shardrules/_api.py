@@ -239,7 +239,7 @@ def apply(
     tree, restore = to_jax(tree, plain_torch="error", what="apply")  # torchax tensors: their jax arrays
     mode = check_mode(verify)
     if jax.process_count() > 1:  # each process puts its own shards: see _multihost
-        budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
+        budget = byte_size(device_memory) if device_memory is not None else None
         placed = _multihost.apply(
             tree, ruleset, resolved, group=group, budget=budget, process_local=process_local, verify=mode
         )

@@ -148,13 +148,16 @@ def apply(
     process_local: bool,
     verify: str,
 ) -> Any:
-    """`shardrules.apply` when there are several processes; see its docstring."""
+    """`shardrules.apply` when there are several processes; see its docstring.
+    `budget`: bytes per device, or `None` for the limit this process's devices report."""
     if process_local:
         the_plan, leaves, problems = _plan_local(tree, ruleset, mesh, group)
     else:
         the_plan, leaves = compile_leaves(tree, ruleset, mesh, group)
         problems = []
     problems = list(the_plan.errors) + problems
+    if budget is None:  # the limit the devices of this process report (others' cannot be asked)
+        budget = _mesh.memory_limit(mesh.local_mesh)
     if not problems:
         problems += _check.placement_diagnostics(the_plan, leaves, mesh)
         if budget is not None:

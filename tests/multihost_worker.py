@@ -260,6 +260,8 @@ def main() -> None:
         expect_error(
             "checkpoint_mismatch", lambda: sr.load_checkpoint(OUT / name, rules, mesh, group="checkpoint")
         )
+        # A problem every process has: each raises it (and none waits for the others).
+        expect_error("over_budget", lambda: sr.apply(host_params, rules, mesh, device_memory="1KiB"))
         # A problem only one process has: it raises its own error, the other one SR112 (neither hangs).
         gone = jnp.ones(D)
         if PROCESS == 1:

@@ -181,6 +181,7 @@ def test_processes_that_disagree_are_stopped_and_named(results):
         assert r["checkpoint_mismatch"]["code"] == "SR112" and r["checkpoint_mismatch"]["path"] == "sharded"
         assert f"sharded: {shapes[me]}" in r["checkpoint_mismatch"]["message"]
         assert "every process must read the same checkpoint" in r["checkpoint_mismatch"]["message"]
+    assert first["over_budget"]["code"] == second["over_budget"]["code"] == "SR110"
     # A deleted array on process 1 only: its own SR107 there, SR112 naming it on process 0.
     assert second["failed_on_one"]["code"] == "SR107" and second["failed_on_one"]["path"] == "norm/scale"
     assert first["failed_on_one"]["code"] == "SR112"
