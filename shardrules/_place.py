@@ -49,10 +49,13 @@ def init(
     - `static_argnums`: arguments that are not arrays (sizes, configs), as for
       `jax.jit`.
     - `chunk_bytes`: create the leaves in groups of at most this many bytes,
-      one compiled call per group, so that the initialiser's temporaries (such
-      as random bits) exist for one group at a time. By default a model over
-      256 MiB is made in 8 groups, a smaller one in one call. XLA drops the
-      leaves a group does not return, so each is computed once.
+      one compiled call per group, largest leaves first, so that the
+      initialiser's temporaries exist for one group at a time. They matter:
+      JAX's random number generator needs about 3x the bytes it makes in
+      temporaries, so the peak is about the model plus 3x the largest group.
+      By default a model over 256 MiB is made in groups of 1/16 of it (a leaf
+      larger than that alone), a smaller one in one call. XLA drops the leaves
+      a group does not return, so each is computed once.
 
     **Returns:** a function taking `init_fn`'s arguments and returning its
     pytree, sharded as planned.
@@ -93,13 +96,16 @@ def init(
 
 
 def _chunks(sizes: list[int], chunk_bytes: int | None) -> list[list[int]]:
-    """Leaf indices in groups of at most `chunk_bytes` (a leaf larger than that alone)."""
+    """Leaf indices in groups of at most `chunk_bytes` (a leaf larger than that
+    alone), the largest leaves first: a group's temporaries then come on top of
+    as few finished leaves as possible."""
     total = sum(sizes)
     if chunk_bytes is None:
-        chunk_bytes = total if total <= _SMALL else max(total // 8, 1)
+        chunk_bytes = total if total <= _SMALL else max(total // _GROUPS, 1)
     groups: list[list[int]] = [[]]
     filled = 0
-    for i, size in enumerate(sizes):
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        size = sizes[i]
         if groups[-1] and filled + size > chunk_bytes:
             groups.append([])
             filled = 0
@@ -109,6 +115,7 @@ def _chunks(sizes: list[int], chunk_bytes: int | None) -> list[list[int]]:
 
 
 _SMALL = 256 * 2**20  # models up to this size are initialised in one piece
+_GROUPS = 16  # larger ones in groups of 1/16 of the model
 
 
 def _checkpoint_files(path: Path) -> dict[str, tuple[Path, dict[str, Any], int]]:
