@@ -38,6 +38,7 @@ RULES = """\
 mesh data, model
 
 alias batch = data
+alias rows  = (data, model)
 
 rules params:
   "embed"                -> (data, model)
@@ -50,6 +51,9 @@ rules params:
 
 rules inputs:
   "tokens|targets" -> (batch, _)
+
+rules rows:
+  "^x$" -> (rows, _)
 
 rules checkpoint:
   "sharded"    -> (data, model)
@@ -172,6 +176,25 @@ def main() -> None:
         lambda a, b: jnp.array_equal(a["tokens"], b["tokens"]) & jnp.array_equal(a["targets"], b["targets"])
     )
     result["batch_matches_whole"] = bool(same(batch, whole))
+
+    # Rows over both axes: each process's 4 devices hold 4 of the 8 pieces.
+    x = sr.apply(
+        {"x": np.full((8 // PROCESSES, 2), PROCESS, np.float32)},
+        rules,
+        mesh,
+        group="rows",
+        process_local=True,
+    )["x"]
+    result["rows_shape"] = list(x.shape)
+    result["rows_first_column"] = (
+        [float(v) for v in np.asarray(multihost_utils.process_allgather(x, tiled=True))[:, 0]]
+        if PROCESSES > 1
+        else []
+    )
+    expect_error(
+        "rows_do_not_split",
+        lambda: sr.apply({"x": np.zeros((3, 2), np.float32)}, rules, mesh, group="rows", process_local=True),
+    )
 
     # A few training steps with shardings from the rules.
     step = sr.jit(train_step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None))

@@ -118,6 +118,16 @@ def test_process_local_inputs_assemble_the_global_batch(results):
 
 
 @pytest.mark.slow
+def test_process_local_rows_over_two_axes(results):
+    for r in results["multi"]:
+        # (data, model) cuts the rows in 8; each process's devices hold 4 of them.
+        assert r["rows_shape"] == [8, 2]
+        assert r["rows_first_column"] == [0.0] * 4 + [1.0] * 4  # process 0's rows, then process 1's
+        # 3 rows cannot be the 4 pieces a process holds: refused on both, before anything moves.
+        assert r["rows_do_not_split"]["code"] == "SR104" and r["rows_do_not_split"]["path"] == "x"
+
+
+@pytest.mark.slow
 def test_sharded_init_matches_one_process(results):
     (single,) = results["single"]
     for r in results["multi"]:
