@@ -68,7 +68,10 @@ def to_jax(tree: Any, *, plain_torch: str = "abstract", what: str = "apply") -> 
     torch_tensor, torchax_tensor = _types()
     if torch_tensor is None:
         return tree, None
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+    except (ValueError, TypeError):  # not a pytree JAX can flatten: the caller's SR109 explains it
+        return tree, None
     wrapped: dict[int, Any] = {}
     plain: list[int] = []
     for i, leaf in enumerate(leaves):

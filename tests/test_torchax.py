@@ -187,3 +187,8 @@ def test_trees_without_torch_tensors_pass_through_untouched():
     tree = {"w": np.zeros((4, 4))}
     same, restore = to_jax(tree)
     assert same is tree and restore is None
+
+
+def test_trees_jax_cannot_flatten_still_get_the_tree_error_with_torch_imported(mesh):
+    with pytest.raises(sr.TreeError, match="SR109"):
+        sr.specs({1: np.zeros(4), "a": np.zeros(4)}, RULES, mesh)
