@@ -137,9 +137,8 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
             leaves[i] = dataclasses.replace(lp, spec=None, bytes_per_device=0, why="error")
             continue
         why = "default" if rule.is_default else "rule"
-        leaves[i] = dataclasses.replace(
-            lp, spec=spec, bytes_per_device=shard_bytes(info, spec, sizes), why=why
-        )
+        per_device = shard_bytes(info, spec, sizes)
+        leaves[i] = LeafPlan(lp.path, lp.shape, lp.dtype, rule, spec, per_device, why)
         for name, dim in missing:
             unknown.setdefault(name, []).append((rule, lp, dim))
     for found in nameless.values():

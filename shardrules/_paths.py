@@ -141,8 +141,21 @@ def _unboxed(
     is_leaf: Callable[[Any], bool] | None,
 ) -> list[tuple[KeyPath, Any]]:
     """`keyed` with the key of each box's one child (`value`) left out of the paths."""
-    if not any(isinstance(k, jax.tree_util.GetAttrKey) for keypath, _ in keyed for k in keypath):
+    attr = jax.tree_util.GetAttrKey
+    if not any(isinstance(k, attr) for keypath, _ in keyed for k in keypath):
         return keyed  # every box adds an attribute key: without one there is no box
+    # The common case (a path walker hands over one box at a time): the box's
+    # leaves all sit under its one child; drop that key, unless more boxes follow.
+    first = keyed[0][0][:1]
+    if (
+        first
+        and isinstance(tree, boxes)
+        and (is_leaf is None or not is_leaf(tree))
+        and all(keypath[:1] == first for keypath, _ in keyed)
+    ):
+        inner = [(keypath[1:], leaf) for keypath, leaf in keyed]
+        if not any(isinstance(k, attr) for keypath, _ in inner for k in keypath):
+            return inner
 
     def stop(x: Any) -> bool:
         return isinstance(x, boxes) or (is_leaf is not None and bool(is_leaf(x)))

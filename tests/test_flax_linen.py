@@ -83,6 +83,21 @@ def test_boxed_leaves_add_no_path_segment(variables):
     assert plan["params/Dense_0/kernel"].spec == P("fsdp", None)
 
 
+def test_unusual_boxes_lose_only_their_own_segment():
+    x = jnp.ones((4, 4))
+    tree = {
+        "nested": nn.Partitioned(nn.Partitioned(x, ("a", "b")), ("a", "b")),
+        "of_dict": nn.Partitioned({"k": x, "v": x}, ("a", "b")),
+        "pair": [nn.Partitioned(x, ("a", "b")), x],
+        "value": {"value": x},  # keys named `value` that are not boxes stay
+    }
+    want = ["nested", "of_dict/k", "of_dict/v", "pair/0", "pair/1", "value/value"]
+    assert _paths.leaf_paths(tree) == want
+    keyed, _ = _paths.flatten(tree)
+    assert _paths.path_strs([keypath for keypath, _ in keyed]) == want
+    assert [leaf for _, leaf in keyed] == jax.tree.leaves(tree)
+
+
 def test_plain_partitioned_boxes_too():
     boxed = {"w": nn.Partitioned(jnp.ones((8, 4)), ("model", None))}
     assert _paths.leaf_paths(boxed) == ["w"]
