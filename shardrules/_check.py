@@ -26,7 +26,7 @@ from jax.core import Tracer
 from . import _mesh
 from ._errors import Diagnostic, Span, error_for
 from ._load import iter_rules
-from ._match import required_literal
+from ._match import by_key, search_all
 from ._plan import LeafPlan, Plan, format_bytes, plural
 from ._rules import Rule
 
@@ -39,14 +39,17 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     arrays = [leaf for leaf in plan.leaves if leaf.is_array]
     winners = {id(leaf.rule) for leaf in arrays if leaf.rule is not None}
+    paths = [leaf.path for leaf in arrays]
+    groups: dict[bytes, list[int]] | None = None
     for rule in plan.rules.group(plan.group):
         if id(rule) in winners or rule.pattern is None:
             continue
-        search = rule.regex.search  # type: ignore[union-attr]
-        literal = required_literal(rule.pattern)  # a cheap substring test first, as in matching
+        if groups is None:
+            groups = by_key(paths)  # as in matching: digit-blind patterns tried once per key
         taken_by: dict[int, tuple[Rule, int]] = {}
-        for leaf in arrays:
-            if literal in leaf.path and search(leaf.path) is not None and leaf.rule is not None:
+        for i in search_all(rule.pattern, paths, groups):
+            leaf = arrays[i]
+            if leaf.rule is not None:
                 first, count = taken_by.get(id(leaf.rule), (leaf.rule, 0))
                 taken_by[id(leaf.rule)] = (first, count + 1)
         if not taken_by:

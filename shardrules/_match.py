@@ -24,7 +24,7 @@ most trees that list is one rule, known to match.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ._regex import _c, _p
@@ -178,3 +178,35 @@ class Matcher:
                 todo.append((None, literal, rule))
                 break  # every path with this key matches it: later rules never win
         return tuple(todo)
+
+
+def path_key(path: str) -> bytes:
+    """A path's key: its UTF-8 bytes with every ASCII digit written as `0`."""
+    return path.encode("utf-8", "surrogatepass").translate(_KEY)
+
+
+def by_key(paths: Iterable[str]) -> dict[bytes, list[int]]:
+    """The positions of `paths`, grouped by key."""
+    groups: dict[bytes, list[int]] = {}
+    for i, path in enumerate(paths):
+        groups.setdefault(path_key(path), []).append(i)
+    return groups
+
+
+def search_all(pattern: str, paths: Sequence[str], groups: dict[bytes, list[int]]) -> list[int]:
+    """The positions of the `paths` that `pattern` `re.search`es, in order;
+    `groups` is `by_key(paths)`. A digit-blind pattern is tried once per key."""
+    literal, blind = _facts(pattern)
+    key_literal = literal.encode("utf-8", "surrogatepass").translate(_KEY)
+    search = re.compile(pattern).search
+    found: list[int] = []
+    for key, members in groups.items():
+        if key_literal not in key:
+            continue
+        if blind:
+            if search(key.decode("utf-8", "surrogatepass")) is not None:
+                found.extend(members)
+        else:
+            found.extend(i for i in members if literal in paths[i] and search(paths[i]) is not None)
+    found.sort()
+    return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -54,7 +55,7 @@ class LeafPlan:
         """The whole array's size in bytes."""
         if self.shape is None or self.dtype is None:
             return 0
-        return int(np.prod(self.shape)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclasses.dataclass(frozen=True)
