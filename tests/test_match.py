@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import shardrules as sr
 from shardrules._load import iter_rules
-from shardrules._match import Matcher, digit_blind
+from shardrules._match import Matcher, by_key, digit_blind, search_all
 
 
 @pytest.mark.parametrize(
@@ -127,3 +127,19 @@ def test_matcher_is_the_first_re_search_hit_on_paths_sharing_keys(
     for path in [*paths, *shifted, *paths]:
         want = next((r for r in group if r.pattern is not None and re.search(r.pattern, path)), None)
         assert matcher.first(path) is want, (path, want)
+
+
+@given(
+    pattern=_digit_patterns(),
+    paths=st.lists(st.lists(_SEGMENTS, min_size=1, max_size=5).map("/".join), min_size=1, max_size=40),
+)
+def test_search_all_finds_exactly_the_paths_re_search_finds(pattern: str, paths: list[str]) -> None:
+    """The scan lint uses for rules that match nothing: every path the pattern
+    `re.search`es, in order, with digit-blind patterns tried once per key."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error:
+        return
+    paths = paths + [p.translate(str.maketrans("0123456789", "9876543210")) for p in paths]
+    want = [i for i, path in enumerate(paths) if compiled.search(path)]
+    assert search_all(pattern, paths, by_key(paths)) == want
