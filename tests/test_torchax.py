@@ -192,3 +192,10 @@ def test_trees_without_torch_tensors_pass_through_untouched():
 def test_trees_jax_cannot_flatten_still_get_the_tree_error_with_torch_imported(mesh):
     with pytest.raises(sr.TreeError, match="SR109"):
         sr.specs({1: np.zeros(4), "a": np.zeros(4)}, RULES, mesh)
+
+
+def test_check_reports_on_torchax_leaves(model, mesh):
+    assert sr.check(model.state_dict(), RULES, mesh) == []
+    odd = sr.loads('rules params:\n  "layers\\.2\\.weight$" -> (model, _)\n  default -> replicated\n')
+    (found,) = [d for d in sr.check(model.state_dict(), odd, {"model": 3}) if d.severity == "error"]
+    assert found.code == "SR104" and found.path == "layers.2.weight"  # (8, 32): 8 rows over 3
