@@ -109,7 +109,6 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
     sizes = sizes_of(mesh) if mesh is not None else None
     leaves = list(plan.leaves)
     diagnostics = [d for d in plan.diagnostics if d.code != "SR113"]
-    reported: set[tuple[str, str]] = set()
     nameless: dict[int, list[LeafPlan]] = {}
     unknown: dict[str, list[tuple[Rule, LeafPlan, int]]] = {}
     memo: dict[Any, Any] = {}
@@ -126,16 +125,16 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
             continue
         info = LeafInfo(lp.path, lp.shape, lp.dtype)
         key = (id(rule), lp.shape, lp.dtype, leaf)
-        try:
-            if key not in memo:
+        if key not in memo:  # an error is reported once, for the first leaf of its kind
+            try:
                 memo[key] = _leaf_spec(rule, info, leaf, sizes, rules, leaf_spec, _LeafError)
-            spec, missing = memo[key]
-        except _LeafError as err:
-            if (err.code, err.message) not in reported:
-                reported.add((err.code, err.message))
+            except _LeafError as err:
+                memo[key] = None
                 diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, lp.path, err.hint))
+        if memo[key] is None:
             leaves[i] = dataclasses.replace(lp, spec=None, bytes_per_device=0, why="error")
             continue
+        spec, missing = memo[key]
         why = "default" if rule.is_default else "rule"
         per_device = shard_bytes(info, spec, sizes)
         leaves[i] = LeafPlan(lp.path, lp.shape, lp.dtype, rule, spec, per_device, why)

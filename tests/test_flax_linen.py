@@ -267,3 +267,12 @@ def test_train_step_keeps_the_layout(variables, mesh222):
     assert losses[-1] < losses[0]
     for new, want in zip(jax.tree.leaves(params), jax.tree.leaves(shardings), strict=True):
         assert new.sharding.is_equivalent_to(want, new.ndim)
+
+
+def test_a_logical_error_is_reported_once_for_leaves_alike(mesh222):
+    layers = {f"layer_{i}": nn.LogicallyPartitioned(jnp.ones((6, 8)), ("embed", "mlp")) for i in range(5)}
+    rules = sr.loads("alias embed = (fsdp, model)\nalias mlp = data\nrules params:\n  default -> logical\n")
+    plan = sr.plan(layers, rules, mesh222)
+    assert [d.code for d in plan.errors] == ["SR104"]
+    assert plan.errors[0].path == "layer_0"
+    assert [leaf.why for leaf in plan] == ["error"] * 5
