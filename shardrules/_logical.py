@@ -19,6 +19,7 @@ leaves after the compiler has matched every leaf to its rule.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,13 @@ from ._plan import LeafPlan, Plan, plural
 from ._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule, RuleSet
 
 Names = tuple[Any, ...]
+
+
+class MeshAxisNames(tuple):
+    """Names that are mesh axes already (linen's `nn.with_partitioning`): each
+    stands for the mesh axis of that name (SR101 if the mesh has none), where a
+    logical name that is not an alias must be an axis of the known mesh."""
+
 
 _MAX_LISTED = 20
 
@@ -63,9 +71,14 @@ def box_names(box: Any) -> Names | None:
     if names is None or isinstance(names, (str, bytes)):
         return None
     try:
-        return tuple(names)
+        found = tuple(names)
     except TypeError:
         return None
+    spmd = sys.modules.get("flax.linen.spmd")
+    logical = getattr(spmd, "LogicallyPartitioned", None)
+    if hasattr(box, "names") and not (isinstance(logical, type) and isinstance(box, logical)):
+        return MeshAxisNames(found)  # a plain `Partitioned`: its names are mesh axes
+    return found
 
 
 def logical_names(tree: Any) -> list[Names | None] | None:
@@ -124,7 +137,7 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
             leaves[i] = dataclasses.replace(lp, spec=None, bytes_per_device=0, why="error")
             continue
         info = LeafInfo(lp.path, lp.shape, lp.dtype)
-        key = (id(rule), lp.shape, lp.dtype, leaf)
+        key = (id(rule), lp.shape, lp.dtype, type(leaf), leaf)
         if key not in memo:  # an error is reported once, for the first leaf of its kind
             try:
                 memo[key] = _leaf_spec(rule, info, leaf, sizes, rules, leaf_spec, _LeafError)
@@ -180,7 +193,7 @@ def _leaf_spec(
                 continue
             if name in rules.aliases:
                 axes = rules.aliases[name]
-            elif mesh_axes is None or name in mesh_axes:
+            elif isinstance(names, MeshAxisNames) or name in (mesh_axes or ()):
                 axes = (name,)
             else:
                 missing.append((name, dim))

@@ -276,3 +276,19 @@ def test_a_logical_error_is_reported_once_for_leaves_alike(mesh222):
     assert [d.code for d in plan.errors] == ["SR104"]
     assert plan.errors[0].path == "layer_0"
     assert [leaf.why for leaf in plan] == ["error"] * 5
+
+
+def test_without_a_mesh_only_aliases_and_partitioned_names_shard():
+    rules = sr.loads("alias embed = fsdp\nrules params:\n  default -> logical\n")  # no mesh line
+    tree = {
+        "logical": nn.LogicallyPartitioned(jnp.ones((8, 4)), ("embed", "vocab")),
+        "mesh_axes": nn.Partitioned(jnp.ones((8, 4)), ("model", None)),
+    }
+    plan = sr.plan(tree, rules)
+    assert plan["logical"].spec == P("fsdp", None)  # `vocab`: no alias, no mesh to look in
+    assert plan["mesh_axes"].spec == P("model", None)  # with_partitioning names mesh axes
+    assert [d.message.split("`")[1] for d in plan.diagnostics if d.code == "SR206"] == ["vocab"]
+    # On a mesh without `model`, a Partitioned name that is not a mesh axis is an error.
+    with pytest.raises(sr.MeshError) as info:
+        sr.specs(tree, rules, {"fsdp": 2, "data": 4})
+    assert info.value.code == "SR101" and "`model`" in str(info.value)
