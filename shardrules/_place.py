@@ -39,8 +39,10 @@ def init(
 
     **Arguments:**
 
-    - `init_fn`: returns a pytree of arrays (e.g. `lambda key: model.init(key, x)`),
-      or builds a Flax NNX module (`lambda: Model(rngs=nnx.Rngs(0))`): then its
+    - `init_fn`: returns a pytree (e.g. `lambda key: model.init(key, x)`, or an
+      Equinox module); its leaves that are not arrays (functions, Python
+      numbers, strings) are returned as it made them, and only its arrays are
+      created under `jax.jit`. Or it builds a Flax NNX module (`lambda: Model(rngs=nnx.Rngs(0))`): then its
       `nnx.State` is created sharded and merged into the module returned.
     - `rules`: a `RuleSet`, or the path of a rule file.
     - `mesh`: a `jax.sharding.Mesh`; by default the ambient mesh, else the rule
@@ -69,30 +71,61 @@ def init(
     def run(*args: Any) -> Any:
         resolved = mesh if mesh is not None else _mesh.resolve(None, ruleset, concrete=True, what="init")
         assert isinstance(resolved, Mesh)
-        out = jax.jit(init_fn, static_argnums=static_argnums).eval_shape(*args)
         make, merge = init_fn, None
-        if _nnx.is_module(out):  # an NNX model: create its state sharded, then merge it in
+        made = _Split(make, static_argnums, args)
+        if _nnx.is_module(made.abstract):  # an NNX model: create its state sharded, then merge it in
             make, merge = _nnx.state_initialiser(init_fn)
-            out = jax.jit(make, static_argnums=static_argnums).eval_shape(*args)
-        targets = shardings(out, ruleset, resolved, group=group)
-        shapes, treedef = jax.tree_util.tree_flatten(out)
-        target_leaves = treedef.flatten_up_to(targets)
-        results: list[Any] = [None] * len(shapes)
-        for part in _chunks([s.size * s.dtype.itemsize for s in shapes], chunk_bytes):
+            made = _Split(make, static_argnums, args)
+        targets = made.treedef.flatten_up_to(shardings(made.abstract, ruleset, resolved, group=group))
+        array_targets = [t for t, is_array in zip(targets, made.mask, strict=True) if is_array]
+        results: list[Any] = [None] * len(made.shapes)
+        for part in _chunks([s.size * s.dtype.itemsize for s in made.shapes], chunk_bytes):
 
             def some(*a: Any, part: list[int] = part) -> list[Any]:
-                leaves = jax.tree_util.tree_leaves(make(*a))
-                return [leaves[i] for i in part]
+                arrays = made.arrays(*a)
+                return [arrays[i] for i in part]
 
-            made = jax.jit(
-                some, static_argnums=static_argnums, out_shardings=[target_leaves[i] for i in part]
+            out = jax.jit(
+                some, static_argnums=static_argnums, out_shardings=[array_targets[i] for i in part]
             )(*args)
-            for i, array in zip(part, made, strict=True):
+            for i, array in zip(part, out, strict=True):
                 results[i] = array
-        tree = jax.tree_util.tree_unflatten(treedef, results)
+        tree = made.rebuild(results)
         return merge(tree) if merge is not None else tree
 
     return run
+
+
+class _Split:
+    """An initialiser's output as its arrays (what `jax.jit` makes) and the rest
+    (functions, Python numbers, strings: kept as the initialiser made them, as
+    `equinox.filter_jit` does), learnt from one abstract trace."""
+
+    def __init__(
+        self, init_fn: Callable[..., Any], static_argnums: int | tuple[int, ...], args: tuple[Any, ...]
+    ):
+        self.init_fn = init_fn
+        self.treedef: Any = None  # these three are set by each trace of `arrays`
+        self.mask: list[bool] = []
+        self.others: list[Any] = []
+        traced = jax.jit(self.arrays, static_argnums=static_argnums).eval_shape(*args)
+        self.shapes: list[jax.ShapeDtypeStruct] = list(traced)
+        self.abstract = self.rebuild(self.shapes)
+
+    def arrays(self, *args: Any) -> list[Any]:
+        """The array leaves of `init_fn(*args)`; notes the tree and the other leaves."""
+        leaves, self.treedef = jax.tree_util.tree_flatten(self.init_fn(*args))
+        self.mask = [isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in leaves]
+        self.others = [None if is_array else leaf for leaf, is_array in zip(leaves, self.mask, strict=True)]
+        return [leaf for leaf, is_array in zip(leaves, self.mask, strict=True) if is_array]
+
+    def rebuild(self, arrays: list[Any]) -> Any:
+        """The initialiser's tree with `arrays` in the array leaves' places."""
+        given = iter(arrays)
+        leaves = [
+            next(given) if is_array else other for is_array, other in zip(self.mask, self.others, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
 
 
 def _chunks(sizes: list[int], chunk_bytes: int | None) -> list[list[int]]:

@@ -230,8 +230,10 @@ def test_init_without_a_mesh_uses_the_ambient_one_else_the_rule_files(mesh222):
     assert {s.data.shape for s in made.addressable_shards} == {(8, 2)}
 
 
-def test_init_an_equinox_module_through_its_arrays(mesh42):
-    """The recipe of docs/cookbook/sharded-init.md: init the arrays, combine with the rest."""
+def test_init_an_equinox_module_with_its_non_array_leaves(mesh42):
+    """An initialiser may return leaves that are not arrays (an Equinox MLP holds
+    its activation functions and sizes): they come back as it made them, and
+    only the arrays are created sharded."""
     eqx = pytest.importorskip("equinox")
     rules = sr.loads('rules params:\n  "layers/\\d+/weight$" -> (model?, data)\n  default -> replicated\n')
 
@@ -239,10 +241,23 @@ def test_init_an_equinox_module_through_its_arrays(mesh42):
         return eqx.nn.MLP(16, 3, 32, depth=2, key=key)
 
     key = jax.random.key(0)
-    arrays = sr.init(lambda k: eqx.filter(build(k), eqx.is_array), rules, mesh42)(key)
-    mlp = eqx.combine(arrays, eqx.filter(eqx.filter_eval_shape(build, key), eqx.is_array, inverse=True))
+    mlp = sr.init(build, rules, mesh42)(key)
+    want = build(key)
+    assert type(mlp) is type(want)
+    assert mlp.activation is want.activation and mlp.final_activation is want.final_activation
+    assert (mlp.in_size, mlp.out_size, mlp.width_size, mlp.depth) == (16, 3, 32, 2)
     assert mlp.layers[1].weight.sharding == NamedSharding(mesh42, P("model", "data"))
     assert mlp.layers[0].weight.sharding.spec == P("model", "data")  # (32, 16)
     assert mlp.layers[2].weight.sharding.spec == P(None, "data")  # (3, 32): `model?` left out
-    want = build(key)
     np.testing.assert_allclose(np.asarray(mlp(jnp.ones(16))), np.asarray(want(jnp.ones(16))), rtol=1e-5)
+
+
+def test_init_keeps_python_values_as_made():
+    """Python numbers and strings in an initialiser's output stay Python values."""
+    rules = sr.loads('rules params:\n  "w$" -> (x)\n  default -> replicated\n')
+    mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    out = sr.init(
+        lambda k: {"w": jax.random.normal(k, (16,)), "n": 3, "name": "mlp", "f": jnp.tanh}, rules, mesh
+    )(jax.random.key(0))
+    assert (out["n"], out["name"], out["f"]) == (3, "mlp", jnp.tanh)
+    assert out["w"].sharding.spec == P("x")
