@@ -23,7 +23,7 @@ from ._gcpause import paused
 from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
-from ._paths import LeafInfo, flatten, leaf_info, path_strs, walk_paths
+from ._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
 from ._plan import LeafPlan, Plan, Why, plural
 from ._rules import ResolvedEntry, Rule, RuleSet
 
@@ -58,23 +58,22 @@ def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str)
         raise
     sizes = tuple(sizes_of(mesh).items()) if mesh is not None else None
     signatures = _signatures(leaves)
-    key = (group, treedef, tuple(signatures), sizes)
+    # The treedef's text tells apart dict keys that compare equal but make different
+    # paths (0, 0.0 and False; "a" and a str-valued enum member); treedefs do not.
+    key = (group, treedef, str(treedef), tuple(signatures), sizes)
     cached = rules._plan_cache.get(key)
-    # Equal treedefs can still make different paths where dict keys compare equal
-    # but render differently (0, 0.0, False): a plan made for a tree that is not
-    # plain (see `walk_paths`) is reused only for a treedef of the same text.
-    if cached is not None and (cached[0] is None or cached[0] == str(treedef)):
-        _, plan_leaves, diagnostics = cached
+    if cached is not None:
+        plan_leaves, diagnostics = cached
         return Plan(plan_leaves, treedef, diagnostics, group, rules, mesh), leaves
     with paused():  # every object made per leaf outlives the loop, and none is in a cycle
-        paths, plain = walk_paths(tree)
+        paths = leaf_paths(tree)
         if len(paths) != len(leaves):  # cannot happen for pytrees JAX flattens consistently
             keyed, _ = flatten(tree)
-            paths, plain = path_strs([keypath for keypath, _ in keyed]), False
+            paths = path_strs([keypath for keypath, _ in keyed])
         plan = _compile(paths, signatures, treedef, rules, mesh, group)
     if _logical.uses_logical(rules, group):
         plan = _logical.resolve(plan, tree, mesh)  # `logical` specs read the boxes around leaves
-    rules._plan_cache.put(key, (None if plain else str(treedef), plan.leaves, plan.diagnostics))
+    rules._plan_cache.put(key, (plan.leaves, plan.diagnostics))
     return plan, leaves
 
 

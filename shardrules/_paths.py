@@ -186,18 +186,9 @@ def leaf_paths(tree: Any) -> list[str]:
     type that JAX turns out to treat as a leaf (arrays, `ShapeDtypeStruct`) is
     remembered for the rest of the walk and not handed over again.
     """
-    return walk_paths(tree)[0]
-
-
-def walk_paths(tree: Any) -> tuple[list[str], bool]:
-    """`leaf_paths`, and whether the tree is *plain*: only dicts with `str`
-    keys, lists, tuples, namedtuples, `None` and leaves. Any tree whose treedef
-    equals a plain tree's has the same paths (a treedef compares dict keys with
-    `==`, and `1 == True == 1.0` render differently, but equal `str`s do not)."""
     out: list[str] = []
     append = out.append
     leaf_types: set[type] = set()
-    plain = [True]
 
     def walk(node: Any, prefix: str | None) -> None:
         kind = type(node)
@@ -212,10 +203,8 @@ def walk_paths(tree: Any) -> tuple[list[str], bool]:
             if keys is not None:
                 for key in keys:
                     child = node[key]
-                    if type(key) is not str:
-                        plain[0] = False
-                        key = str(key)
-                    path = key if prefix is None else f"{prefix}/{key}"
+                    segment = key if type(key) is str else str(key)
+                    path = segment if prefix is None else f"{prefix}/{segment}"
                     if type(child) in leaf_types:  # most children: no call needed
                         append(path)
                     else:
@@ -231,20 +220,19 @@ def walk_paths(tree: Any) -> tuple[list[str], bool]:
             for name, child in zip(kind._fields, node, strict=True):
                 walk(child, _join(prefix, name))
             return
-        if not _other(node, prefix, out, leaf_types):
-            plain[0] = False
+        _other(node, prefix, out, leaf_types)
 
     walk(tree, None)
-    return out, plain[0]
+    return out
 
 
 def _join(prefix: str | None, segment: str) -> str:
     return segment if prefix is None else f"{prefix}/{segment}"
 
 
-def _other(node: Any, prefix: str | None, out: list[str], leaf_types: set[type]) -> bool:
+def _other(node: Any, prefix: str | None, out: list[str], leaf_types: set[type]) -> None:
     """Paths under a node that JAX flattens with a rule of its own, or of a leaf
-    of a type not seen before; whether it was a leaf."""
+    of a type not seen before."""
     kind = type(node)
     keyed, _ = flatten(node)
     for keypath, _ in keyed:
@@ -254,5 +242,3 @@ def _other(node: Any, prefix: str | None, out: list[str], leaf_types: set[type])
             out.append(prefix or "")
     if len(keyed) == 1 and not keyed[0][0] and keyed[0][1] is node:
         leaf_types.add(kind)  # JAX has no flatten rule for this type: its values are leaves
-        return True
-    return False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import math
 import re
 import typing
@@ -539,6 +540,23 @@ def test_trees_whose_keys_compare_equal_but_render_differently_get_their_own_pat
     assert (second.path, second.spec) == ("True", P("x"))
     third = sr.plan({1.0: leaf}, rules, {"x": 2}).leaves[0]
     assert (third.path, third.spec) == ("1.0", P(None))
+
+
+def test_a_str_key_and_an_equal_str_enum_member_get_their_own_paths() -> None:
+    """A `str`-valued enum member equals its value and hashes like it, but its
+    path is `Key.A`: a plan made for `{"a": x}` is not reused for `{Key.A: x}`,
+    nor the other way round."""
+
+    class Key(str, enum.Enum):  # noqa: UP042 (a StrEnum member renders as its value: no clash)
+        A = "a"
+
+    rules = sr.loads('rules params:\n  "^a$" -> (x)\n  "Key" -> replicated\n')
+    leaf = jax.ShapeDtypeStruct((4,), jnp.float32)
+    for first, second in (("a", Key.A), (Key.A, "a")):
+        plans = [sr.plan({key: leaf}, rules, {"x": 2}).leaves[0] for key in (first, second)]
+        assert [(lp.path, lp.spec) for lp in plans] == [
+            (str(key), P("x") if type(key) is str else P(None)) for key in (first, second)
+        ]
 
 
 # ======================================================================
