@@ -41,6 +41,11 @@ _MAX_KEYS = 1 << 17
 _Search = Callable[[str], Any]
 
 
+def path_key(path: str) -> bytes:
+    """A path's key: its UTF-8 bytes with every ASCII digit written as `0`."""
+    return path.encode("utf-8", "surrogatepass").translate(_KEY)
+
+
 def required_literal(pattern: str) -> str:
     """The longest run of literal characters every match of `pattern` contains,
     or `""` when there is none to rely on (alternation at the top, flags)."""
@@ -85,7 +90,8 @@ def _blind(items: list[Any]) -> bool:
             if av in _DIGITS:
                 return False
         elif op == _c.IN:
-            if len({_in_class(av, d) for d in _DIGITS}) != 1:
+            answers = {_in_class(av, d) for d in _DIGITS}
+            if len(answers) != 1 or None in answers:  # tells digits apart, or cannot tell
                 return False
         elif op in (_c.ANY, _c.AT, _c.CATEGORY):
             pass  # `.`, anchors, `\b`, `\d`, `\w`, `\s`...: the same for every digit
@@ -146,8 +152,7 @@ class Matcher:
         for rule in self.rules:
             assert rule.pattern is not None
             literal, blind = _facts(rule.pattern)
-            key_literal = literal.encode("utf-8", "surrogatepass").translate(_KEY)
-            entries.append((key_literal, literal, re.compile(rule.pattern).search, blind, rule))
+            entries.append((path_key(literal), literal, re.compile(rule.pattern).search, blind, rule))
         self._entries = tuple(entries)
         # key → the rules still to try for paths with that key: (search, literal, rule),
         # with search None for a rule known to match.
@@ -155,7 +160,7 @@ class Matcher:
 
     def first(self, path: str) -> Rule | None:
         """The first rule matching `path`, or `None`."""
-        key = path.encode("utf-8", "surrogatepass").translate(_KEY)
+        key = path_key(path)
         todo = self._by_key.get(key)
         if todo is None:
             todo = self._todo(key)
@@ -180,11 +185,6 @@ class Matcher:
         return tuple(todo)
 
 
-def path_key(path: str) -> bytes:
-    """A path's key: its UTF-8 bytes with every ASCII digit written as `0`."""
-    return path.encode("utf-8", "surrogatepass").translate(_KEY)
-
-
 def by_key(paths: Iterable[str]) -> dict[bytes, list[int]]:
     """The positions of `paths`, grouped by key."""
     groups: dict[bytes, list[int]] = {}
@@ -197,7 +197,7 @@ def search_all(pattern: str, paths: Sequence[str], groups: dict[bytes, list[int]
     """The positions of the `paths` that `pattern` `re.search`es, in order;
     `groups` is `by_key(paths)`. A digit-blind pattern is tried once per key."""
     literal, blind = _facts(pattern)
-    key_literal = literal.encode("utf-8", "surrogatepass").translate(_KEY)
+    key_literal = path_key(literal)
     search = re.compile(pattern).search
     found: list[int] = []
     for key, members in groups.items():
