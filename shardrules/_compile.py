@@ -153,7 +153,8 @@ def _compile(
             done = memo[key]
         except KeyError:
             done = _plan_one(rule, path, shape, dtype, sizes, rules, broken, diagnostics, reported)
-            if done is None or done[2] != "error":  # errors name their leaf: one diagnostic each
+            # errors name their leaf: one diagnostic each (a `logical` rule's has none yet)
+            if done is None or done[2] != "error" or rule.spec.kind == "logical":  # type: ignore[union-attr]
                 memo[key] = done
         if done is None:
             unmatched.append(LeafInfo(path, shape, dtype))
@@ -188,6 +189,8 @@ def _plan_one(
         return None
     if id(rule) in broken:
         return None, 0, "error"
+    if rule.spec.kind == "logical":
+        return None, 0, "error"  # until `_logical.resolve` lays it out by the names in its box
     try:
         spec = leaf_spec(rule, info, sizes, rules)
     except _LeafError as err:

@@ -140,16 +140,16 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
         key = (id(rule), lp.shape, lp.dtype, type(leaf), leaf)
         if key not in memo:  # an error is reported once, for the first leaf of its kind
             try:
-                memo[key] = _leaf_spec(rule, info, leaf, sizes, rules, leaf_spec, _LeafError)
+                spec, missing = _leaf_spec(rule, info, leaf, sizes, rules, leaf_spec, _LeafError)
+                memo[key] = spec, missing, shard_bytes(info, spec, sizes)
             except _LeafError as err:
                 memo[key] = None
                 diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, lp.path, err.hint))
         if memo[key] is None:
             leaves[i] = dataclasses.replace(lp, spec=None, bytes_per_device=0, why="error")
             continue
-        spec, missing = memo[key]
+        spec, missing, per_device = memo[key]
         why = "default" if rule.is_default else "rule"
-        per_device = shard_bytes(info, spec, sizes)
         leaves[i] = LeafPlan(lp.path, lp.shape, lp.dtype, rule, spec, per_device, why)
         for name, dim in missing:
             unknown.setdefault(name, []).append((rule, lp, dim))
