@@ -1,15 +1,13 @@
 """RuleSet × pytree × mesh → `Plan`.
 
 For each array leaf: the first rule whose pattern matches its path (else the
-group's `default`) gives a spec; `...` is expanded, optional axes that do not
-divide are dropped, `auto` picks a dimension, and every dimension is checked to
-divide by the mesh axes that shard it. Problems are collected, not raised, so a
-plan reports all of them at once.
+group's `default`) gives a spec, which `_spec.leaf_spec` turns into the leaf's
+`PartitionSpec` (checking that every sharded dimension divides). Problems are
+collected, not raised, so a plan reports all of them at once.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -18,23 +16,16 @@ from jax.sharding import PartitionSpec
 
 from . import _logical
 from ._errors import Diagnostic, Span, did_you_mean
-from ._format import spec_text
 from ._gcpause import paused
 from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
 from ._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
-from ._plan import LeafPlan, Plan, Why, plural
-from ._rules import ResolvedEntry, Rule, RuleSet
+from ._plan import LeafPlan, Plan, Why
+from ._rules import Rule, RuleSet
+from ._spec import LeafError, leaf_spec, shard_bytes
 
 _MAX_LISTED = 500
-
-SpecEntry = Any  # None | str | tuple[str, ...]
-
-
-class _LeafError(Exception):
-    def __init__(self, code: str, message: str, span: Span | None, hint: str = ""):
-        self.code, self.message, self.span, self.hint = code, message, span, hint
 
 
 def compile_plan(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -> Plan:
@@ -193,7 +184,7 @@ def _plan_one(
         return None, 0, "error"  # until `_logical.resolve` lays it out by the names in its box
     try:
         spec = leaf_spec(rule, info, sizes, rules)
-    except _LeafError as err:
+    except LeafError as err:
         if (err.code, err.message, err.span) not in reported:  # e.g. SR108: once per rule
             reported.add((err.code, err.message, err.span))
             diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, info.path, err.hint))
@@ -292,134 +283,6 @@ def _unknown_axis(axis: str, span: Span | None, written: str, sizes: dict[str, i
     return Diagnostic(
         "SR101", "error", f"mesh axis `{axis}`{via} is not in the mesh ({mesh})", span, hint=hint
     )
-
-
-def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: RuleSet) -> PartitionSpec:
-    """The `PartitionSpec` `rule` gives the array `info`, or a `_LeafError`."""
-    assert info.shape is not None
-    shape = info.shape
-    spec = rule.spec
-    if spec.kind == "replicated":
-        return PartitionSpec(*([None] * len(shape)))
-    if spec.kind == "logical":  # resolved by `_logical.resolve` for leaves that carry names
-        raise _LeafError(
-            "SR113",
-            f"`{info.path}` (shape {shape}) has no logical axis names for `logical` to use",
-            spec.span,
-            "add a rule above this one for this path",
-        )
-    if spec.needs_sizes and sizes is None:
-        raise _LeafError(
-            "SR108",
-            f"`{spec_text(rule.written)}` needs the mesh's axis sizes, and no mesh is known",
-            spec.span,
-            "pass mesh=, run inside `with jax.set_mesh(mesh):`, or give sizes in the rule file's mesh line",
-        )
-    if spec.kind == "auto":
-        assert sizes is not None
-        return _auto(spec.auto_axes, spec.min_bytes, info, sizes)
-    entries = list(spec.entries)
-    written = [e for e in entries if e.kind != "ellipsis"]
-    has_ellipsis = len(written) != len(entries)
-    if len(written) != len(shape) and not (has_ellipsis and len(written) <= len(shape)):
-        shown = spec_text(rule.written)
-        raise _LeafError(
-            "SR103",
-            f"spec {shown} has {plural(len(written), 'entry', 'entries')} but "
-            f"`{info.path}` has {plural(len(shape), 'dimension')} (shape {shape})",
-            spec.span,
-            "write one entry per dimension, start the spec with `...` to leave leading dimensions "
-            "unsharded, or add an earlier rule that matches this path",
-        )
-    if has_ellipsis:
-        at = next(i for i, e in enumerate(entries) if e.kind == "ellipsis")
-        filler = [ResolvedEntry("unsharded")] * (len(shape) - len(written))
-        entries = entries[:at] + filler + entries[at + 1 :]
-    return PartitionSpec(
-        *(_dim(e, dim, d, info, sizes) for d, (e, dim) in enumerate(zip(entries, shape, strict=True)))
-    )
-
-
-def _dim(
-    entry: ResolvedEntry, dim: int, index: int, info: LeafInfo, sizes: dict[str, int] | None
-) -> SpecEntry:
-    if entry.kind != "axes":
-        return None
-    kept: list[str] = []
-    product = 1
-    for group in entry.groups:
-        if sizes is None:
-            kept.extend(group.axes)
-            continue
-        size = math.prod(sizes[a] for a in group.axes)
-        if dim % (product * size) == 0:
-            kept.extend(group.axes)
-            product *= size
-        elif not group.optional:
-            raise _not_divisible(
-                group.written or group.axes[0],
-                group.span or entry.span,
-                dim,
-                index,
-                info,
-                [*kept, *group.axes],
-                sizes,
-            )
-    if not kept:
-        return None
-    return kept[0] if len(kept) == 1 else tuple(kept)
-
-
-def _not_divisible(
-    written: str,
-    span: Span | None,
-    dim: int,
-    index: int,
-    info: LeafInfo,
-    axes: list[str],
-    sizes: dict[str, int],
-) -> _LeafError:
-    by = math.prod(sizes[a] for a in axes)
-    dividing = [f"`{a}`={s}" for a, s in sizes.items() if s > 1 and dim % s == 0]
-    options = f"{dim} divides by {', '.join(dividing)}; " if dividing else ""
-    product = " × ".join(f"`{a}`={sizes[a]}" for a in axes)
-    if written not in axes and not written.startswith("("):  # an alias: say what it stands for
-        product = f"`{written}` → {product}"
-    return _LeafError(
-        "SR104",
-        f"dimension {index} of `{info.path}` (shape {info.shape}) has size {dim}, "
-        f"which does not divide by {by} ({product})",
-        span,
-        f"{options}write `{written}?` to leave the dimension unsharded where it does not divide, "
-        f"or pad it to a multiple of {by}",
-    )
-
-
-def _auto(axes: tuple[str, ...], min_bytes: int, info: LeafInfo, sizes: dict[str, int]) -> PartitionSpec:
-    assert info.shape is not None
-    unsharded: list[SpecEntry] = [None] * len(info.shape)
-    if info.nbytes < min_bytes:
-        return PartitionSpec(*unsharded)
-    by = math.prod(sizes[a] for a in axes)
-    best = None
-    for i, dim in enumerate(info.shape):
-        if dim >= by and dim % by == 0 and (best is None or dim > info.shape[best]):
-            best = i
-    if best is not None:
-        unsharded[best] = axes[0] if len(axes) == 1 else tuple(axes)
-    return PartitionSpec(*unsharded)
-
-
-def shard_bytes(info: LeafInfo, spec: PartitionSpec, sizes: dict[str, int] | None) -> int:
-    """Bytes of the largest shard of `info` under `spec` (the whole array without sizes)."""
-    assert info.shape is not None and info.dtype is not None
-    if sizes is None:
-        return info.nbytes
-    count = 1
-    for dim, entry in zip(info.shape, spec, strict=True):
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
-        count *= -(-dim // math.prod(sizes[a] for a in axes))
-    return count * info.dtype.itemsize
 
 
 def _unmatched(leaves: list[LeafInfo], rules: RuleSet, group: str) -> Diagnostic:

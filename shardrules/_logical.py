@@ -31,6 +31,7 @@ from ._mesh import MeshLike, sizes_of
 from ._paths import LeafInfo, box_types
 from ._plan import LeafPlan, Plan, plural
 from ._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule, RuleSet
+from ._spec import LeafError, leaf_spec, shard_bytes
 
 Names = tuple[Any, ...]
 
@@ -111,8 +112,6 @@ def uses_logical(rules: RuleSet, group: str) -> bool:
 
 def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
     """`plan` with the leaves that a `logical` rule matched laid out by their names."""
-    from ._compile import _LeafError, leaf_spec, shard_bytes
-
     rules, group = plan.rules, plan.group
     if not uses_logical(rules, group) or any(d.code == "SR013" for d in plan.diagnostics):
         return plan  # SR013 breaks every rule of the group: nothing to fill in
@@ -140,9 +139,9 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
         key = (id(rule), lp.shape, lp.dtype, type(leaf), leaf)
         if key not in memo:  # an error is reported once, for the first leaf of its kind
             try:
-                spec, missing = _leaf_spec(rule, info, leaf, sizes, rules, leaf_spec, _LeafError)
+                spec, missing = _leaf_spec(rule, info, leaf, sizes, rules)
                 memo[key] = spec, missing, shard_bytes(info, spec, sizes)
-            except _LeafError as err:
+            except LeafError as err:
                 memo[key] = None
                 diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, lp.path, err.hint))
         if memo[key] is None:
@@ -165,8 +164,6 @@ def _leaf_spec(
     names: Names,
     sizes: dict[str, int] | None,
     rules: RuleSet,
-    leaf_spec: Any,
-    error: Any,
 ) -> tuple[Any, list[tuple[str, int]]]:
     """The spec `names` give the array `info`, and the names that stayed unsharded
     because no alias or mesh axis has them (with their dimension)."""
@@ -174,7 +171,7 @@ def _leaf_spec(
     shown = "(" + ", ".join(_show(n) for n in names) + ")"
     span = rule.spec.span
     if len(names) != len(info.shape):
-        raise error(
+        raise LeafError(
             "SR103",
             f"`{info.path}` has {plural(len(info.shape), 'dimension')} (shape {info.shape}) but "
             f"{plural(len(names), 'logical axis name')} {shown}",
@@ -202,7 +199,7 @@ def _leaf_spec(
                 if sizes is not None and axis not in sizes:
                     via = f"alias `{name}`" if name in rules.aliases else f"`{name}`"
                     mesh = ", ".join(f"{k}={v}" for k, v in sizes.items())
-                    raise error(
+                    raise LeafError(
                         "SR101",
                         f"mesh axis `{axis}` (from {via}, a logical axis name of `{info.path}`) "
                         f"is not in the mesh ({mesh})",
@@ -210,7 +207,7 @@ def _leaf_spec(
                         f"point `alias {name}` at axes of this mesh",
                     )
                 if axis in used:
-                    raise error(
+                    raise LeafError(
                         "SR102",
                         f"mesh axis `{axis}` is used twice by the logical axis names {shown} of "
                         f"`{info.path}` (through `{used[axis]}` and `{name}`)",
@@ -225,7 +222,7 @@ def _leaf_spec(
     resolved = dataclasses.replace(rule, spec=ResolvedSpec("entries", tuple(entries), span=span))
     try:
         return leaf_spec(resolved, info, sizes, rules), missing
-    except error as err:
+    except LeafError as err:
         if err.code == "SR104":
             err.hint = (
                 f"{err.hint.split('write `')[0]}point the alias at other axes, or add a rule for "

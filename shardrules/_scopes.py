@@ -24,13 +24,13 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
-from ._compile import _LeafError, leaf_spec
 from ._errors import Diagnostic, error_for
 from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import pin
 from ._paths import LeafInfo
 from ._rules import RuleSet
+from ._spec import LeafError, leaf_spec
 
 _INLINED = {"jit", "pjit", "closed_call", "core_call"}
 _OPAQUE = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
@@ -76,7 +76,7 @@ class Constrainer:
         info = LeafInfo(path, shape, np.dtype(value.dtype))
         try:
             spec = leaf_spec(rule, info, self.sizes, self.rules)
-        except _LeafError as err:
+        except LeafError as err:
             diag = Diagnostic(err.code, "error", f"scope output {err.message}", err.span, path, err.hint)
             raise error_for([diag], self.rules.sources) from None
         self.inserted.append((path, shape, spec))
