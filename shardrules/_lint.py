@@ -264,10 +264,7 @@ def totals(plan: Plan, top: int = 5, hosts: int | None = None) -> list[str]:
         f"bytes per device: {format_bytes(held)} max, {format_bytes(held)} min",
         *([host_line(plan, hosts)] if hosts is not None and sizes else []),
     ]
-    if total:
-        lines.append(
-            f"replication factor: {held * devices / total:.2f} (bytes on all devices / bytes of the arrays)"
-        )
+    lines += _replication_line(arrays, held, devices)
     replicated = sorted(
         (
             leaf
@@ -284,6 +281,23 @@ def totals(plan: Plan, top: int = 5, hosts: int | None = None) -> list[str]:
             for leaf in replicated
         ]
     return lines
+
+
+def _replication_line(arrays: Sequence[Any], held: int, devices: int) -> list[str]:
+    """The replication factor of the arrays that could be planned: a leaf that
+    could not be has no bytes on the devices, and counting its size would make
+    the factor look smaller than it is."""
+    planned = sum(leaf.nbytes for leaf in arrays if leaf.spec is not None)
+    unplanned = sum(leaf.spec is None for leaf in arrays)
+    if not planned:
+        if unplanned:
+            return ["replication factor: unknown (no array could be planned)"]
+        return []
+    of = f"the {plural(len(arrays) - unplanned, 'planned array')}" if unplanned else "the arrays"
+    left_out = f"; the {unplanned} not planned are left out" if unplanned else ""
+    return [
+        f"replication factor: {held * devices / planned:.2f} (bytes on all devices / bytes of {of}{left_out})"
+    ]
 
 
 def host_line(plan: Plan, hosts: int) -> str:

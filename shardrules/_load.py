@@ -4,6 +4,7 @@ compile patterns and group the rules. Everything here needs no mesh."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from collections.abc import Iterator
@@ -132,16 +133,53 @@ def _read(path: Path, display: str, span: Span | None, sources: dict[str, str] |
             )
         return data.decode("utf-8")
     except FileNotFoundError:
-        message, hint = f"rule file `{display}` not found", "include paths are relative to the including file"
+        message, hint = _not_found(path, display, included=span is not None)
     except IsADirectoryError:
-        message, hint = f"`{display}` is a folder, not a rule file", ""
+        inside = sorted(p.name for p in path.glob("*.shard"))[:3]
+        message = f"`{display}` is a folder, not a rule file"
+        hint = (
+            f"name a rule file in it, e.g. `{os.path.join(display, inside[0])}`"
+            if inside
+            else "name the rule file itself, e.g. `sharding/model.shard`"
+        )
     except UnicodeDecodeError as err:
-        message, hint = f"`{display}` is not UTF-8 text ({err.reason})", ""
+        message, hint = f"`{display}` is not UTF-8 text ({err.reason})", "save the rule file as UTF-8"
     except OSError as err:
-        message, hint = f"cannot read `{display}`: {err.strerror}", ""
-    if span is None:
-        hint = ""
+        message = f"cannot read `{display}`: {err.strerror}"
+        hint = "check that the file exists and that this user may read it"
     raise error_for([Diagnostic("SR005", "error", message, span, hint=hint)], sources)
+
+
+def looks_like_rules(text: str) -> bool:
+    """Whether a string given as a path is rule text instead."""
+    return "\n" in text or re.search(r"->|^\s*(rules\s+\w+\s*:|mesh\s+\w|alias\s+\w+\s*=)", text) is not None
+
+
+def _not_found(path: Path, display: str, *, included: bool) -> tuple[str, str]:
+    """The message and hint for a rule file that does not exist."""
+    if included:
+        return f"rule file `{display}` not found", "include paths are relative to the including file"
+    if looks_like_rules(display):
+        first = display.strip().split("\n")[0]
+        shown = first if len(first) <= 40 and first == display.strip() else first[:40] + "…"
+        return (
+            f"rule file `{shown}` not found: this is rule text, not the path of a rule file",
+            "a str given as rules is read as a path; for rules in a string, call "
+            "`shardrules.loads(text)` and pass the RuleSet it returns",
+        )
+    tried = path.absolute()
+    folder = tried.parent
+    relative = (
+        "" if path.is_absolute() else f"; a relative path starts from the current directory, {Path.cwd()}"
+    )
+    looked = "" if path.is_absolute() else f" (looked for {tried})"
+    message = f"rule file `{display}` not found{looked}"
+    if not folder.is_dir():
+        return message, f"the folder {folder} does not exist{relative}"
+    close = difflib.get_close_matches(path.name, [p.name for p in folder.glob("*.shard")], n=1, cutoff=0.6)
+    if close:
+        return message, f"did you mean `{os.path.join(os.path.dirname(display), close[0])}`?"
+    return message, f"check the path{relative}"
 
 
 @dataclasses.dataclass

@@ -131,6 +131,8 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
                 ),
                 {name: text},
             )
+        elif err.char in _QUOTES:
+            hint = _quote_hint(text.split("\n")[line - 1][col - 1 :], expected)
         elif err.char.isalnum() or err.char == "_":
             word = re.match(r"[^\s,()]*", text.splitlines()[line - 1][col - 1 :])
             assert word is not None
@@ -143,6 +145,22 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
     message = f"unexpected {found}; expected {_expected(expected)}"
     span = Span(name, line, col, line, col + width)
     return RuleSyntaxError(Diagnostic("SR001", "error", message, span, hint=hint), {name: text})
+
+
+# Quotes that are not `"`: single quotes, and the typographic ones an editor or
+# a chat window substitutes for `"` and `'`.
+_QUOTES = {"'": "'", "\u201c": "\u201d", "\u201d": "\u201d", "\u2018": "\u2019", "\u2019": "\u2019"}
+
+
+def _quote_hint(rest: str, expected: set[str]) -> str:
+    """What to write instead of the quoted text that starts `rest`."""
+    close = rest.find(_QUOTES[rest[0]], 1)
+    inner = rest[1:close] if close > 0 else ""
+    if "STRING" not in expected:
+        shown = f": {inner}" if inner.isidentifier() else ", e.g. `rules params:`"
+        return f"names are written without quotes{shown}"
+    example = f'"{inner}"' if inner and '"' not in inner else '"attn/kernel"'
+    return f"patterns and include paths are written in double quotes: {example}"
 
 
 def _show_char(char: str) -> str:

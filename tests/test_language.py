@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import pytest
 
 import shardrules as sr
@@ -223,6 +224,82 @@ def test_missing_top_file_is_file_not_found(tmp_path):
         sr.load(tmp_path / "nope.shard")
     assert isinstance(info.value, sr.ShardRulesError)
     assert info.value.code == "SR005"
+
+
+def test_missing_top_file_says_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(sr.IncludeNotFoundError) as info:
+        sr.load("sharding/model.shard")
+    err = info.value
+    assert f"(looked for {tmp_path / 'sharding' / 'model.shard'})" in err.diagnostics[0].message
+    assert f"the folder {tmp_path / 'sharding'} does not exist" in err.hint
+    assert f"current directory, {tmp_path}" in err.hint
+    (tmp_path / "sharding").mkdir()
+    (tmp_path / "sharding" / "model.shard").write_text("")
+    with pytest.raises(sr.IncludeNotFoundError) as info:
+        sr.load("sharding/modle.shard")
+    assert info.value.hint == "did you mean `sharding/model.shard`?"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["rules params:\n  default -> replicated\n", 'rules params: "w" -> (x)', "mesh data, model"],
+)
+def test_rule_text_given_as_a_path_points_at_loads(tmp_path, monkeypatch, text):
+    monkeypatch.chdir(tmp_path)
+    for call in (lambda: sr.load(text), lambda: sr.specs({"w": jax.ShapeDtypeStruct((8,), "float32")}, text)):
+        with pytest.raises(sr.IncludeNotFoundError) as info:
+            call()
+        assert info.value.code == "SR005"
+        assert "this is rule text, not the path of a rule file" in str(info.value)
+        assert "`shardrules.loads(text)`" in info.value.hint
+
+
+def test_a_real_file_whose_name_looks_like_rules_still_loads(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("mesh data").write_text('rules params:\n  "w" -> replicated\n')
+    assert sr.load("mesh data").group_names == ("params",)
+
+
+def test_every_unreadable_top_file_has_a_hint(tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "latin1.shard").write_bytes("# café\n".encode("latin-1"))
+    for path, fragment in [(tmp_path / "folder", "name the rule file"), (tmp_path / "latin1.shard", "UTF-8")]:
+        with pytest.raises(sr.IncludeNotFoundError) as info:
+            sr.load(path)
+        assert fragment in info.value.hint, str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "col", "hint"),
+    [
+        (
+            "mesh x\nrules p:\n  'w$' -> (x)\n",
+            3,
+            'patterns and include paths are written in double quotes: "w$"',
+        ),
+        ("mesh x\ninclude 'c.shard'\n", 9, 'written in double quotes: "c.shard"'),
+        ("mesh x\nrules p:\n  \u201ca/b\u201d -> (x)\n", 3, 'written in double quotes: "a/b"'),
+        ("mesh x\nrules 'params':\n", 7, "names are written without quotes: params"),
+        ("mesh x\nrules p:\n  'w -> (x)\n", 3, 'written in double quotes: "attn/kernel"'),
+    ],
+)
+def test_other_quotes_get_a_hint(text, col, hint):
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.loads(text, name="bad.shard")
+    assert info.value.code == "SR001" and info.value.span is not None and info.value.span.col == col
+    assert hint in info.value.hint, info.value.hint
+
+
+def test_regex_error_caret_is_under_the_offending_character():
+    text = 'mesh x\nrules p:\n  "layers/(\\d+/w$" -> (x)\n  "a\\"b\\"[c" -> (x)\n'
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.loads(text, name="bad.shard")
+    first, second = info.value.diagnostics
+    lines = text.split("\n")
+    assert first.code == "SR002" and lines[2][first.span.col - 1] == "("
+    assert second.code == "SR002" and lines[3][second.span.col - 1] == "["
+    assert "    |           ^\n" in str(info.value)
 
 
 def test_syntax_error_in_included_file_names_that_file(tmp_path):

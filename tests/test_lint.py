@@ -495,6 +495,28 @@ def test_explain_says_when_arrays_could_not_be_planned(tmp_path, capsys):
     assert "SR104" in err and "SR105" in err
 
 
+def test_explain_replication_factor_leaves_out_arrays_that_could_not_be_planned(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh model\nrules params:\n  "w" -> (model, _)\n  "r" -> replicated\n')
+    shapes = tmp_path / "s.json"
+    # `w` divides and is split in two; `r` (8 KiB) is replicated on both devices: 2 copies of 8 KiB
+    # plus 1 copy of `w` over the 16 KiB the two planned arrays hold is 1.50. The big `big_w` does
+    # not divide; counting its size would give (8+8+8) / (16+1024) KiB = 0.02.
+    shapes.write_text(
+        '{"w": [[4, 512], "float32"], "r": [[4, 512], "float32"], "big_w": [[3, 87381], "float32"]}'
+    )
+    code, out, err = run(["explain", str(path), "--mesh", "model=2", "--shapes", str(shapes)], capsys)
+    assert code == 1 and "SR104" in err
+    assert "1 array could not be planned" in out
+    assert (
+        "replication factor: 1.50 (bytes on all devices / bytes of the 2 planned arrays; "
+        "the 1 not planned are left out)"
+    ) in out
+    shapes.write_text('{"w": [[3, 8], "float32"]}')
+    code, out, _ = run(["explain", str(path), "--mesh", "model=2", "--shapes", str(shapes)], capsys)
+    assert code == 1 and "replication factor: unknown (no array could be planned)" in out
+
+
 def test_unmatched_leaves_are_listed_in_columns():
     rules = sr.loads('rules params:\n  "zzz" -> replicated\n', name="r.shard")
     plan = sr.plan(
