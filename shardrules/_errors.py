@@ -211,11 +211,40 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
 }
 
 
+_RANK = {"error": 0, "warning": 1, "note": 2}
+
+
+def ordered(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """`diagnostics` in the order they are shown everywhere: errors, then
+    warnings, then notes; each by rule file, line and column (findings with no
+    location last), then by leaf path. Ties keep the order given.
+
+    **Arguments:**
+
+    - `diagnostics`: findings in any order.
+
+    **Returns:** a new list, sorted.
+
+    ```python
+    ordered(plan.diagnostics)[0]  # the first finding `shardrules lint` prints
+    ```
+    """
+    return sorted(diagnostics, key=_position)
+
+
+def _position(d: Diagnostic) -> tuple[int, str, int, int, str]:
+    if d.span is None:
+        return (_RANK.get(d.severity, len(_RANK)), "\uffff", 0, 0, d.path or "")
+    return (_RANK.get(d.severity, len(_RANK)), d.span.file, d.span.line, d.span.col, d.path or "")
+
+
 def error_for(diagnostics: Sequence[Diagnostic], sources: Mapping[str, str] | None = None) -> ShardRulesError:
-    """The exception for these diagnostics, typed by the first one's code.
+    """The exception for these diagnostics, listed in the order of `ordered`
+    (as `shardrules lint` prints them) and typed by the first one's code.
 
     Codes SR0xx not listed above are `RuleDefinitionError`s; SR1xx are `PlanError`s.
     """
+    diagnostics = ordered(diagnostics)
     code = diagnostics[0].code
     default = RuleDefinitionError if code < "SR100" else PlanError
     return _CLASSES.get(code, default)(diagnostics, sources)

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from . import _check
 from ._compile import compile_plan
-from ._errors import Diagnostic, IncludeNotFoundError, ShardRulesError
+from ._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, ordered
 from ._hosts import HostsError, check_hosts, host_bytes, leaf_host_bytes
 from ._load import load
 from ._mesh import declared_sizes
@@ -130,15 +130,7 @@ def lint_file(
     if sizes is None:
         hint = "pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line (not `*`)"
         found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]
-    unique = list(dict.fromkeys(found))
-    unique.sort(key=lambda d: (d.severity != "error", *_where(d)))
-    return Result(path, unique, rules.sources, the_plan, hosts)
-
-
-def _where(d: Diagnostic) -> tuple[str, int, int]:
-    if d.span is None:
-        return ("\uffff", 0, 0)
-    return (d.span.file, d.span.line, d.span.col)
+    return Result(path, ordered(dict.fromkeys(found)), rules.sources, the_plan, hosts)
 
 
 # ------------------------------------------------------------------ output

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import shardrules as sr
-from shardrules import _shapes
+from shardrules import _lint, _shapes
 from shardrules._cli import main
 
 LLAMA_RULES = r"""mesh fsdp, model
@@ -543,3 +543,34 @@ def test_load_shapes_leaves_sys_path_as_it_was(tmp_path, monkeypatch):
     before = list(sys.path)
     assert sr.load_shapes("shapes_mod_for_test:f")["w"].shape == (3,)
     assert sys.path == before
+
+
+def test_raised_errors_list_findings_in_the_order_lint_prints_them(tmp_path):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh x\nrules params:\n  "b" -> (x, _)\n  "a" -> (x)\n  "c" -> (x, _, _)\n')
+    f32 = jnp.float32
+    # Leaves flatten as a, b, c: the rules at lines 4, 3, 5, each of the wrong length.
+    tree = {"a": jax.ShapeDtypeStruct((8, 8), f32), "b": jax.ShapeDtypeStruct((8,), f32)}
+    tree["c"] = jax.ShapeDtypeStruct((8,), f32)
+    with pytest.raises(sr.PlanError) as info:
+        sr.specs(tree, str(path), {"x": 2})
+    raised = [(d.code, d.span.line, d.path) for d in info.value.diagnostics]
+    assert raised == [("SR103", 3, "b"), ("SR103", 4, "a"), ("SR103", 5, "c")]
+    assert str(info.value).startswith(f"{path}:3:10: SR103 ")
+    linted = _lint.lint_file(str(path), tree, {"x": 2})
+    assert [(d.code, d.span.line, d.path) for d in linted.diagnostics if d.code == "SR103"] == raised
+
+
+def test_findings_at_one_place_are_ordered_by_path():
+    from shardrules._errors import Diagnostic, Span, error_for
+
+    span = Span("r.shard", 2, 3, 2, 9)
+    found = [
+        Diagnostic("SR106", "error", "z", None, "z"),
+        Diagnostic("SR106", "error", "b", span, "b"),
+        Diagnostic("SR106", "error", "a", span, "a"),
+        Diagnostic("SR106", "error", "y", None, "y"),
+        Diagnostic("SR106", "error", "early", Span("r.shard", 1, 9, 1, 10), "q"),
+    ]
+    err = error_for(found)
+    assert [d.message for d in err.diagnostics] == ["early", "a", "b", "y", "z"]
