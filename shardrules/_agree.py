@@ -12,16 +12,19 @@ every process and compared. The tensors themselves never travel.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from ._errors import Diagnostic, error_for
 
 VERIFY_MODES = ("sample", "full", "off")
 SAMPLE_BYTES = 1 << 20  # leaves up to this size are hashed whole in "sample" mode
-_CHUNKS, _CHUNK = 64, 4096  # else: this many evenly spaced runs of this many bytes
+_CHUNKS, _CHUNK = 64, 4096  # else: this many evenly spaced runs of this many bytes, and the last run
+NO_TABLE = 2  # a process's failed flag when it stopped before making its table
 _MAX_DIMS = 8
 _WORDS = 8 + _MAX_DIMS  # uint32 words per leaf in the exchanged table
 _NOT_ARRAY = 0xFFFFFFFF
@@ -54,38 +57,82 @@ _DTYPES = [
 
 
 def check_mode(verify: Any) -> str:
-    """`verify` as one of `VERIFY_MODES`, or a `ValueError` that lists them."""
-    if verify is False:
-        return "off"
-    if verify not in VERIFY_MODES:
-        raise ValueError(f"verify={verify!r}: use one of {', '.join(repr(m) for m in VERIFY_MODES)}")
-    return str(verify)
+    """`verify` as one of `VERIFY_MODES` (`True` is `"sample"`, `False` is
+    `"off"`), or a `ValueError` that lists them."""
+    if verify is True or verify is False:
+        return "sample" if verify else "off"
+    if not isinstance(verify, str) or verify not in VERIFY_MODES:
+        raise ValueError(
+            f"verify={verify!r}: use one of {', '.join(repr(m) for m in VERIFY_MODES)} "
+            "(or True for 'sample', False for 'off')"
+        )
+    return verify
 
 
 def _words(digest: bytes) -> tuple[int, int]:
     return int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:8], "little")
 
 
+def sample_indices(size: int, itemsize: int) -> np.ndarray:
+    """The flat element indices hashed in `"sample"` mode for an array of `size`
+    elements: 64 evenly spaced runs of 4 KiB and the last 4 KiB (whole elements)."""
+    run = max(1, _CHUNK // itemsize)
+    step = size // _CHUNKS
+    starts = [i * step for i in range(_CHUNKS)] + [max(0, size - run)]
+    return np.concatenate([np.arange(s, min(s + run, size), dtype=np.int64) for s in starts])
+
+
 def data_hash(x: Any, mode: str) -> tuple[int, int]:
-    """Two words hashing the bytes of host array `x`: all of them in `"full"`
-    mode or for arrays up to `SAMPLE_BYTES`; else 64 evenly spaced runs of
-    4 KiB, which reads a few hundred KiB whatever the size (a difference in
-    one element elsewhere goes unseen: use `"full"` for that)."""
-    x = np.asarray(x)
-    h = hashlib.blake2b(repr((x.shape, x.dtype.str)).encode(), digest_size=8)
-    if mode == "full" or x.nbytes <= SAMPLE_BYTES:
-        h.update(np.ascontiguousarray(x).reshape(-1).view(np.uint8).data)
-    elif x.flags.c_contiguous:
-        flat = x.reshape(-1).view(np.uint8)
-        step = flat.size // _CHUNKS
-        for i in range(_CHUNKS):
-            h.update(flat[i * step : i * step + _CHUNK].data)
-        h.update(flat[-_CHUNK:].data)
-    else:  # a strided view: sample elements rather than copy it whole
-        picks = np.linspace(0, x.size - 1, num=_CHUNKS * _CHUNK // x.dtype.itemsize, dtype=np.int64)
-        h.update(np.ascontiguousarray(x[np.unravel_index(picks, x.shape)]).view(np.uint8).data)
+    """Two words hashing the elements of `x` (a NumPy array, or a `jax.Array`
+    on this process's devices): all of them in `"full"` mode or for arrays up to
+    `SAMPLE_BYTES`; else those of `sample_indices`, 260 KiB whatever the size (a
+    difference in one element elsewhere goes unseen: use `"full"` for that).
+
+    The same elements give the same words whether they are in NumPy, a strided
+    view or a sharded `jax.Array`. A large `jax.Array` is sampled on its devices:
+    only the sampled elements are copied to the host."""
+    shape, dtype = tuple(int(d) for d in x.shape), np.dtype(x.dtype)
+    h = hashlib.blake2b(repr((shape, dtype.str)).encode(), digest_size=8)
+    size = math.prod(shape)
+    if mode == "full" or size * dtype.itemsize <= SAMPLE_BYTES:
+        h.update(np.ascontiguousarray(np.asarray(x)).reshape(-1).view(np.uint8).data)
+    else:
+        picks = sample_indices(size, dtype.itemsize)
+        if isinstance(x, jax.Array):
+            sample = _device_sample(x, picks)
+        elif isinstance(x, np.ndarray) and x.flags.c_contiguous:
+            sample = x.reshape(-1)[picks]
+        else:  # a strided view: take the sampled elements rather than copy it whole
+            sample = np.asarray(x)[np.unravel_index(picks, shape)]
+        h.update(np.ascontiguousarray(sample).view(np.uint8).data)
     words = _words(h.digest())
     return words if words != (0, 0) else (0, 1)  # (0, 0) means "not compared"
+
+
+@jax.jit
+def _take(data: Any, coords: tuple[Any, ...]) -> Any:
+    return data[coords]
+
+
+def _device_sample(x: jax.Array, picks: np.ndarray) -> np.ndarray:
+    """The elements of `x` at flat indices `picks`, gathered from its shards on
+    the devices (each distinct shard once): only they reach the host."""
+    coords = np.unravel_index(picks, x.shape)
+    out = np.empty(picks.size, x.dtype)
+    filled = np.zeros(picks.size, bool)
+    for shard in x.addressable_shards:
+        bounds = [s.indices(d)[:2] for s, d in zip(shard.index, x.shape, strict=True)]
+        inside = ~filled
+        for c, (lo, hi) in zip(coords, bounds, strict=True):
+            inside &= (c >= lo) & (c < hi)
+        if inside.any():
+            local = tuple(
+                (c[inside] - lo).astype(np.int32) for c, (lo, _) in zip(coords, bounds, strict=True)
+            )
+            out[inside] = np.asarray(_take(shard.data, local))
+            filled |= inside
+    assert filled.all(), "the shards of a fully addressable array cover it"
+    return out
 
 
 def fingerprint(
@@ -116,12 +163,17 @@ def _allgather(x: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x))
 
 
-def exchange(rows: Sequence[np.ndarray], failed: bool) -> tuple[np.ndarray, np.ndarray]:
+def exchange(rows: Sequence[np.ndarray] | None, failed: bool) -> tuple[np.ndarray, np.ndarray]:
     """Gather every process's table. Returns (headers, tables): headers[q] is
     (leaf count, failed flag) of process q, tables[q] its rows padded with
     zeros to the longest table. Two small collectives; every process must call
-    this the same number of times."""
-    header = np.array([len(rows), int(failed)], np.uint32)
+    this the same number of times, so a process that failed before it could
+    make its table still calls it, with `rows=None` and `failed=True` (its flag
+    is then `NO_TABLE`, and `mismatches` does not compare with it)."""
+    flag = NO_TABLE if rows is None else int(failed)
+    assert rows is not None or failed, "a process without a table joins the exchange as failed"
+    rows = rows or []
+    header = np.array([len(rows), flag], np.uint32)
     headers = _allgather(header)
     longest = max(1, int(headers[:, 0].max()))
     table = np.zeros((longest, _WORDS), np.uint32)
@@ -158,19 +210,19 @@ def mismatches(
     for each process with leaves this one lacks.
 
     `same_region[i][q]`: whether process `q` must hold the same values as this
-    one for leaf `i` (default: all must)."""
+    one for leaf `i` (default: all must). Processes that stopped before making their
+    table (`NO_TABLE`) are not compared with."""
     processes = len(headers)
     mine = tables[me][: len(paths)]
+    compared = [q for q in range(processes) if q != me and headers[q, 1] != NO_TABLE]
     others = [
-        {tuple(r[0:2]): r for r in tables[q][: int(headers[q, 0])]} if q != me else {}
+        {tuple(r[0:2]): r for r in tables[q][: int(headers[q, 0])]} if q in compared else {}
         for q in range(processes)
     ]
     lines = []
     for i, (path, row) in enumerate(zip(paths, mine, strict=True)):
         missing, shaped, valued = [], [], []
-        for q in range(processes):
-            if q == me:
-                continue
+        for q in compared:
             theirs = others[q].get(tuple(row[0:2]))
             if theirs is None:
                 missing.append(q)
@@ -213,11 +265,12 @@ def mismatch_error(
     local: bool,
     fix: str | None = None,
 ) -> Exception:
+    """The SR112 error listing `found` (at most 12 lines, then a count);
+    `fix` replaces the hint written for `apply`."""
     lines = [line for _, line in found]
     shown = lines[:_MAX_LISTED] + (
         [f"... and {len(lines) - _MAX_LISTED} more"] if len(lines) > _MAX_LISTED else []
     )
-    """The SR112 error listing `found`; `fix` replaces the hint written for `apply`."""
     hint = (
         fix
         or (
@@ -244,7 +297,16 @@ def mismatch_error(
     )
 
 
-def failed_elsewhere_error(failed: Sequence[int], me: int, processes: int, what: str) -> Exception:
+def failed_elsewhere(headers: np.ndarray, me: int) -> list[int]:
+    """The processes other than `me` that report having failed."""
+    return [q for q in range(len(headers)) if q != me and headers[q, 1]]
+
+
+def failed_elsewhere_error(
+    failed: Sequence[int], me: int, processes: int, what: str, cause: str | None = None
+) -> Exception:
+    """The SR112 error of a process that found no problem while `failed` did;
+    `cause` says what usually makes one process fail alone."""
     return error_for(
         [
             Diagnostic(
@@ -254,7 +316,11 @@ def failed_elsewhere_error(failed: Sequence[int], me: int, processes: int, what:
                 f"{processes}) did not find; nothing was moved",
                 hint="read the error printed by "
                 + _processes(failed)
-                + "; the processes disagree about the tree or the mesh, so make them pass the same ones",
+                + "; "
+                + (
+                    cause
+                    or "the processes disagree about the tree or the mesh, so make them pass the same ones"
+                ),
             )
         ]
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,7 +19,7 @@ from ._load import load
 from ._mesh import MeshLike
 from ._parse import byte_size
 from ._paths import flatten
-from ._plan import Plan
+from ._plan import LeafPlan, Plan
 from ._rules import RuleSet
 from ._torchax import to_jax
 
@@ -233,17 +234,27 @@ def apply(
     params = shardrules.apply(params, rules, mesh)
     ```
     """
+    mode = check_mode(verify)
+    if jax.process_count() > 1:  # each process puts its own shards: see _multihost
+        # Whatever fails on this process before the exchange, the others hear of it.
+        with _multihost.joining_on_error(exchanging=mode != "off"):
+            ruleset = as_rules(rules)
+            resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
+            assert isinstance(resolved, jax.sharding.Mesh)
+            tree, restore = to_jax(tree, plain_torch="error", what="apply")
+            budget = byte_size(device_memory) if device_memory is not None else None
+            prepared = _multihost.prepare(
+                tree, ruleset, resolved, group=group, budget=budget, process_local=process_local, verify=mode
+            )
+        _multihost.agree(prepared, ruleset)
+        placed = place(
+            prepared.plan, prepared.leaves, resolved, ruleset, make=_multihost.from_host(process_local)
+        )
+        return restore(placed) if restore is not None else placed
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
     assert isinstance(resolved, jax.sharding.Mesh)
     tree, restore = to_jax(tree, plain_torch="error", what="apply")  # torchax tensors: their jax arrays
-    mode = check_mode(verify)
-    if jax.process_count() > 1:  # each process puts its own shards: see _multihost
-        budget = byte_size(device_memory) if device_memory is not None else None
-        placed = _multihost.apply(
-            tree, ruleset, resolved, group=group, budget=budget, process_local=process_local, verify=mode
-        )
-        return restore(placed) if restore is not None else placed
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     the_plan.raise_for_errors()
     budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
@@ -252,22 +263,41 @@ def apply(
         problems += _check.memory_diagnostics(the_plan, budget)
     if problems:
         raise error_for(problems, ruleset.sources)
+    result = place(the_plan, leaves, resolved, ruleset)
+    return restore(result) if restore is not None else result
 
+
+def place(
+    the_plan: Plan,
+    leaves: list[Any],
+    mesh: jax.sharding.Mesh,
+    ruleset: RuleSet,
+    make: Callable[[Any, LeafPlan, jax.sharding.NamedSharding], Any] | None = None,
+) -> Any:
+    """The tree of `the_plan` with each planned leaf in its sharding: a traced
+    leaf pinned to it, an array made by `make(leaf, leaf_plan, sharding)` when
+    that returns one (a multi-process run builds its own shards), and the
+    others moved together in one batched `jax.device_put`. The checks are
+    done before: this only moves."""
     out = list(leaves)
     moving: list[int] = []
     targets: list[jax.sharding.NamedSharding] = []
     for i, lp in enumerate(the_plan.leaves):
         if lp.spec is None:
             continue
-        sharding = ruleset._plan_cache.named_sharding(resolved, lp.spec)
+        sharding = ruleset._plan_cache.named_sharding(mesh, lp.spec)
         if isinstance(leaves[i], Tracer):
             # Inside a trace there is no data to move: pin the layout instead.
             out[i] = _mesh.pin(leaves[i], sharding)
+            continue
+        made = make(leaves[i], lp, sharding) if make is not None else None
+        if made is not None:
+            out[i] = made
         else:
             moving.append(i)
             targets.append(sharding)
-    moved = jax.device_put([leaves[i] for i in moving], targets)
-    for i, array in zip(moving, moved, strict=True):
-        out[i] = array
-    result = jax.tree_util.tree_unflatten(the_plan.treedef, out)
-    return restore(result) if restore is not None else result
+    if moving:
+        moved = jax.device_put([leaves[i] for i in moving], targets)
+        for i, array in zip(moving, moved, strict=True):
+            out[i] = array
+    return jax.tree_util.tree_unflatten(the_plan.treedef, out)

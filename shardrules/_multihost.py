@@ -11,9 +11,11 @@ the same error instead of building arrays from copies that disagree.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -126,19 +128,54 @@ def _spec_text(spec: PartitionSpec) -> str:
     return "P(" + ", ".join(repr(e) for e in spec) + ")"
 
 
-def _regions(lp: LeafPlan, mesh: Mesh, processes: int) -> list[Any]:
+def _regions(lp: LeafPlan, mesh: Mesh, processes: int, cache: dict[Any, list[Any]]) -> list[Any]:
     """Per process, the part of the global array its devices hold (as the
     pieces held along each dimension): processes with equal regions must
-    hold equal values."""
+    hold equal values. `cache` keeps them by shape and spec within one call,
+    since many leaves share both."""
     assert lp.shape is not None and lp.spec is not None
-    sharding = NamedSharding(mesh, lp.spec)
+    key = (lp.shape, lp.spec)
+    if key not in cache:
+        cache[key] = _held(lp.shape, NamedSharding(mesh, lp.spec), processes)
+    return cache[key]
+
+
+def _held(shape: tuple[int, ...], sharding: NamedSharding, processes: int) -> list[Any]:
     held: list[set[Any]] = [set() for _ in range(processes)]
-    for device, index in sharding.devices_indices_map(lp.shape).items():
+    for device, index in sharding.devices_indices_map(shape).items():
         held[device.process_index].add(tuple((s.start, s.stop) for s in index))
     return [frozenset(h) for h in held]
 
 
-def apply(
+@contextlib.contextmanager
+def joining_on_error(exchanging: bool) -> Iterator[None]:
+    """Around what a process does on its own before the processes exchange
+    their tables: if it raises, the process still joins the exchange (as one
+    that failed, with no table), so that the others stop at once with SR112
+    naming it instead of waiting for it, then its own error goes on. The
+    exchange itself must come after the block."""
+    try:
+        yield
+    except Exception:
+        if exchanging and jax.process_count() > 1:
+            _agree.exchange(None, failed=True)
+        raise
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What `prepare` found on this process, before the exchange."""
+
+    plan: Plan
+    leaves: list[Any]
+    problems: list[Diagnostic]
+    rows: list[np.ndarray] | None  # None: verify="off", no exchange
+    same: list[list[bool]]
+    what: str
+    local: bool
+
+
+def prepare(
     tree: Any,
     ruleset: RuleSet,
     mesh: Mesh,
@@ -147,8 +184,10 @@ def apply(
     budget: int | None,
     process_local: bool,
     verify: str,
-) -> Any:
-    """`shardrules.apply` when there are several processes; see its docstring.
+) -> Prepared:
+    """`shardrules.apply`'s planning and checks on this process, and its leaves'
+    fingerprints; nothing is exchanged and nothing moves. Run it inside
+    `joining_on_error`, then call `agree`.
     `budget`: bytes per device, or `None` for the limit this process's devices report."""
     if process_local:
         the_plan, leaves, problems = _plan_local(tree, ruleset, mesh, group)
@@ -162,80 +201,89 @@ def apply(
         problems += _check.placement_diagnostics(the_plan, leaves, mesh)
         if budget is not None:
             problems += _check.memory_diagnostics(the_plan, budget)
-    what = f"apply(group={group!r})"
+    rows: list[np.ndarray] | None = None
+    same: list[list[bool]] = []
     if verify != "off":
-        _compare(the_plan, leaves, mesh, verify, bool(problems), process_local, what)
-    if problems:
-        raise error_for(problems, ruleset.sources)
-    return _move(the_plan, leaves, mesh, ruleset, process_local)
+        rows, same = _fingerprints(the_plan, leaves, mesh, verify, bool(problems), process_local)
+    return Prepared(the_plan, leaves, problems, rows, same, f"apply(group={group!r})", process_local)
 
 
-def _compare(
-    the_plan: Plan, leaves: Sequence[Any], mesh: Mesh, mode: str, failed: bool, local: bool, what: str
-) -> None:
-    """Exchange fingerprints with the other processes; raise SR112 if they differ."""
+def _fingerprints(
+    the_plan: Plan, leaves: Sequence[Any], mesh: Mesh, mode: str, failed: bool, local: bool
+) -> tuple[list[np.ndarray], list[list[bool]]]:
+    """This process's table, and per leaf which processes must hold the same values."""
     me, processes = jax.process_index(), jax.process_count()
     rows, same = [], []
+    cache: dict[Any, list[Any]] = {}
     for lp, leaf in zip(the_plan.leaves, leaves, strict=True):
         data = None
         if lp.shape is not None and _is_host(leaf) and not failed:
             data = _agree.data_hash(leaf, mode)
         rows.append(_agree.fingerprint(lp.path, lp.shape, lp.dtype, data))
         if local and lp.spec is not None and lp.shape is not None and not failed:
-            regions = _regions(lp, mesh, processes)
+            regions = _regions(lp, mesh, processes, cache)
             same.append([regions[q] == regions[me] for q in range(processes)])
         else:
             same.append([True] * processes)
-    headers, tables = _agree.exchange(rows, failed)
-    found = _agree.mismatches([lp.path for lp in the_plan.leaves], headers, tables, me, same)
-    if found:
-        raise _agree.mismatch_error(found, me, processes, what, local)
-    elsewhere = [q for q in range(processes) if headers[q, 1] and q != me]
-    if elsewhere and not failed:
-        raise _agree.failed_elsewhere_error(elsewhere, me, processes, what)
+    return rows, same
 
 
-def _move(the_plan: Plan, leaves: Sequence[Any], mesh: Mesh, ruleset: RuleSet, local: bool) -> Any:
-    out = list(leaves)
-    resharded: list[int] = []
-    for i, lp in enumerate(the_plan.leaves):
-        if lp.spec is None:
-            continue
-        leaf = leaves[i]
-        sharding = ruleset._plan_cache.named_sharding(mesh, lp.spec)
-        if isinstance(leaf, Tracer):
-            out[i] = _mesh.pin(leaf, sharding)
-        elif not _is_host(leaf):
-            resharded.append(i)  # already a global array: JAX moves it
-        elif local:
-            out[i] = jax.make_array_from_process_local_data(sharding, np.asarray(leaf), lp.shape)
-        else:
-            host = np.asarray(leaf)
-            assert lp.shape is not None
-            out[i] = jax.make_array_from_callback(
-                lp.shape, sharding, lambda index, host=host: np.asarray(host[index])
-            )
-    if resharded:
-        moved = jax.device_put(
-            [leaves[i] for i in resharded],
-            [ruleset._plan_cache.named_sharding(mesh, the_plan.leaves[i].spec) for i in resharded],
-        )
-        for i, array in zip(resharded, moved, strict=True):
-            out[i] = array
-    return jax.tree_util.tree_unflatten(the_plan.treedef, out)
+def agree(prepared: Prepared, ruleset: RuleSet) -> None:
+    """Exchange fingerprints with the other processes (unless verify="off"),
+    then raise SR112 if they differ, or this process's own problems."""
+    if prepared.rows is not None:
+        me, processes = jax.process_index(), jax.process_count()
+        headers, tables = _agree.exchange(prepared.rows, bool(prepared.problems))
+        paths = [lp.path for lp in prepared.plan.leaves]
+        found = _agree.mismatches(paths, headers, tables, me, prepared.same)
+        if found:
+            raise _agree.mismatch_error(found, me, processes, prepared.what, prepared.local)
+        elsewhere = _agree.failed_elsewhere(headers, me)
+        if elsewhere and not prepared.problems:
+            raise _agree.failed_elsewhere_error(elsewhere, me, processes, prepared.what)
+    if prepared.problems:
+        raise error_for(prepared.problems, ruleset.sources)
 
 
-def agree_on_shapes(shapes: Mapping[str, jax.ShapeDtypeStruct], what: str) -> None:
+def from_host(local: bool) -> Callable[[Any, LeafPlan, NamedSharding], Any]:
+    """For `_api.place`: the global array made from a leaf this process holds
+    itself, with only the shards of its own devices (from its whole copy, or
+    from its slice when `local`), or `None` for leaves JAX moves (global arrays)."""
+
+    def make(leaf: Any, lp: LeafPlan, sharding: NamedSharding) -> Any:
+        if not _is_host(leaf):
+            return None  # already a global array: JAX moves it
+        if local:
+            return jax.make_array_from_process_local_data(sharding, np.asarray(leaf), lp.shape)
+        host = np.asarray(leaf)
+        assert lp.shape is not None
+        return jax.make_array_from_callback(lp.shape, sharding, lambda index: np.asarray(host[index]))
+
+    return make
+
+
+def agree_on_shapes(
+    shapes: Mapping[str, jax.ShapeDtypeStruct] | None, what: str, *, failed: bool = False
+) -> None:
     """In a multi-process run, raise SR112 unless every process has the same
-    names, shapes and dtypes (a checkpoint's header: no tensor data is read)."""
+    names, shapes and dtypes (a checkpoint's header: no tensor data is read).
+
+    Every process must call it, also one that failed before it (`failed=True`,
+    with the shapes it read, or `None` if it read none): then this returns
+    after the exchange, unless the shapes differ, and the caller raises its own
+    error, while the processes that did not fail raise SR112 naming it."""
     if jax.process_count() == 1:
         return
     me, processes = jax.process_index(), jax.process_count()
-    names = list(shapes)
-    rows = [_agree.fingerprint(n, tuple(shapes[n].shape), shapes[n].dtype, None) for n in names]
-    headers, tables = _agree.exchange(rows, failed=False)
+    names = list(shapes) if shapes is not None else []
+    rows = (
+        [_agree.fingerprint(n, tuple(shapes[n].shape), shapes[n].dtype, None) for n in names]
+        if shapes is not None
+        else None
+    )
+    headers, tables = _agree.exchange(rows, failed=failed)
     found = _agree.mismatches(names, headers, tables, me)
-    if found:
+    if found and rows is not None:
         raise _agree.mismatch_error(
             found,
             me,
@@ -245,4 +293,14 @@ def agree_on_shapes(shapes: Mapping[str, jax.ShapeDtypeStruct], what: str) -> No
             fix="every process must read the same checkpoint: a copy that differs on some host "
             "(stale, partly written, another version) gives other tensors; read it from a shared "
             "file system, or compare the copies' checksums",
+        )
+    elsewhere = _agree.failed_elsewhere(headers, me)
+    if elsewhere and not failed:
+        raise _agree.failed_elsewhere_error(
+            elsewhere,
+            me,
+            processes,
+            what,
+            cause="the checkpoint may be missing, unreadable or malformed there, or its rules differ: "
+            "every process must read the same checkpoint with the same rules",
         )

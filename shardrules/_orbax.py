@@ -75,7 +75,7 @@ def load_orbax(
     """
     ocp = _orbax()
     ruleset = as_rules(rules)
-    resolved = mesh if mesh is not None else _mesh.resolve(None, ruleset, concrete=True, what="load_orbax")
+    resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="load_orbax")
     assert isinstance(resolved, Mesh)
     checkpointer = ocp.StandardCheckpointer()
     path = os.path.abspath(os.fspath(path))  # Orbax wants absolute paths

@@ -67,9 +67,11 @@ def init(
     ```
     """
     ruleset = as_rules(rules)
+    if mesh is not None:  # a mesh given is checked now; the ambient one when called
+        _mesh.resolve(mesh, ruleset, concrete=True, what="init")
 
     def run(*args: Any) -> Any:
-        resolved = mesh if mesh is not None else _mesh.resolve(None, ruleset, concrete=True, what="init")
+        resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="init")
         assert isinstance(resolved, Mesh)
         make, merge = init_fn, None
         made = _Split(make, static_argnums, args)
@@ -183,6 +185,16 @@ def _reader(data: np.ndarray) -> Callable[[Any], np.ndarray]:
     return read
 
 
+def _check_size(file: Path, key: str, info: dict[str, Any], shape: jax.ShapeDtypeStruct) -> None:
+    """Raise `ShapeSourceError` unless a tensor's bytes in the file fit its shape and dtype."""
+    start, end = info["data_offsets"]
+    if end - start != int(np.prod(shape.shape, dtype=np.int64)) * shape.dtype.itemsize:
+        raise ShapeSourceError(
+            f"{file}: tensor {key!r} has {end - start} bytes for shape {tuple(shape.shape)} {shape.dtype}; "
+            "the header does not match the data: the file is damaged or was written by a broken tool"
+        )
+
+
 def load_checkpoint(
     path: str | os.PathLike[str],
     rules: RulesLike,
@@ -220,23 +232,32 @@ def load_checkpoint(
     params = shardrules.load_checkpoint("llama/model.safetensors.index.json", rules, mesh)
     ```
     """
-    ruleset = as_rules(rules)
-    resolved = (
-        mesh if mesh is not None else _mesh.resolve(None, ruleset, concrete=True, what="load_checkpoint")
-    )
-    assert isinstance(resolved, Mesh)
-    entries = _checkpoint_files(Path(path))
-    tensors: dict[str, tuple[Path, dict[str, Any], int]] = {}
-    for name, entry in entries.items():
-        key = rename(name) if rename is not None else name
-        if key is not None:
-            tensors[key] = entry
-    shapes = {
-        key: jax.ShapeDtypeStruct(tuple(info["shape"]), jax.numpy.dtype(_SAFETENSORS_DTYPES[info["dtype"]]))
-        for key, (_, info, _) in tensors.items()
-    }
-    agree_on_shapes(shapes, f"load_checkpoint({str(path)!r})")  # every process: the same file
-    targets = shardings(shapes, ruleset, resolved, group=group)  # plan everything before reading
+    what = f"load_checkpoint({str(path)!r})"
+    shapes: dict[str, jax.ShapeDtypeStruct] | None = None
+    try:  # all that this process does on its own, before the processes compare their checkpoints
+        ruleset = as_rules(rules)
+        resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="load_checkpoint")
+        assert isinstance(resolved, Mesh)
+        tensors: dict[str, tuple[Path, dict[str, Any], int]] = {}
+        for name, entry in _checkpoint_files(Path(path)).items():
+            key = rename(name) if rename is not None else name
+            if key is not None:
+                tensors[key] = entry
+        shapes = {
+            key: jax.ShapeDtypeStruct(
+                tuple(info["shape"]), jax.numpy.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+            )
+            for key, (_, info, _) in tensors.items()
+        }
+        for key, (file, info, _) in tensors.items():
+            _check_size(file, key, info, shapes[key])
+        targets = shardings(shapes, ruleset, resolved, group=group)  # plan everything before reading
+    except Exception:
+        # The other processes wait for this one in the exchange: join it as failed, so that they
+        # raise SR112 naming this process at once, then raise this process's own error.
+        agree_on_shapes(shapes, what, failed=True)
+        raise
+    agree_on_shapes(shapes, what)  # every process: the same tensors
     total = sum(s.size * s.dtype.itemsize for s in shapes.values())
     if progress is None:
         progress = total > 2**30 and sys.stderr.isatty()
@@ -245,10 +266,6 @@ def load_checkpoint(
     for n, (key, (file, info, base)) in enumerate(tensors.items(), 1):
         shape, dtype = shapes[key].shape, shapes[key].dtype
         start, end = info["data_offsets"]
-        if end - start != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-            raise ShapeSourceError(
-                f"{file}: tensor {key!r} has {end - start} bytes for shape {shape} {dtype}"
-            )
         data = (
             np.memmap(file, dtype=dtype, mode="r", offset=base + start, shape=shape)
             if end > start

@@ -112,6 +112,23 @@ def expect_error(name: str, fn) -> None:
         result[name] = None
 
 
+def expect_any_error(name: str, fn) -> None:
+    """Run `fn`, which should raise; record the exception's type, code (if any),
+    text and how long it took to come."""
+    started = time.perf_counter()
+    try:
+        fn()
+    except Exception as err:
+        result[name] = {
+            "type": type(err).__name__,
+            "code": getattr(err, "code", None),
+            "message": str(err),
+            "seconds": time.perf_counter() - started,
+        }
+    else:
+        result[name] = None
+
+
 def write_checkpoint(path: Path, tensors: dict[str, np.ndarray]) -> None:
     header, blobs, offset = {}, [], 0
     for name, array in tensors.items():
@@ -290,6 +307,37 @@ def main() -> None:
         if PROCESS == 1:
             gone.delete()
         expect_error("failed_on_one", lambda: sr.apply(dict(host_params, norm={"scale": gone}), rules, mesh))
+        # Errors raised on one process before the exchange: it raises its own, the others SR112 at once.
+        missing = "missing.safetensors" if PROCESS == 1 else "model.safetensors"
+        expect_any_error(
+            "checkpoint_missing_on_one",
+            lambda: sr.load_checkpoint(OUT / missing, rules, mesh, group="checkpoint"),
+        )
+        if PROCESS == 1:
+            (OUT / "broken.safetensors").write_bytes(struct.pack("<Q", 9) + b"{not json")
+        damaged = "broken.safetensors" if PROCESS == 1 else "model.safetensors"
+        expect_any_error(
+            "checkpoint_damaged_on_one",
+            lambda: sr.load_checkpoint(OUT / damaged, rules, mesh, group="checkpoint"),
+        )
+        group = "no_such_group" if PROCESS == 1 else "checkpoint"
+        expect_any_error(
+            "checkpoint_plan_fails_on_one",
+            lambda: sr.load_checkpoint(OUT / "model.safetensors", rules, mesh, group=group),
+        )
+        unflattenable = {**host_params, 0: np.ones(2)} if PROCESS == 1 else host_params  # str and int keys
+        expect_any_error("apply_tree_fails_on_one", lambda: sr.apply(unflattenable, rules, mesh))
+        group = "no_such_group" if PROCESS == 1 else "params"
+        expect_any_error("apply_group_fails_on_one", lambda: sr.apply(host_params, rules, mesh, group=group))
+        # Large leaves on the devices are sampled there: the same values whether a process
+        # passes NumPy or a jax.Array agree, different ones are found.
+        big = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)  # 2 MiB
+        here = jax.device_put(big, jax.sharding.NamedSharding(mesh.local_mesh, jax.P(None, "model")))
+        result["device_leaf_agrees"] = float(
+            total(sr.apply({"embed": here if PROCESS == 1 else big}, rules, mesh))
+        )
+        result["device_leaf_expected"] = float(big.sum())
+        expect_error("device_leaf_differs", lambda: sr.apply({"embed": here + PROCESS}, rules, mesh))
         unchecked = sr.apply(skewed, rules, mesh, verify="off")  # the check is what stops it
         result["unchecked_embed_shape"] = list(unchecked["embed"].shape)
         # After all that, the processes still agree and go on together.

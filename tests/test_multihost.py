@@ -206,6 +206,44 @@ def test_processes_that_disagree_are_stopped_and_named(results):
         assert r["after_errors_total"] == pytest.approx(r["params_total"], rel=1e-6)
 
 
+@pytest.mark.slow
+def test_an_error_before_the_exchange_on_one_process_stops_the_others_with_sr112(results):
+    first, second = results["multi"]
+    cases = {
+        # case: (the error process 1 raises itself, a word of its message)
+        "checkpoint_missing_on_one": ("FileNotFoundError", "missing.safetensors"),
+        "checkpoint_damaged_on_one": ("ShapeSourceError", "broken.safetensors"),
+        "checkpoint_plan_fails_on_one": ("GroupNotFoundError", "no_such_group"),
+        "apply_tree_fails_on_one": ("TreeError", "SR109"),
+        "apply_group_fails_on_one": ("GroupNotFoundError", "no_such_group"),
+    }
+    for case, (own, word) in cases.items():
+        mine, theirs = second[case], first[case]
+        assert mine is not None and mine["type"] == own and word in mine["message"], (case, mine)
+        # Process 0 found nothing wrong: it hears of process 1's failure at once,
+        # as SR112 naming it, instead of timing out in the collective.
+        assert theirs is not None and theirs["type"] == "ProcessMismatchError", (case, theirs)
+        assert theirs["code"] == "SR112"
+        assert "process 1 stopped on errors that this process (process 0 of 2) did not find" in (
+            theirs["message"]
+        )
+        assert theirs["seconds"] < 10, (case, theirs["seconds"])
+    assert "the checkpoint may be missing" in first["checkpoint_missing_on_one"]["message"]
+    # The processes are still paired in their collectives after all of that.
+    for r in results["multi"]:
+        assert r["after_errors_total"] == pytest.approx(r["params_total"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_large_device_leaves_are_compared_by_a_sample_taken_on_the_devices(results):
+    for me, r in enumerate(results["multi"]):
+        # NumPy on process 0, a sharded jax.Array on process 1, the same values: they agree.
+        assert r["device_leaf_agrees"] == pytest.approx(r["device_leaf_expected"], rel=1e-6)
+        differs = r["device_leaf_differs"]
+        assert differs is not None and differs["code"] == "SR112"
+        assert f"embed: values differ from those on process {1 - me}" in differs["message"]
+
+
 # ------------------------------------------------- the comparison, in one process
 
 
