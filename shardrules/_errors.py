@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
-Severity = Literal["error", "warning"]
+Severity = Literal["error", "warning", "note"]
 
 _MAX_SHOWN = 12
 
@@ -39,7 +39,8 @@ class Diagnostic:
     **Attributes:**
 
     - `code`: stable identifier such as `"SR104"` (catalogue: docs/diagnostics.md).
-    - `severity`: `"error"` or `"warning"`.
+    - `severity`: `"error"`, `"warning"`, or `"note"` (only from `shardrules
+      lint`: a check it could not run, and how to make it run).
     - `message`: what is wrong, in one sentence.
     - `span`: where in a rule file, or `None`.
     - `path`: the leaf path concerned, or `None`.

@@ -16,7 +16,7 @@ from . import _check
 from ._compile import compile_plan
 from ._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, ordered
 from ._hosts import HostsError, check_hosts, host_bytes, leaf_host_bytes
-from ._load import load
+from ._load import iter_rules, load
 from ._mesh import declared_sizes
 from ._plan import Plan, format_bytes, plural, spec_str
 from ._rules import RuleSet
@@ -130,7 +130,60 @@ def lint_file(
     if sizes is None:
         hint = "pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line (not `*`)"
         found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]
+        found += unchecked_notes(rules, shapes=tree is not None)
     return Result(path, ordered(dict.fromkeys(found)), rules.sources, the_plan, hosts)
+
+
+def unchecked_notes(rules: RuleSet, *, shapes: bool) -> list[Diagnostic]:
+    """SR301 (note): what lint could not check for want of axis sizes, and how
+    to give them. Nothing, when no rule shards anything.
+
+    **Arguments:**
+
+    - `rules`: the loaded rule file.
+    - `shapes`: whether a tree is being planned (then `?` and `auto` rules that
+      match a leaf are reported as SR108 instead).
+
+    **Returns:** a list of at most one note.
+
+    ```python
+    unchecked_notes(sr.loads("mesh x\\nrules p:\\n  default -> (x)\\n"), shapes=False)
+    ```
+    """
+    specs = [rule.spec for group in rules.group_names for rule in iter_rules(rules, group)]
+    if not any(spec.axes or spec.kind == "logical" for spec in specs):
+        return []
+    what = [] if rules.mesh is not None else ["axis names"]
+    what.append("divisibility")
+    if not shapes:
+        what += ["`?`"] * any(g.optional for s in specs for e in s.entries for g in e.groups)
+        what += ["`auto(...)`"] * any(spec.kind == "auto" for spec in specs)
+    listed = ", ".join(what[:-1]) + " and " + what[-1] if len(what) > 1 else what[0]
+    if rules.mesh is None:
+        why, flag = "the file has no `mesh` line", "--mesh AXIS=SIZE,... naming every axis"
+    else:
+        sized = [a.size for a in rules.mesh.axes if a.size is not None]
+        why = (
+            "the `mesh` line sizes an axis `*`"
+            if "*" in sized
+            else "the `mesh` line gives no sizes"
+            if not sized
+            else "the `mesh` line does not size every axis"
+        )
+        flag = "--mesh " + ",".join(f"{n}=SIZE" for n in rules.mesh.names)
+    where = (
+        "add a `mesh` line with sizes" if rules.mesh is None else "give every axis a number in the mesh line"
+    )
+    also = "" if shapes else " (and --shapes SOURCE to check a tree)"
+    return [
+        Diagnostic(
+            "SR301",
+            "note",
+            f"axis sizes unknown: {listed} not checked (no --mesh, and {why})",
+            rules.mesh.span if rules.mesh is not None else None,
+            hint=f"to check them, pass the sizes of the mesh to lint for, {flag}{also}, or {where}",
+        )
+    ]
 
 
 # ------------------------------------------------------------------ output
@@ -145,9 +198,14 @@ def write_text(results: Sequence[Result], out: TextIO) -> None:
             out.write(f"{result.file}: {format_bytes(result.plan.bytes_per_device)} per device; ")
             out.write(host_line(result.plan, result.hosts) + "\n")
     errors = sum(r.errors for r in results)
-    warnings = sum(len(r.diagnostics) for r in results) - errors
+    notes = sum(d.severity == "note" for r in results for d in r.diagnostics)
+    warnings = sum(len(r.diagnostics) for r in results) - errors - notes
+    unchecked = f"not every check ran: see the {'note' if notes == 1 else 'notes'} above"
     if errors or warnings:
-        out.write(f"Found {plural(errors, 'error')} and {plural(warnings, 'warning')}.\n")
+        out.write(f"Found {plural(errors, 'error')} and {plural(warnings, 'warning')}")
+        out.write(f"; {unchecked}.\n" if notes else ".\n")
+    elif notes:
+        out.write(f"No errors or warnings ({plural(len(results), 'file')}), but {unchecked}.\n")
     else:
         out.write(f"All checks passed ({plural(len(results), 'file')}).\n")
 
@@ -191,7 +249,8 @@ def write_github(results: Sequence[Result], out: TextIO) -> None:
                 ]
             props.append(f"title={_escape(d.code, True)}")
             message = d.message + (f"\nhint: {d.hint}" if d.hint else "")
-            out.write(f"::{d.severity} {','.join(props)}::{_escape(message)}\n")
+            command = "notice" if d.severity == "note" else d.severity
+            out.write(f"::{command} {','.join(props)}::{_escape(message)}\n")
 
 
 # ------------------------------------------------------------------ explain

@@ -120,6 +120,7 @@ LINT_CASES = {
         (1, 6),
         "drop it",
     ),
+    "SR301": ('mesh fsdp, model\nrules params:\n  "w" -> (fsdp)\n', None, None, (1, 1), "--mesh fsdp=SIZE"),
 }
 GROUPS = {"SR018": "parms"}
 BUDGETS = {"SR110": 1 << 20}
@@ -134,7 +135,7 @@ def test_code_from_a_bad_rule_file(code, tmp_path):
     found = [d for d in result.diagnostics if d.code == code]
     assert found, [d.render() for d in result.diagnostics]
     d = found[0]
-    assert d.severity == ("warning" if code >= "SR200" else "error")
+    assert d.severity == ("note" if code >= "SR300" else "warning" if code >= "SR200" else "error")
     if where is None:
         assert d.span is None
     else:

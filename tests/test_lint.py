@@ -574,3 +574,82 @@ def test_findings_at_one_place_are_ordered_by_path():
     ]
     err = error_for(found)
     assert [d.message for d in err.diagnostics] == ["early", "a", "b", "y", "z"]
+
+
+# --------------------------------------------------------------------------- what lint could not check
+
+
+def test_lint_without_sizes_says_what_it_did_not_check(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh data, model\nrules params:\n  "w" -> (model, _)\n  default -> auto(data)\n')
+    shapes = tmp_path / "s.json"
+    shapes.write_text('{"w": [[3, 8], "float32"]}')  # 3 does not divide by any `model` > 1
+    code, out, _ = run(["lint", str(path)], capsys)
+    assert code == 0
+    assert f"{path}:1:1: SR301 axis sizes unknown: divisibility and `auto(...)` not checked" in out
+    assert "--mesh data=SIZE,model=SIZE" in out
+    assert "All checks passed" not in out
+    assert out.rstrip().endswith(
+        "No errors or warnings (1 file), but not every check ran: see the note above."
+    )
+    code, out, _ = run(["lint", str(path), "--shapes", str(shapes)], capsys)
+    assert code == 0 and "SR301 axis sizes unknown: divisibility not checked" in out
+    # With sizes, the same shapes are checked, and there is nothing left to note.
+    code, out, _ = run(["lint", str(path), "--shapes", str(shapes), "--mesh", "data=2,model=2"], capsys)
+    assert code == 1 and "SR104" in out and "SR301" not in out
+
+
+def test_the_note_is_in_every_output_format(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh data, model=*\nrules params:\n  "w" -> (model?, data)\n')
+    code, out, _ = run(["lint", str(path), "--format", "json"], capsys)
+    assert code == 0
+    (note,) = json.loads(out)
+    assert (note["code"], note["severity"], note["line"], note["col"]) == ("SR301", "note", 1, 1)
+    assert "divisibility and `?` not checked" in note["message"]
+    assert "the `mesh` line sizes an axis `*`" in note["message"]
+    assert "--mesh data=SIZE,model=SIZE" in note["hint"]
+    code, out, _ = run(["lint", str(path), "--format", "github"], capsys)
+    assert code == 0
+    assert out.startswith(f"::notice file={path},line=1,col=1,endLine=1,endColumn=19,title=SR301::axis sizes")
+
+
+def test_without_a_mesh_line_axis_names_are_noted_as_unchecked(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('rules params:\n  "w" -> (_, modle)\n  default -> replicated\n')
+    code, out, _ = run(["lint", str(path)], capsys)
+    assert code == 0
+    assert f"{path}: SR301 axis sizes unknown: axis names and divisibility not checked" in out
+    assert "the file has no `mesh` line" in out and "--mesh AXIS=SIZE,... naming every axis" in out
+    code, out, _ = run(["lint", str(path), "--mesh", "data=2,model=2"], capsys)
+    assert code == 1 and "SR101 mesh axis `modle` is not in the mesh" in out and "SR301" not in out
+
+
+def test_a_misspelled_axis_is_caught_by_the_mesh_line_without_sizes(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh data, model\nrules params:\n  "w" -> (_, modle)\n')
+    code, out, _ = run(["lint", str(path)], capsys)
+    assert code == 1 and "SR010 unknown name `modle`" in out and "did you mean `model`?" in out
+
+
+def test_nothing_is_noted_when_sizes_are_known_or_nothing_is_sharded(tmp_path, capsys):
+    sized = tmp_path / "sized.shard"
+    sized.write_text('mesh data=2, model=4\nrules params:\n  "w" -> (data, model)\n')
+    unsharded = tmp_path / "replicated.shard"
+    unsharded.write_text(
+        'mesh data\nrules params:\n  default -> replicated\nrules inputs:\n  "x" -> (_, _)\n'
+    )
+    code, out, _ = run(["lint", str(sized), "--format", "json"], capsys)
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = run(["lint", str(unsharded)], capsys)
+    assert "SR301" not in out and "SR205" in out
+    assert out.rstrip().endswith("Found 0 errors and 1 warning.")
+
+
+def test_findings_and_a_note_are_counted_apart(tmp_path, capsys):
+    path = tmp_path / "r.shard"
+    path.write_text('mesh data, model\nrules params:\n  "w" -> (model, _)\n')
+    code, out, _ = run(["lint", str(path)], capsys)
+    assert code == 0 and "SR205" in out and "SR301" in out
+    assert out.index("SR205") < out.index("SR301")  # errors, warnings, then notes
+    assert out.rstrip().endswith("Found 0 errors and 1 warning; not every check ran: see the note above.")
