@@ -9,6 +9,7 @@ read what each process recorded.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import jax
@@ -23,8 +25,9 @@ import numpy as np
 import pytest
 
 import shardrules as sr
-from shardrules import _agree, _hosts
+from shardrules import _agree, _hosts, _multihost
 from shardrules._cli import main as cli_main
+from shardrules._compile import compile_leaves
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 TIMEOUT = 100  # seconds for every process together
@@ -224,8 +227,9 @@ def test_an_error_before_the_exchange_on_one_process_stops_the_others_with_sr112
         # as SR112 naming it, instead of timing out in the collective.
         assert theirs is not None and theirs["type"] == "ProcessMismatchError", (case, theirs)
         assert theirs["code"] == "SR112"
-        assert "process 1 stopped on errors that this process (process 0 of 2) did not find" in (
-            theirs["message"]
+        assert (
+            "process 1 stopped on errors that this process (process 0 of 2) did not find"
+            in (theirs["message"])
         )
         assert theirs["seconds"] < 10, (case, theirs["seconds"])
     assert "the checkpoint may be missing" in first["checkpoint_missing_on_one"]["message"]
@@ -284,6 +288,15 @@ def test_mismatches_names_paths_shapes_and_processes():
         _agree.mismatches(["w"], np.array([[1, 0], [1, 0]], np.uint32), tables[:, :1], 0, [[True, False]])
         == []
     )
+    # A process that stopped before making its table is not compared with: it is
+    # only reported as having failed.
+    stopped = np.array([[3, 0], [0, _agree.NO_TABLE]], np.uint32)
+    empty = np.stack([_table(mine, 3), np.zeros((3, mine[0].size), np.uint32)])
+    assert _agree.mismatches(["w", "v", "only/here"], stopped, empty, 0) == []
+    assert _agree.failed_elsewhere(stopped, 0) == [1] and _agree.failed_elsewhere(stopped, 1) == []
+    error = _agree.failed_elsewhere_error([1], 0, 2, "load_checkpoint('m.safetensors')", cause="read it")
+    assert type(error).__name__ == "ProcessMismatchError" and error.code == "SR112"
+    assert "process 1 stopped on errors" in str(error) and "read it" in str(error)
 
 
 def test_sample_hash_reads_a_sample_and_full_reads_everything():
@@ -301,12 +314,80 @@ def test_sample_hash_reads_a_sample_and_full_reads_everything():
     assert _agree.data_hash(small, "sample") != _agree.data_hash(small.astype(np.float64), "sample")
 
 
+def test_sample_hash_of_a_device_array_copies_only_the_sample(monkeypatch, mesh42):
+    values = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB
+    P = jax.sharding.PartitionSpec
+    arrays = [
+        jax.device_put(values, jax.sharding.NamedSharding(mesh42, spec))
+        for spec in (P("data", "model"), P(None, "model"), P())  # split, partly and fully replicated
+    ]
+    want = _agree.data_hash(values, "sample")
+    assert _agree.data_hash(np.asfortranarray(values), "sample") == want  # a strided copy: the same
+    copied: list[int] = []  # bytes copied from the devices to the host
+    hashed: list[int] = []  # bytes the hasher reads
+    array_type = type(arrays[0])
+    real_array = array_type.__array__
+
+    def counting_array(self, *args, **kwargs):
+        copied.append(self.nbytes)
+        return real_array(self, *args, **kwargs)
+
+    class CountingHash:
+        def __init__(self, *args, **kwargs):
+            self.inner = hashlib.blake2b(*args, **kwargs)
+
+        def update(self, data):
+            hashed.append(memoryview(data).nbytes)
+            self.inner.update(data)
+
+        def digest(self):
+            return self.inner.digest()
+
+    monkeypatch.setattr(array_type, "__array__", counting_array)
+    monkeypatch.setattr(_agree, "hashlib", types.SimpleNamespace(blake2b=CountingHash))
+    sample = 65 * 4096  # 64 evenly spaced runs of 4 KiB and the last 4 KiB
+    for x in arrays:
+        copied.clear()
+        hashed.clear()
+        # The same hash as for the same values in NumPy (another process may pass those).
+        assert _agree.data_hash(x, "sample") == want
+        assert sum(copied) <= sample, f"{sum(copied)} bytes copied to the host for a 4 MiB array"
+        assert sum(hashed) <= sample + 100
+    changed = values.copy()
+    changed[-1, -1] += 1  # the last bytes are always sampled
+    other = jax.device_put(changed, arrays[0].sharding)
+    assert _agree.data_hash(other, "sample") != want
+    assert _agree.data_hash(other, "sample") == _agree.data_hash(changed, "sample")
+
+
+def test_regions_are_computed_once_per_shape_and_spec(monkeypatch, mesh42):
+    rules = sr.loads('rules inputs:\n  "a|b|c" -> (data, _)\n  "d" -> (_, model)\n')
+    tree = {k: np.ones((8, 4), np.float32) for k in "abcd"}
+    the_plan, leaves = compile_leaves(tree, rules, mesh42, "inputs")
+    calls: list[tuple[int, ...]] = []
+    real = jax.sharding.NamedSharding.devices_indices_map
+
+    def counting(self, shape):
+        calls.append(tuple(shape))
+        return real(self, shape)
+
+    monkeypatch.setattr(jax.sharding.NamedSharding, "devices_indices_map", counting)
+    rows, same = _multihost._fingerprints(the_plan, leaves, mesh42, "sample", False, True)
+    assert len(rows) == 4 and same == [[True]] * 4
+    assert len(calls) == 2  # (8, 4) under (data, _) for a, b, c; under (_, model) for d
+
+
 def test_verify_modes_and_one_process(mesh42):
     assert _agree.check_mode("sample") == "sample"
     assert _agree.check_mode(False) == "off"
+    assert _agree.check_mode(True) == "sample"
     rules = sr.loads('mesh data, model\nrules inputs:\n  "x" -> (data, _)\n')
     with pytest.raises(ValueError, match="'sample', 'full', 'off'"):
         sr.apply({"x": np.ones((8, 2))}, rules, mesh42, group="inputs", verify="fast")
+    with pytest.raises(ValueError, match=r"verify=1: .*True for 'sample', False for 'off'"):
+        sr.apply({"x": np.ones((8, 2))}, rules, mesh42, group="inputs", verify=1)
+    on = sr.apply({"x": np.ones((8, 2))}, rules, mesh42, group="inputs", verify=True)["x"]
+    assert str(on.sharding.spec) == "P('data', None)"
     # One process holds the whole batch: process-local data is the global array.
     x = np.arange(16.0).reshape(8, 2)
     local = sr.apply({"x": x}, rules, mesh42, group="inputs", process_local=True)["x"]

@@ -145,3 +145,9 @@ def test_load_orbax_without_orbax_names_the_extra(monkeypatch, saved):
     monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
     with pytest.raises(ImportError, match=r'pip install "shardrules\[orbax\]"'):
         sr.load_orbax(path, RULES, mesh((2, 4)))
+
+
+def test_load_orbax_refuses_a_mesh_without_devices(saved):
+    path, _ = saved
+    with pytest.raises(TypeError, match=r"load_orbax needs a jax\.sharding\.Mesh with devices, not dict"):
+        sr.load_orbax(path, RULES, {"data": 2, "model": 4})  # type: ignore[arg-type]

@@ -261,3 +261,26 @@ def test_init_keeps_python_values_as_made():
     )(jax.random.key(0))
     assert (out["n"], out["name"], out["f"]) == (3, "mlp", jnp.tanh)
     assert out["w"].sharding.spec == P("x")
+
+
+@pytest.mark.parametrize("bad", [{"data": 2, "fsdp": 2, "model": 2}, "data=2,fsdp=2,model=2"])
+def test_init_and_load_checkpoint_refuse_a_mesh_without_devices(tmp_path, bad):
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, tensors())
+    # A clear TypeError naming the call and what it needs, as `apply` gives, not a bare assertion.
+    expected = r"needs a jax\.sharding\.Mesh with devices, not (dict|str)"
+    with pytest.raises(TypeError, match="init " + expected):
+        sr.init(lambda: {"model.norm.weight": jnp.ones(8)}, RULES, bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="load_checkpoint " + expected):
+        sr.load_checkpoint(path, RULES, bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="apply " + expected):
+        sr.apply({"model.norm.weight": np.ones(8)}, RULES, bad)  # type: ignore[arg-type]
+
+
+def test_load_checkpoint_refuses_a_tensor_whose_bytes_do_not_fit_its_shape(tmp_path, mesh222):
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, {"model.norm.weight": np.ones(8, np.float16)})
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b'"shape": [8]', b'"shape": [4]'))  # 16 bytes for a (4,) float16
+    with pytest.raises(ValueError, match=r"'model.norm.weight' has 16 bytes for shape \(4,\) float16"):
+        sr.load_checkpoint(path, RULES, mesh222)
