@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import _regex
-from ._errors import Diagnostic, Span, did_you_mean, error_for
+from ._errors import Diagnostic, ShardRulesError, Span, did_you_mean, error_for
 from ._parse import parse
 from ._rules import (
     Alias,
@@ -132,6 +132,8 @@ def _read(path: Path, display: str, span: Span | None, sources: dict[str, str] |
                 sources,
             )
         return data.decode("utf-8")
+    except ShardRulesError:  # SR009 above: a ValueError, not a path that cannot be read
+        raise
     except FileNotFoundError:
         message, hint = _not_found(path, display, included=span is not None)
     except IsADirectoryError:
@@ -144,9 +146,17 @@ def _read(path: Path, display: str, span: Span | None, sources: dict[str, str] |
         )
     except UnicodeDecodeError as err:
         message, hint = f"`{display}` is not UTF-8 text ({err.reason})", "save the rule file as UTF-8"
-    except OSError as err:
-        message = f"cannot read `{display}`: {err.strerror}"
-        hint = "check that the file exists and that this user may read it"
+    except (OSError, ValueError) as err:  # also a name too long for a path, or with a NUL in it
+        if span is None and looks_like_rules(display):
+            message, hint = _rule_text(display)
+        else:
+            shown = display if len(display) <= 80 else display[:60] + "…"
+            message = f"cannot read `{shown}`: {err.strerror if isinstance(err, OSError) else err}"
+            hint = (
+                "check that the file exists and that this user may read it"
+                if isinstance(err, OSError)
+                else "a path cannot hold a NUL character; check how it was built"
+            )
     raise error_for([Diagnostic("SR005", "error", message, span, hint=hint)], sources)
 
 
@@ -155,18 +165,23 @@ def looks_like_rules(text: str) -> bool:
     return "\n" in text or re.search(r"->|^\s*(rules\s+\w+\s*:|mesh\s+\w|alias\s+\w+\s*=)", text) is not None
 
 
+def _rule_text(text: str) -> tuple[str, str]:
+    """The message and hint for rule text passed where a path goes."""
+    first = text.strip().split("\n")[0]
+    shown = first if len(first) <= 40 and first == text.strip() else first[:40] + "…"
+    return (
+        f"rule file `{shown}` not found: this is rule text, not the path of a rule file",
+        "a str given as rules is read as a path; for rules in a string, call "
+        "`shardrules.loads(text)` and pass the RuleSet it returns",
+    )
+
+
 def _not_found(path: Path, display: str, *, included: bool) -> tuple[str, str]:
     """The message and hint for a rule file that does not exist."""
     if included:
         return f"rule file `{display}` not found", "include paths are relative to the including file"
     if looks_like_rules(display):
-        first = display.strip().split("\n")[0]
-        shown = first if len(first) <= 40 and first == display.strip() else first[:40] + "…"
-        return (
-            f"rule file `{shown}` not found: this is rule text, not the path of a rule file",
-            "a str given as rules is read as a path; for rules in a string, call "
-            "`shardrules.loads(text)` and pass the RuleSet it returns",
-        )
+        return _rule_text(display)
     tried = path.absolute()
     folder = tried.parent
     relative = (

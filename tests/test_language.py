@@ -255,6 +255,16 @@ def test_rule_text_given_as_a_path_points_at_loads(tmp_path, monkeypatch, text):
         assert "`shardrules.loads(text)`" in info.value.hint
 
 
+def test_long_rule_text_or_a_nul_given_as_a_path_is_reported_short():
+    text = "rules params:\n" + '  "w" -> replicated\n' * 400  # longer than a file name may be
+    with pytest.raises(sr.IncludeNotFoundError) as info:
+        sr.load(text)
+    assert len(str(info.value)) < 400 and "`shardrules.loads(text)`" in info.value.hint
+    with pytest.raises(sr.IncludeNotFoundError) as info:
+        sr.load("model\x00.shard")
+    assert "NUL" in info.value.hint
+
+
 def test_a_real_file_whose_name_looks_like_rules_still_loads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("mesh data").write_text('rules params:\n  "w" -> replicated\n')
