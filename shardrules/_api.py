@@ -220,13 +220,18 @@ def apply(
       are assembled from the slices (`jax.make_array_from_process_local_data`);
       by default every process passes the whole tree. One process: no effect.
     - `verify`: in a multi-process run, how the processes check that they
-      pass the same tree before anything moves (SR112): `"sample"` hashes up
-      to 1 MiB of each leaf, `"full"` every byte, `"off"` skips the check.
-      See docs/multihost.md.
+      pass the same tree before anything moves (SR112): `"sample"` (or `True`)
+      hashes every byte of a leaf up to 1 MiB, and of a larger one 64 evenly
+      spaced runs of 4 KiB plus its last 4 KiB (260 KiB, taken on the devices
+      for a `jax.Array`); `"full"` every byte; `"off"` (or `False`) skips the
+      check. See docs/multihost.md.
 
     **Returns:** a pytree like `tree` whose arrays are sharded `jax.Array`s.
 
-    **Raises:** `PlanError`, `MeshError`, `PlacementError`; nothing has moved.
+    **Raises:** `PlanError`, `MeshError`, `PlacementError`; `TypeError` for a
+    mesh without devices; `ValueError` for another `verify`; in a multi-process
+    run, `ProcessMismatchError` (SR112) when the processes' trees differ or
+    another process stopped on an error of its own. Nothing has moved.
 
     ```python
     rules = shardrules.load("sharding/mlp.shard")

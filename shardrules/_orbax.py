@@ -66,7 +66,8 @@ def load_orbax(
     Python numbers returned as Python numbers.
 
     **Raises:** `ImportError` naming the `orbax` extra when Orbax is missing;
-    the errors of `shardrules.shardings` (before anything is read); Orbax's
+    `TypeError` for a mesh without devices; the errors of
+    `shardrules.shardings` (before anything is read); Orbax's
     own errors for a missing or mismatched checkpoint.
 
     ```python

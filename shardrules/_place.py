@@ -62,6 +62,9 @@ def init(
     **Returns:** a function taking `init_fn`'s arguments and returning its
     pytree, sharded as planned.
 
+    **Raises:** `TypeError` at once for a `mesh` without devices; the errors
+    of `shardrules.shardings` when called.
+
     ```python
     params = shardrules.init(lambda key: model.init(key, x), rules, mesh)(jax.random.key(0))
     ```
@@ -226,7 +229,11 @@ def load_checkpoint(
 
     **Raises:** the errors of `shardrules.shardings` (every tensor is planned
     before anything is read), `ValueError` for a malformed checkpoint,
-    `FileNotFoundError`.
+    `FileNotFoundError`, `TypeError` for a mesh without devices. In a
+    multi-process run, `ProcessMismatchError` (SR112) when the processes'
+    tensors differ, or when another process stopped on an error of its own
+    (that process raises its own error; every process joins the comparison
+    either way, so none waits for another).
 
     ```python
     params = shardrules.load_checkpoint("llama/model.safetensors.index.json", rules, mesh)
