@@ -125,11 +125,13 @@ def _device_sample(x: jax.Array, picks: np.ndarray) -> np.ndarray:
         inside = ~filled
         for c, (lo, hi) in zip(coords, bounds, strict=True):
             inside &= (c >= lo) & (c < hi)
-        if inside.any():
-            local = tuple(
-                (c[inside] - lo).astype(np.int32) for c, (lo, _) in zip(coords, bounds, strict=True)
-            )
-            out[inside] = np.asarray(_take(shard.data, local))
+        count = int(inside.sum())
+        if count:
+            # Padded (with index 0) to a power of two: a few compiled gathers serve every shard.
+            local = tuple(np.zeros(1 << (count - 1).bit_length(), np.int32) for _ in coords)
+            for padded, c, (lo, _) in zip(local, coords, bounds, strict=True):
+                padded[:count] = c[inside] - lo
+            out[inside] = np.asarray(_take(shard.data, local))[:count]
             filled |= inside
     assert filled.all(), "the shards of a fully addressable array cover it"
     return out

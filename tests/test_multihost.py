@@ -351,7 +351,8 @@ def test_sample_hash_of_a_device_array_copies_only_the_sample(monkeypatch, mesh4
         hashed.clear()
         # The same hash as for the same values in NumPy (another process may pass those).
         assert _agree.data_hash(x, "sample") == want
-        assert sum(copied) <= sample, f"{sum(copied)} bytes copied to the host for a 4 MiB array"
+        # Each shard's part of the sample, padded to a power of two: at most twice the sample.
+        assert sum(copied) <= 2 * sample, f"{sum(copied)} bytes copied to the host for a 4 MiB array"
         assert sum(hashed) <= sample + 100
     changed = values.copy()
     changed[-1, -1] += 1  # the last bytes are always sampled
