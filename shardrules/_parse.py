@@ -134,7 +134,7 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
         elif err.char in _QUOTES:
             hint = _quote_hint(text.split("\n")[line - 1][col - 1 :], expected)
         elif err.char.isalnum() or err.char == "_":
-            word = re.match(r"[^\s,()]*", text.splitlines()[line - 1][col - 1 :])
+            word = re.match(r"[^\s,()]*", text.split("\n")[line - 1][col - 1 :])
             assert word is not None
             found = f"`{word.group()}`"
             width = max(1, len(word.group()))
@@ -142,6 +142,9 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
     else:  # UnexpectedEOF
         expected = set(getattr(err, "expected", ()) or ())
         found, width = "end of file", 1
+    if not hint and found not in ("end of line", "end of file"):
+        source = text.split("\n")[line - 1] if line <= text.count("\n") + 1 else ""
+        hint = _layout_hint(source[: col - 1], source[col - 1 :], expected) if source[col - 1 :] else ""
     message = f"unexpected {found}; expected {_expected(expected)}"
     span = Span(name, line, col, line, col + width)
     return RuleSyntaxError(Diagnostic("SR001", "error", message, span, hint=hint), {name: text})
@@ -199,6 +202,68 @@ def _hint_for(found_type: str, found: str, expected: set[str]) -> str:
         return "close the parenthesis; a rule fits on one line"
     if found_type in ("_NL", "$END") and expected & {"NAME", "LPAR", "ELLIPSIS", "UNSHARDED"}:
         return "the spec stops early: write its next entry and close the parenthesis on this line"
+    return ""
+
+
+def _layout_hint(before: str, rest: str, expected: set[str]) -> str:
+    """A hint from the text around an unexpected token: `before` it on its line,
+    and the `rest` of the line from it."""
+    head, char = before.strip(), rest[0]
+    if rest.startswith("//"):
+        return "comments start with `#`"
+    if char in "[{":
+        return "a spec is written in parentheses, e.g. (fsdp, model)"
+    if char == ";":
+        return "a statement ends with its line; remove the `;`"
+    if char in ".\u2026" and "ELLIPSIS" in expected:
+        return "write `...`, three ASCII dots"
+    if char == "?":
+        if head.startswith("alias"):
+            return "an alias cannot be optional; write the `?` in the spec that uses it, e.g. (vocab?)"
+        return "`?` follows the axis it makes optional, e.g. (fsdp, model?)"
+    if char == "-" and "ARROW" in expected:
+        return 'a rule reads "pattern" -> (spec), with nothing between `-` and `>`'
+    word = re.search(r"\w+$", before)
+    if char == "-" and word is not None:
+        joined = word.group() + "_" + re.match(r"-(\w*)", rest).group(1)  # type: ignore[union-attr]
+        return f"names are letters, digits and `_`, e.g. `{joined}`"
+    if re.search(r"min_bytes\s*=\s*[0-9][\w.]*\s*$", before):
+        return "write a size as digits and an optional unit, without spaces: 1048576 or 1MiB"
+    if "NUMBER" in expected and head.startswith("mesh"):
+        return "a mesh axis size is a positive whole number or `*`, e.g. `mesh data=2, model=*`"
+    if char == ":" and head.startswith("mesh"):
+        return "mesh axis sizes are written with `=`, e.g. `mesh data=2, model=4`"
+    if char == "=" and re.search(r"auto\(\s*\w+$", head):
+        return "auto() takes its mesh axes first, e.g. auto(fsdp, min_bytes=1MiB)"
+    if char == "(" and head == "mesh":
+        return "list the axes without parentheses: `mesh data, fsdp, model`"
+    if char == "(" and head.endswith("replicated"):
+        return "`replicated` takes no parentheses"
+    if char == "(" and "NAME" in expected:
+        return "a dimension takes one flat tuple of axes, e.g. ((data, fsdp), model)"
+    if char == ")" and head.endswith(","):
+        return "remove the comma before `)`"
+    if char == '"' and "NUMBER" in expected:
+        return "sizes are written without quotes, e.g. min_bytes=1MiB"
+    if "LPAR" in expected and head.endswith("auto"):
+        return "auto takes its axes in parentheses, e.g. auto(fsdp)"
+    if expected & {"EQUAL", "NAME"} and head.startswith("alias"):
+        return "an alias reads `alias NAME = AXES`, e.g. alias embed = fsdp"
+    if "COMMA" in expected and char.isascii() and (char.isalpha() or char == "_"):
+        if head.startswith("mesh"):
+            return "separate the mesh axes with commas, e.g. `mesh data, fsdp`"
+        return "separate the entries with commas, e.g. (fsdp, model)"
+    if rest.startswith("->"):
+        return 'a rule starts with its quoted pattern, e.g. "attn/kernel" -> (fsdp, model)'
+    if char == "\r":
+        return "this line ends in a lone `\\r` (old Mac line ends); save the file with `\\n` line ends"
+    if char == "\x00":
+        return "rule files are UTF-8 text; this one holds a NUL character (is it a binary file?)"
+    if not char.isascii():
+        plain = "a plain space" if char.isspace() else "its ASCII look-alike"
+        return f"outside quotes and comments rule files are ASCII: replace {_show_char(char)} with {plain}"
+    if expected <= {"_NL", "COMMENT"}:
+        return "one statement per line: move this to a line of its own"
     return ""
 
 

@@ -148,3 +148,13 @@ def test_every_snapshot_has_its_case_and_every_case_its_snapshot() -> None:
         "every folder is an include_* case with a main.shard"
     )
     assert all(p.name.startswith("include_") for p in folders)
+
+
+@pytest.mark.usefixtures("in_corpus")
+def test_every_syntax_error_has_a_hint() -> None:
+    """A syntax error says how to write the line, not only what was expected."""
+    bare = []
+    for case, (entry, _) in sorted(CASES.items()):
+        err = _load_error(entry)
+        bare += [case for d in err.diagnostics if d.code == "SR001" and not d.hint]
+    assert bare == []
