@@ -4,7 +4,6 @@ Lark's exceptions into `RuleSyntaxError`s that show the line and a caret."""
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any, Literal
@@ -12,7 +11,7 @@ from typing import Any, Literal
 import lark
 import lark.exceptions
 
-from . import _grammar
+from . import _grammar, _hints
 from ._errors import Diagnostic, RuleSyntaxError, Span
 from ._rules import (
     Alias,
@@ -104,6 +103,7 @@ def _expected(names: Iterable[str]) -> str:
 def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) -> RuleSyntaxError:
     line, col = max(err.line, 1), max(err.column, 1)
     hint = ""
+    expected: set[str]
     if isinstance(err, lark.exceptions.UnexpectedToken):
         token = err.token
         expected = set(err.expected)
@@ -114,10 +114,10 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
         else:
             found = f"`{token.value}`"
         width = max(1, len(str(token.value))) if token.type not in ("_NL", "$END") else 1
-        hint = _hint_for(token.type, str(token.value), expected)
+        hint = _hints.hint_for(token.type, str(token.value), expected)
     elif isinstance(err, lark.exceptions.UnexpectedCharacters):
         expected = set(err.allowed or ())
-        found = _show_char(err.char)
+        found = _hints.show_char(err.char)
         width = 1
         if err.char == '"':
             span = Span(name, line, col, line, col + 1)
@@ -131,140 +131,23 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
                 ),
                 {name: text},
             )
-        elif err.char in _QUOTES:
-            hint = _quote_hint(text.split("\n")[line - 1][col - 1 :], expected)
+        elif err.char in _hints.QUOTES:
+            hint = _hints.quote_hint(text.split("\n")[line - 1][col - 1 :], expected)
         elif err.char.isalnum() or err.char == "_":
             word = re.match(r"[^\s,()]*", text.split("\n")[line - 1][col - 1 :])
             assert word is not None
             found = f"`{word.group()}`"
             width = max(1, len(word.group()))
-            hint = _hint_for("NAME", word.group(), expected)
+            hint = _hints.hint_for("NAME", word.group(), expected)
     else:  # UnexpectedEOF
         expected = set(getattr(err, "expected", ()) or ())
         found, width = "end of file", 1
     if not hint and found not in ("end of line", "end of file"):
         source = text.split("\n")[line - 1] if line <= text.count("\n") + 1 else ""
-        hint = _layout_hint(source[: col - 1], source[col - 1 :], expected) if source[col - 1 :] else ""
+        hint = _hints.layout_hint(source[: col - 1], source[col - 1 :], expected) if source[col - 1 :] else ""
     message = f"unexpected {found}; expected {_expected(expected)}"
     span = Span(name, line, col, line, col + width)
     return RuleSyntaxError(Diagnostic("SR001", "error", message, span, hint=hint), {name: text})
-
-
-# Quotes that are not `"`: single quotes, and the typographic ones an editor or
-# a chat window substitutes for `"` and `'`.
-_QUOTES = {"'": "'", "\u201c": "\u201d", "\u201d": "\u201d", "\u2018": "\u2019", "\u2019": "\u2019"}
-
-
-def _quote_hint(rest: str, expected: set[str]) -> str:
-    """What to write instead of the quoted text that starts `rest`."""
-    close = rest.find(_QUOTES[rest[0]], 1)
-    inner = rest[1:close] if close > 0 else ""
-    if "STRING" not in expected:
-        shown = f": {inner}" if inner.isidentifier() else ", e.g. `rules params:`"
-        return f"names are written without quotes{shown}"
-    example = f'"{inner}"' if inner and '"' not in inner else '"attn/kernel"'
-    return f"patterns and include paths are written in double quotes: {example}"
-
-
-def _show_char(char: str) -> str:
-    """`x` as itself in backquotes; invisible or look-alike characters by name."""
-    if char.isascii() and char.isprintable():
-        return f"`{char}`"
-    name = unicodedata.name(char, "")
-    code = f"U+{ord(char):04X}"
-    shown = f"`{char}` " if char.isprintable() and not char.isspace() else ""
-    return f"{shown}({code}{' ' + name if name else ''})"
-
-
-_KEYWORDS = ("mesh", "include", "alias", "rules", "default", "replicated", "auto", "logical")
-
-
-def _hint_for(found_type: str, found: str, expected: set[str]) -> str:
-    if found_type == "NAME":
-        from ._errors import did_you_mean
-
-        close = did_you_mean(found.lower(), _KEYWORDS)
-        if close and found not in _KEYWORDS:
-            return close + " (keywords are lower case)" if found.lower() in _KEYWORDS else close
-    if found_type == "STRING" and expected & {"LPAR", "RPAR", "ELLIPSIS", "UNSHARDED"}:
-        return "mesh axes and aliases are written without quotes, e.g. (data, model)"
-    if found_type == "STRING" and "NAME" in expected:
-        return "names are written without quotes, e.g. `rules params:` or `alias embed = fsdp`"
-    if "STRING" in expected and found_type == "NAME":
-        return f'patterns are quoted: "{found}"; statements start with mesh, include, alias, rules or default'
-    if {"LPAR", "REPLICATED"} <= expected and found_type == "NAME":
-        return f"a spec has one entry per dimension in parentheses: ({found})"
-    if expected == {"COLON"}:
-        return "a group header ends with a colon, e.g. `rules params:`"
-    if "ARROW" in expected:
-        return 'a rule reads "pattern" -> (spec)'
-    if "RPAR" in expected and found_type == "_NL":
-        return "close the parenthesis; a rule fits on one line"
-    if found_type in ("_NL", "$END") and expected & {"NAME", "LPAR", "ELLIPSIS", "UNSHARDED"}:
-        return "the spec stops early: write its next entry and close the parenthesis on this line"
-    return ""
-
-
-def _layout_hint(before: str, rest: str, expected: set[str]) -> str:
-    """A hint from the text around an unexpected token: `before` it on its line,
-    and the `rest` of the line from it."""
-    head, char = before.strip(), rest[0]
-    if rest.startswith("//"):
-        return "comments start with `#`"
-    if char in "[{":
-        return "a spec is written in parentheses, e.g. (fsdp, model)"
-    if char == ";":
-        return "a statement ends with its line; remove the `;`"
-    if char in ".\u2026" and "ELLIPSIS" in expected:
-        return "write `...`, three ASCII dots"
-    if char == "?":
-        if head.startswith("alias"):
-            return "an alias cannot be optional; write the `?` in the spec that uses it, e.g. (vocab?)"
-        return "`?` follows the axis it makes optional, e.g. (fsdp, model?)"
-    if char == "-" and "ARROW" in expected:
-        return 'a rule reads "pattern" -> (spec), with nothing between `-` and `>`'
-    word = re.search(r"\w+$", before)
-    if char == "-" and word is not None:
-        joined = word.group() + "_" + re.match(r"-(\w*)", rest).group(1)  # type: ignore[union-attr]
-        return f"names are letters, digits and `_`, e.g. `{joined}`"
-    if re.search(r"min_bytes\s*=\s*[0-9][\w.]*\s*$", before):
-        return "write a size as digits and an optional unit, without spaces: 1048576 or 1MiB"
-    if "NUMBER" in expected and head.startswith("mesh"):
-        return "a mesh axis size is a positive whole number or `*`, e.g. `mesh data=2, model=*`"
-    if char == ":" and head.startswith("mesh"):
-        return "mesh axis sizes are written with `=`, e.g. `mesh data=2, model=4`"
-    if char == "=" and re.search(r"auto\(\s*\w+$", head):
-        return "auto() takes its mesh axes first, e.g. auto(fsdp, min_bytes=1MiB)"
-    if char == "(" and head == "mesh":
-        return "list the axes without parentheses: `mesh data, fsdp, model`"
-    if char == "(" and head.endswith("replicated"):
-        return "`replicated` takes no parentheses"
-    if char == "(" and "NAME" in expected:
-        return "a dimension takes one flat tuple of axes, e.g. ((data, fsdp), model)"
-    if char == ")" and head.endswith(","):
-        return "remove the comma before `)`"
-    if char == '"' and "NUMBER" in expected:
-        return "sizes are written without quotes, e.g. min_bytes=1MiB"
-    if "LPAR" in expected and head.endswith("auto"):
-        return "auto takes its axes in parentheses, e.g. auto(fsdp)"
-    if expected & {"EQUAL", "NAME"} and head.startswith("alias"):
-        return "an alias reads `alias NAME = AXES`, e.g. alias embed = fsdp"
-    if "COMMA" in expected and char.isascii() and (char.isalpha() or char == "_"):
-        if head.startswith("mesh"):
-            return "separate the mesh axes with commas, e.g. `mesh data, fsdp`"
-        return "separate the entries with commas, e.g. (fsdp, model)"
-    if rest.startswith("->"):
-        return 'a rule starts with its quoted pattern, e.g. "attn/kernel" -> (fsdp, model)'
-    if char == "\r":
-        return "this line ends in a lone `\\r` (old Mac line ends); save the file with `\\n` line ends"
-    if char == "\x00":
-        return "rule files are UTF-8 text; this one holds a NUL character (is it a binary file?)"
-    if not char.isascii():
-        plain = "a plain space" if char.isspace() else "its ASCII look-alike"
-        return f"outside quotes and comments rule files are ASCII: replace {_show_char(char)} with {plain}"
-    if expected <= {"_NL", "COMMENT"}:
-        return "one statement per line: move this to a line of its own"
-    return ""
 
 
 # ------------------------------------------------------------------ tree → AST
