@@ -14,7 +14,7 @@ from . import _check, _mesh, _multihost
 from ._agree import check_mode
 from ._check import DEFAULT_REPLICATED_THRESHOLD
 from ._compile import compile_leaves, compile_plan
-from ._errors import Diagnostic, error_for
+from ._errors import Diagnostic, error_for, ordered
 from ._load import load
 from ._mesh import MeshLike
 from ._parse import byte_size
@@ -107,7 +107,8 @@ def check(
     - `mesh`, `group`, `device_memory`, `replicated_threshold`: as for
       `shardrules.plan`.
 
-    **Returns:** a list of `Diagnostic`s, errors first; empty when all is well.
+    **Returns:** a list of `Diagnostic`s in the order `shardrules lint` prints them (errors,
+    then warnings; each by file, line and column); empty when all is well.
 
     ```python
     for d in shardrules.check(params, rules, mesh, device_memory="80GiB"):
@@ -136,8 +137,7 @@ def check(
     if isinstance(the_plan.mesh, jax.sharding.Mesh):
         leaves = [leaf for _, leaf in keyed]
         found += _check.placement_diagnostics(the_plan, leaves, the_plan.mesh, abstract_ok=True)
-    unique = list(dict.fromkeys(found))
-    return [d for d in unique if d.severity == "error"] + [d for d in unique if d.severity != "error"]
+    return ordered(dict.fromkeys(found))  # as `shardrules lint` prints them
 
 
 def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: str = "params") -> Any:
