@@ -21,7 +21,7 @@ from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
 from ._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
-from ._plan import LeafPlan, Plan, Why
+from ._plan import LeafPlans, Plan, Why
 from ._rules import Rule, RuleSet
 from ._spec import LeafError, leaf_spec, shard_bytes
 
@@ -128,35 +128,42 @@ def _compile(
     first = Matcher(group_rules).first
     default = rules.defaults.get(group)
 
-    # (rule, shape, dtype) → (spec, bytes per device, why), or None after an error.
-    memo: dict[tuple[int, tuple[int, ...], np.dtype], tuple[PartitionSpec | None, int, Why] | None] = {}
-    plans: list[LeafPlan] = []
+    # A leaf's plan is its path and its kind: (shape, dtype, rule, spec, bytes per
+    # device, why), the same for every array of one shape and dtype that one rule
+    # matches. Kind 0 is "not an array".
+    parts: list[tuple[Any, ...]] = [(None, None, None, None, 0, "not an array")]
+    kind_of: dict[tuple[int, tuple[int, ...], np.dtype], int] = {}
+    kinds: list[int] = []
     unmatched: list[LeafInfo] = []
     reported: set[tuple[str, str, Span | None]] = set()
     for path, signature in zip(paths, signatures, strict=True):
         if signature is None:
-            plans.append(_leaf_plan(path, None, None, None, None, 0, "not an array"))
+            kinds.append(0)
             continue
         shape, dtype = signature
         rule = first(path) or default
         key = (id(rule), shape, dtype)
-        try:
-            done = memo[key]
-        except KeyError:
+        kind = kind_of.get(key)
+        if kind is None:
             done = _plan_one(rule, path, shape, dtype, sizes, rules, broken, diagnostics, reported)
+            if done is None:
+                unmatched.append(LeafInfo(path, shape, dtype))
+                part: tuple[Any, ...] = (shape, dtype, None, None, 0, "unmatched")
+            else:
+                spec, per_device, why = done
+                part = (shape, dtype, rule, spec, per_device, why)
+            kind = len(parts)
+            parts.append(part)
             # errors name their leaf: one diagnostic each (a `logical` rule's has none yet)
             if done is None or done[2] != "error" or rule.spec.kind == "logical":  # type: ignore[union-attr]
-                memo[key] = done
-        if done is None:
+                kind_of[key] = kind
+        elif parts[kind][5] == "unmatched":
             unmatched.append(LeafInfo(path, shape, dtype))
-            plans.append(_leaf_plan(path, shape, dtype, None, None, 0, "unmatched"))
-            continue
-        spec, per_device, why = done
-        plans.append(_leaf_plan(path, shape, dtype, rule, spec, per_device, why))
+        kinds.append(kind)
 
     if unmatched:
         diagnostics.append(_unmatched(unmatched, rules, group))
-    return Plan(tuple(plans), treedef, tuple(diagnostics), group, rules, mesh)
+    return Plan(LeafPlans(paths, kinds, parts), treedef, tuple(diagnostics), group, rules, mesh)
 
 
 def _plan_one(
@@ -190,38 +197,6 @@ def _plan_one(
             diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, info.path, err.hint))
         return None, 0, "error"
     return spec, shard_bytes(info, spec, sizes), "default" if rule.is_default else "rule"
-
-
-_new = object.__new__
-_set = object.__setattr__
-
-
-def _leaf_plan(
-    path: str,
-    shape: tuple[int, ...] | None,
-    dtype: np.dtype | None,
-    rule: Rule | None,
-    spec: PartitionSpec | None,
-    per_device: int,
-    why: Why,
-) -> LeafPlan:
-    """`LeafPlan(...)` without the frozen dataclass's field-by-field `__init__`
-    (twice as fast; plans of 100k+ leaves make one per leaf)."""
-    plan = _new(LeafPlan)
-    _set(
-        plan,
-        "__dict__",
-        {
-            "path": path,
-            "shape": shape,
-            "dtype": dtype,
-            "rule": rule,
-            "spec": spec,
-            "bytes_per_device": per_device,
-            "why": why,
-        },
-    )
-    return plan
 
 
 def _check_group(rules: RuleSet, group: str) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, overload
 
 import jax
 import numpy as np
@@ -58,19 +58,94 @@ class LeafPlan:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _leaf_plan(path: str, fields: dict[str, Any]) -> LeafPlan:
+    """`LeafPlan(path, **fields)` without the frozen dataclass's field-by-field
+    `__init__` (twice as fast; plans of 100k+ leaves make one per leaf)."""
+    plan = _new(LeafPlan)
+    _set(plan, "__dict__", {"path": path, **fields})
+    return plan
+
+
+class LeafPlans(Sequence[LeafPlan]):
+    """The `LeafPlan`s of a plan, made on first use.
+
+    Most leaves of a large tree share everything but their path with many
+    others (every expert's `up_proj/kernel`: one shape, one rule, one spec). A
+    plan keeps each leaf's path and the index of its *kind* — `(shape, dtype,
+    rule, spec, bytes per device, why)` — and makes the `LeafPlan` objects only
+    when they are looked at; `sr.specs` never needs them. Reads like a tuple.
+    """
+
+    __slots__ = ("_kinds", "_made", "_parts", "_paths")
+
+    def __init__(self, paths: list[str], kinds: list[int], parts: list[tuple[Any, ...]]):
+        self._paths = paths
+        self._kinds = kinds
+        self._parts = parts  # (shape, dtype, rule, spec, bytes_per_device, why)
+        self._made: tuple[LeafPlan, ...] | None = None
+
+    def _all(self) -> tuple[LeafPlan, ...]:
+        made = self._made
+        if made is None:
+            parts = self._parts
+            names: tuple[str, ...] = ("shape", "dtype", "rule", "spec", "bytes_per_device", "why")
+            fields: list[dict[str, Any]] = [dict(zip(names, part, strict=True)) for part in parts]
+            with paused():  # every LeafPlan outlives the loop, and none is in a cycle
+                made = tuple(
+                    _leaf_plan(path, fields[kind])
+                    for path, kind in zip(self._paths, self._kinds, strict=True)
+                )
+            self._made = made
+        return made
+
+    def specs(self) -> list[PartitionSpec | None]:
+        """Every leaf's spec, without making the `LeafPlan`s."""
+        specs = [part[3] for part in self._parts]
+        return [specs[kind] for kind in self._kinds]
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    @overload
+    def __getitem__(self, index: int) -> LeafPlan: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[LeafPlan, ...]: ...
+    def __getitem__(self, index: int | slice) -> LeafPlan | tuple[LeafPlan, ...]:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[LeafPlan]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LeafPlans, tuple)):
+            return self._all() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How every leaf of a tree is laid out on a mesh. Made by `shardrules.plan`.
 
     **Attributes:**
 
-    - `leaves`: one `LeafPlan` per leaf, in `jax.tree_util` order.
+    - `leaves`: one `LeafPlan` per leaf, in `jax.tree_util` order (a sequence
+      that reads like a tuple).
     - `diagnostics`: everything found wrong (empty when the plan is sound).
     - `group`, `rules`, `mesh`: what it was compiled from; `mesh` may be a
       `Mesh`, an `AbstractMesh`, a dict of sizes, or `None`.
     """
 
-    leaves: tuple[LeafPlan, ...]
+    leaves: Sequence[LeafPlan]
     treedef: Any
     diagnostics: tuple[Diagnostic, ...]
     group: str
@@ -109,7 +184,12 @@ class Plan:
         """The `PartitionSpec` pytree (`None` for leaves that are not arrays)."""
         self.raise_for_errors()
         with paused():  # one new node per container of the tree
-            return jax.tree_util.tree_unflatten(self.treedef, [leaf.spec for leaf in self.leaves])
+            return jax.tree_util.tree_unflatten(self.treedef, self._specs())
+
+    def _specs(self) -> list[PartitionSpec | None]:
+        if isinstance(self.leaves, LeafPlans):
+            return self.leaves.specs()
+        return [leaf.spec for leaf in self.leaves]
 
     def shardings(self, mesh: jax.sharding.Mesh | None = None) -> Any:
         """The `NamedSharding` pytree on `mesh` (default: the plan's mesh)."""
@@ -119,7 +199,7 @@ class Plan:
             raise TypeError("shardings need a jax.sharding.Mesh; pass mesh=")
         return jax.tree_util.tree_unflatten(
             self.treedef,
-            [None if leaf.spec is None else NamedSharding(mesh, leaf.spec) for leaf in self.leaves],
+            [None if spec is None else NamedSharding(mesh, spec) for spec in self._specs()],
         )
 
     @property

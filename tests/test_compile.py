@@ -352,3 +352,34 @@ def test_fast_paths_are_jaxs_paths():
     for tree in trees:
         want = [path_str(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
         assert leaf_paths(tree) == want, tree
+
+
+def test_plan_leaves_read_like_a_tuple_and_specs_make_no_leaf_plans() -> None:
+    """`Plan.leaves` is a sequence of `LeafPlan`s that compares, hashes, indexes
+    and slices like the tuple of them; `specs()` reads the shared per-kind parts
+    and makes no `LeafPlan` at all."""
+    text = 'rules params:\n  "w$" -> (x, _)\n  default -> replicated\n'
+    s = jax.ShapeDtypeStruct
+    tree = {
+        "a": {"w": s((8, 4), jnp.float32)},
+        "b": [s((8, 4), jnp.float32), "not an array"],
+        "c": s((), jnp.int32),
+    }
+    from shardrules._compile import compile_plan  # what `sr.specs` uses: no warnings pass
+
+    fresh = compile_plan(tree, sr.loads(text), {"x": 2}, "params")
+    assert fresh.specs() == {"a": {"w": P("x", None)}, "b": [P(None, None), None], "c": P()}
+    assert fresh.leaves._made is None  # type: ignore[attr-defined]
+    leaves = fresh.leaves
+    as_tuple = tuple(leaves)
+    assert [lp.path for lp in as_tuple] == ["a/w", "b/0", "b/1", "c"]
+    assert [lp.why for lp in as_tuple] == ["rule", "default", "not an array", "scalar"]
+    assert len(leaves) == 4 and leaves[0] == as_tuple[0] and leaves[-1] == as_tuple[-1]
+    assert leaves[1:3] == as_tuple[1:3] and leaves == as_tuple and hash(leaves) == hash(as_tuple)
+    assert (
+        as_tuple[0].shape == (8, 4)
+        and as_tuple[0].spec == P("x", None)
+        and as_tuple[0].bytes_per_device == 64
+    )
+    again = sr.plan(tree, sr.loads(text), {"x": 2})
+    assert again.leaves == fresh.leaves and again.leaves == as_tuple
