@@ -207,7 +207,10 @@ def _fmt(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, int] | None, int | None, int]:
+_Inputs = tuple[Any, dict[str, int] | None, int | None, int]
+
+
+def _inputs(args: argparse.Namespace) -> _Inputs:
     """The shapes tree, mesh sizes, memory budget and replication threshold asked for."""
     from ._parse import byte_size
     from ._shapes import ShapeSourceError, load_shapes
@@ -234,20 +237,23 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, dict[str, int] | None, int |
     return tree, mesh, budget, threshold
 
 
+def _lint_one(path: str, args: argparse.Namespace, inputs: _Inputs) -> _lint.Result:
+    """`lint_file` of one rule file with the command line's shapes, mesh and options."""
+    tree, mesh, budget, threshold = inputs
+    return _lint.lint_file(
+        path,
+        tree,
+        mesh,
+        group=args.group,
+        device_memory=budget,
+        replicated_threshold=threshold,
+        hosts=args.hosts,
+    )
+
+
 def _lint_command(args: argparse.Namespace) -> int:
-    tree, mesh, budget, threshold = _inputs(args)
-    results = [
-        _lint.lint_file(
-            path,
-            tree,
-            mesh,
-            group=args.group,
-            device_memory=budget,
-            replicated_threshold=threshold,
-            hosts=args.hosts,
-        )
-        for path in args.rules
-    ]
+    inputs = _inputs(args)  # shapes are read once for all the files
+    results = [_lint_one(path, args, inputs) for path in args.rules]
     if args.format == "json":
         _lint.dump_json(results, sys.stdout)
     elif args.format == "github":
@@ -258,21 +264,12 @@ def _lint_command(args: argparse.Namespace) -> int:
 
 
 def _explain_command(args: argparse.Namespace) -> int:
-    tree, mesh, budget, threshold = _inputs(args)
     if args.path:
         try:
             re.compile(args.path)
         except re.error as err:
             raise _lint.UsageError(f"--path {args.path!r}: not a regular expression: {err}") from None
-    result = _lint.lint_file(
-        args.rules,
-        tree,
-        mesh,
-        group=args.group,
-        device_memory=budget,
-        replicated_threshold=threshold,
-        hosts=args.hosts,
-    )
+    result = _lint_one(args.rules, args, _inputs(args))
     if result.plan is not None:
         rows = _lint.explain_rows(result.plan, args.path, args.hosts)
         header = _lint.HOST_HEADER if args.hosts is not None else _lint.HEADER
