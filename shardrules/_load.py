@@ -4,14 +4,14 @@ compile patterns and group the rules. Everything here needs no mesh."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from . import _regex
-from ._errors import Diagnostic, ShardRulesError, Span, did_you_mean, error_for
+from ._errors import Diagnostic, Span, did_you_mean, error_for
+from ._files import MAX_FILE_BYTES, read_rule_file
 from ._parse import parse
 from ._rules import (
     Alias,
@@ -30,9 +30,6 @@ from ._rules import (
 )
 
 _AUTO_OPTIONS = ("min_bytes",)
-
-MAX_FILE_BYTES = 1 << 20
-"""The largest rule file read (1 MiB); rule files are a few kilobytes."""
 
 MAX_INCLUDE_DEPTH = 16
 """How deep `include`s may nest."""
@@ -58,7 +55,7 @@ def load(path: str | os.PathLike[str], *, include_root: str | os.PathLike[str] |
     """
     display = os.fspath(path)
     root = Path(include_root if include_root is not None else Path(display).parent or ".")
-    text = _read(Path(display), display, None)
+    text = read_rule_file(Path(display), display, None)
     return _Loader(root.resolve(), explicit_root=include_root is not None).run(
         text, display, Path(display).resolve()
     )
@@ -112,89 +109,6 @@ def loads(
             ]
         )
     return _Loader(root, explicit_root=include_root is not None).run(text, name, root / "<string>")
-
-
-def _read(path: Path, display: str, span: Span | None, sources: dict[str, str] | None = None) -> str:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
-            raise error_for(
-                [
-                    Diagnostic(
-                        "SR009",
-                        "error",
-                        f"`{display}` is larger than {MAX_FILE_BYTES >> 20} MiB; rule files are small text files",
-                        span,
-                        hint="check that this is the rule file you meant",
-                    )
-                ],
-                sources,
-            )
-        return data.decode("utf-8")
-    except ShardRulesError:  # SR009 above: a ValueError, not a path that cannot be read
-        raise
-    except FileNotFoundError:
-        message, hint = _not_found(path, display, included=span is not None)
-    except IsADirectoryError:
-        inside = sorted(p.name for p in path.glob("*.shard"))[:3]
-        message = f"`{display}` is a folder, not a rule file"
-        hint = (
-            f"name a rule file in it, e.g. `{os.path.join(display, inside[0])}`"
-            if inside
-            else "name the rule file itself, e.g. `sharding/model.shard`"
-        )
-    except UnicodeDecodeError as err:
-        message, hint = f"`{display}` is not UTF-8 text ({err.reason})", "save the rule file as UTF-8"
-    except (OSError, ValueError) as err:  # also a name too long for a path, or with a NUL in it
-        if span is None and looks_like_rules(display):
-            message, hint = _rule_text(display)
-        else:
-            shown = display if len(display) <= 80 else display[:60] + "…"
-            message = f"cannot read `{shown}`: {err.strerror if isinstance(err, OSError) else err}"
-            hint = (
-                "check that the file exists and that this user may read it"
-                if isinstance(err, OSError)
-                else "a path cannot hold a NUL character; check how it was built"
-            )
-    raise error_for([Diagnostic("SR005", "error", message, span, hint=hint)], sources)
-
-
-def looks_like_rules(text: str) -> bool:
-    """Whether a string given as a path is rule text instead."""
-    return "\n" in text or re.search(r"->|^\s*(rules\s+\w+\s*:|mesh\s+\w|alias\s+\w+\s*=)", text) is not None
-
-
-def _rule_text(text: str) -> tuple[str, str]:
-    """The message and hint for rule text passed where a path goes."""
-    first = text.strip().split("\n")[0]
-    shown = first if len(first) <= 40 and first == text.strip() else first[:40] + "…"
-    return (
-        f"rule file `{shown}` not found: this is rule text, not the path of a rule file",
-        "a str given as rules is read as a path; for rules in a string, call "
-        "`shardrules.loads(text)` and pass the RuleSet it returns",
-    )
-
-
-def _not_found(path: Path, display: str, *, included: bool) -> tuple[str, str]:
-    """The message and hint for a rule file that does not exist."""
-    if included:
-        return f"rule file `{display}` not found", "include paths are relative to the including file"
-    if looks_like_rules(display):
-        return _rule_text(display)
-    tried = path.absolute()
-    folder = tried.parent
-    relative = (
-        "" if path.is_absolute() else f"; a relative path starts from the current directory, {Path.cwd()}"
-    )
-    looked = "" if path.is_absolute() else f" (looked for {tried})"
-    message = f"rule file `{display}` not found{looked}"
-    if not folder.is_dir():
-        return message, f"the folder {folder} does not exist{relative}"
-    close = difflib.get_close_matches(path.name, [p.name for p in folder.glob("*.shard")], n=1, cutoff=0.6)
-    if close:
-        return message, f"did you mean `{os.path.join(os.path.dirname(display), close[0])}`?"
-    return message, f"check the path{relative}"
 
 
 @dataclasses.dataclass
@@ -309,7 +223,7 @@ class _Loader:
                 "include the shared files from one top-level file instead of chaining them",
             )
             return
-        text = _read(real, display, stmt.span, self.sources)
+        text = read_rule_file(real, display, stmt.span, self.sources)
         self.visit(text, display, real)
 
     # -------------------------------------------------------------- mesh
