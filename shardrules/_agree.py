@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ._errors import Diagnostic, error_for
 
@@ -110,31 +111,22 @@ def data_hash(x: Any, mode: str) -> tuple[int, int]:
 
 
 @jax.jit
-def _take(data: Any, coords: tuple[Any, ...]) -> Any:
-    return data[coords]
+def _gather(x: Any, coords: tuple[Any, ...]) -> Any:
+    # One gather over the whole array: XLA gathers on each device from its own
+    # shard and sums the (masked) parts, so no shard is copied whole; compiled
+    # once per shape and sharding (the number of sampled elements is fixed).
+    sharding = jax.typeof(x).sharding
+    replicated = (
+        NamedSharding(sharding.mesh, PartitionSpec()) if isinstance(sharding, NamedSharding) else None
+    )
+    return x.at[coords].get(out_sharding=replicated)
 
 
 def _device_sample(x: jax.Array, picks: np.ndarray) -> np.ndarray:
-    """The elements of `x` at flat indices `picks`, gathered from its shards on
-    the devices (each distinct shard once): only they reach the host."""
-    coords = np.unravel_index(picks, x.shape)
-    out = np.empty(picks.size, x.dtype)
-    filled = np.zeros(picks.size, bool)
-    for shard in x.addressable_shards:
-        bounds = [s.indices(d)[:2] for s, d in zip(shard.index, x.shape, strict=True)]
-        inside = ~filled
-        for c, (lo, hi) in zip(coords, bounds, strict=True):
-            inside &= (c >= lo) & (c < hi)
-        count = int(inside.sum())
-        if count:
-            # Padded (with index 0) to a power of two: a few compiled gathers serve every shard.
-            local = tuple(np.zeros(1 << (count - 1).bit_length(), np.int32) for _ in coords)
-            for padded, c, (lo, _) in zip(local, coords, bounds, strict=True):
-                padded[:count] = c[inside] - lo
-            out[inside] = np.asarray(_take(shard.data, local))[:count]
-            filled |= inside
-    assert filled.all(), "the shards of a fully addressable array cover it"
-    return out
+    """The elements of `x` at flat indices `picks`, gathered on its devices:
+    only they reach the host."""
+    coords = tuple(c.astype(np.int32) for c in np.unravel_index(picks, x.shape))
+    return np.asarray(_gather(x, coords))
 
 
 def fingerprint(
