@@ -118,6 +118,23 @@ def layout_hint(before: str, rest: str, expected: set[str]) -> str:
     if not char.isascii():
         plain = "a plain space" if char.isspace() else "its ASCII look-alike"
         return f"outside quotes and comments rule files are ASCII: replace {show_char(char)} with {plain}"
+    if char in "]}" and head.endswith(")"):
+        return f"remove the `{char}`: a spec is written in round parentheses, e.g. (fsdp, model)"
     if expected <= {"_NL", "COMMENT"}:
         return "one statement per line: move this to a line of its own"
     return ""
+
+
+def expected_hint(expected: set[str]) -> str:
+    """A hint from what the parser expected, for a token nothing more specific
+    explains: the form of the statement it is in."""
+    if "ARROW" in expected:
+        return 'a rule reads "pattern" -> (spec), with `->` after the closing quote'
+    if expected & {"RPAR", "OPTIONAL"}:
+        return "a spec lists mesh axes or aliases, separated by commas, in parentheses, e.g. (fsdp, model?)"
+    if "EQUAL" in expected or "STAR" in expected:
+        return "a mesh line names its axes, each with an optional size: `mesh data=2, model=*`"
+    return (
+        'a line is one of: `mesh AXES`, `include "FILE"`, `alias NAME = AXES`, `rules GROUP:`, '
+        '`"PATTERN" -> SPEC` or `default -> SPEC`, optionally followed by a `#` comment'
+    )

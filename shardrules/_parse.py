@@ -145,6 +145,8 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
     if not hint and found not in ("end of line", "end of file"):
         source = text.split("\n")[line - 1] if line <= text.count("\n") + 1 else ""
         hint = _hints.layout_hint(source[: col - 1], source[col - 1 :], expected) if source[col - 1 :] else ""
+    if not hint:
+        hint = _hints.expected_hint(expected)
     message = f"unexpected {found}; expected {_expected(expected)}"
     span = Span(name, line, col, line, col + width)
     return RuleSyntaxError(Diagnostic("SR001", "error", message, span, hint=hint), {name: text})

@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import shardrules as sr
 
@@ -158,3 +160,48 @@ def test_every_syntax_error_has_a_hint() -> None:
         err = _load_error(entry)
         bare += [case for d in err.diagnostics if d.code == "SR001" and not d.hint]
     assert bare == []
+
+
+_VALID = """mesh data=2, fsdp=*, model=8
+alias batch = (data, fsdp)
+rules params:
+  "embed/embedding"          -> (model, fsdp)
+  "attn/(q|k|v)_proj/kernel" -> (..., fsdp, model)
+  "lm_head/kernel"           -> (fsdp, model?)
+  default                    -> auto(fsdp, min_bytes=1MiB)
+rules inputs:
+  "tokens|targets" -> (batch, _)  # the batch
+"""
+_PIECES = [*"\"'()[]{},.;:-=>?*_#/\\ \t\n…“”\u00a0aZ09", "->", "...", "rules", "mesh", "alias", "default"]
+
+
+@given(
+    edits=st.lists(
+        st.tuples(
+            st.integers(0, len(_VALID)),
+            st.sampled_from(["insert", "delete", "replace"]),
+            st.sampled_from(_PIECES),
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_edited_files_get_syntax_errors_with_hints(edits: list[tuple[int, str, str]]) -> None:
+    """Small edits of a valid file (a character or keyword inserted, deleted or
+    replaced) either still load, or fail with errors of ours; every syntax
+    error among them says how to write the line (a hint), not just what the
+    parser expected."""
+    text = list(_VALID)
+    for at, op, piece in edits:
+        at = min(at, len(text))
+        if op == "insert":
+            text.insert(at, piece)
+        elif text:
+            text[min(at, len(text) - 1) : min(at, len(text) - 1) + 1] = [] if op == "delete" else [piece]
+    source = "".join(text)
+    try:
+        sr.loads(source)
+    except sr.ShardRulesError as err:
+        for d in err.diagnostics:
+            if d.code == "SR001":
+                assert d.hint, f"no hint for: {d.message}\n{source}"
