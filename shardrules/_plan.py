@@ -128,6 +128,12 @@ class LeafPlans(Sequence[LeafPlan]):
     def __hash__(self) -> int:
         return hash(self._all())
 
+    def __add__(self, other: tuple[LeafPlan, ...]) -> tuple[LeafPlan, ...]:
+        return self._all() + tuple(other)
+
+    def __radd__(self, other: tuple[LeafPlan, ...]) -> tuple[LeafPlan, ...]:
+        return tuple(other) + self._all()
+
     def __repr__(self) -> str:
         return repr(self._all())
 

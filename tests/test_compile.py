@@ -376,6 +376,7 @@ def test_plan_leaves_read_like_a_tuple_and_specs_make_no_leaf_plans() -> None:
     assert [lp.why for lp in as_tuple] == ["rule", "default", "not an array", "scalar"]
     assert len(leaves) == 4 and leaves[0] == as_tuple[0] and leaves[-1] == as_tuple[-1]
     assert leaves[1:3] == as_tuple[1:3] and leaves == as_tuple and hash(leaves) == hash(as_tuple)
+    assert leaves + () == as_tuple == () + leaves and leaves.index(as_tuple[2]) == 2  # noqa: RUF005
     assert (
         as_tuple[0].shape == (8, 4)
         and as_tuple[0].spec == P("x", None)
