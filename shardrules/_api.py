@@ -192,7 +192,7 @@ def apply(
     group: str = "params",
     device_memory: int | str | None = None,
     process_local: bool = False,
-    verify: str = "sample",
+    verify: str | bool = "sample",
 ) -> Any:
     """Lay a pytree out on the mesh as the rules say.
 
