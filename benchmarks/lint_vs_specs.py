@@ -24,7 +24,7 @@ import _trees
 import jax
 
 import shardrules as sr
-from shardrules import _lint
+from shardrules._cli import _lint
 
 SIZES = {"data": 2, "fsdp": 32, "model": 8}
 

@@ -8,14 +8,6 @@ params = sr.apply(params, rules, mesh)
 ```
 """
 
-from ._api import apply as apply
-from ._api import check as check
-from ._api import plan as plan
-from ._api import shardings as shardings
-from ._api import specs as specs
-from ._check import check_devices as check_devices
-from ._constrain import auto_constrain as auto_constrain
-from ._constrain import constrain as constrain
 from ._errors import Diagnostic as Diagnostic
 from ._errors import GroupNotFoundError as GroupNotFoundError
 from ._errors import IncludeNotFoundError as IncludeNotFoundError
@@ -28,20 +20,27 @@ from ._errors import RuleSyntaxError as RuleSyntaxError
 from ._errors import ShardRulesError as ShardRulesError
 from ._errors import Span as Span
 from ._errors import TreeError as TreeError
-from ._format import format_text as format_text
-from ._jit import jit as jit
-from ._load import load as load
-from ._load import loads as loads
-from ._orbax import load_orbax as load_orbax
-from ._place import init as init
-from ._place import load_checkpoint as load_checkpoint
-from ._plan import LeafPlan as LeafPlan
-from ._plan import Plan as Plan
-from ._rules import Rule as Rule
-from ._rules import RuleSet as RuleSet
-from ._shapes import load_shapes as load_shapes
-
-__version__ = "0.1.0"
+from ._language._format import format_text as format_text
+from ._language._load import load as load
+from ._language._load import loads as loads
+from ._language._rules import Rule as Rule
+from ._language._rules import RuleSet as RuleSet
+from ._placement._orbax import load_orbax as load_orbax
+from ._placement._sharded_init import init as init
+from ._placement._sharded_init import load_checkpoint as load_checkpoint
+from ._planning._api import apply as apply
+from ._planning._api import check as check
+from ._planning._api import plan as plan
+from ._planning._api import shardings as shardings
+from ._planning._api import specs as specs
+from ._planning._check import check_devices as check_devices
+from ._planning._plan import LeafPlan as LeafPlan
+from ._planning._plan import Plan as Plan
+from ._planning._shapes import load_shapes as load_shapes
+from ._tracing._constrain import auto_constrain as auto_constrain
+from ._tracing._constrain import constrain as constrain
+from ._tracing._jit import jit as jit
+from ._version import __version__ as __version__
 
 __all__ = [
     "Diagnostic",

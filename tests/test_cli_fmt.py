@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import shardrules as sr
-from shardrules._cli import main
+from shardrules._cli._main import main
 
 REPO = Path(__file__).resolve().parent.parent
 

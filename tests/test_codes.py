@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
-from shardrules import _lint
+from shardrules._cli import _lint
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "diagnostics.md"
 SIZES = {"data": 2, "fsdp": 4, "model": 8}

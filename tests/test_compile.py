@@ -337,7 +337,7 @@ def test_plans_are_safe_to_compile_from_many_threads():
 
 
 def test_fast_paths_are_jaxs_paths():
-    from shardrules._paths import leaf_paths, path_str
+    from shardrules._interop._paths import leaf_paths, path_str
 
     od = collections.OrderedDict([("y", 1), ("x", 2)])
     trees = [
@@ -365,7 +365,7 @@ def test_plan_leaves_read_like_a_tuple_and_specs_make_no_leaf_plans() -> None:
         "b": [s((8, 4), jnp.float32), "not an array"],
         "c": s((), jnp.int32),
     }
-    from shardrules._compile import compile_plan  # what `sr.specs` uses: no warnings pass
+    from shardrules._planning._compile import compile_plan  # what `sr.specs` uses: no warnings pass
 
     fresh = compile_plan(tree, sr.loads(text), {"x": 2}, "params")
     assert fresh.specs() == {"a": {"w": P("x", None)}, "b": [P(None, None), None], "c": P()}

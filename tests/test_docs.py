@@ -11,7 +11,7 @@ How a page is read: its fenced blocks are taken in order.
   `shapes.json`, as its introduction says). Every json block must be a shapes
   file that `sr.load_shapes` reads.
 - ```console blocks: each `$ shardrules ARGS` runs in-process
-  (`shardrules._cli.main`), stdout and stderr together; `$ echo $?` prints the
+  (`shardrules._cli._main.main`), stdout and stderr together; `$ echo $?` prints the
   status of the command before it. The lines under a command are its output.
   A block of commands alone has its output shown by the ```text block after it.
 - ```python blocks run in the page's namespace (one per `##` section on
@@ -69,7 +69,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import shardrules as sr
-from shardrules._cli import main as cli_main
+from shardrules._cli._main import main as cli_main
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SHOWN_FOLDER = "/home/me/llama"

@@ -12,9 +12,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
-from shardrules import _paths
-from shardrules._format import format_text
-from shardrules._parse import parse
+from shardrules._interop import _paths
+from shardrules._language._format import format_text
+from shardrules._language._parse import parse
 
 
 def logical(init, *names):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shardrules as sr
-from shardrules import _load
+from shardrules._language import _load
 
 SAFE = [
     r"attn/(q|k|v)_proj/kernel$",

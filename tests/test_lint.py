@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import pytest
 
 import shardrules as sr
-from shardrules import _lint, _shapes
-from shardrules._cli import main
+from shardrules._cli import _lint
+from shardrules._cli._main import main
+from shardrules._planning import _shapes
 
 LLAMA_RULES = r"""mesh fsdp, model
 
@@ -437,7 +438,7 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, monkeypatch, capsys, ar
 
 
 def test_explain_uses_rich_only_on_a_terminal(tmp_path, capsys):
-    from shardrules import _lint
+    from shardrules._cli import _lint
 
     assert not _lint.use_rich(io.StringIO())
     plan = sr.plan(

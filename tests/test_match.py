@@ -16,8 +16,8 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 import shardrules as sr
-from shardrules._load import iter_rules
-from shardrules._match import Matcher, by_key, digit_blind, search_all
+from shardrules._language._load import iter_rules
+from shardrules._planning._match import Matcher, by_key, digit_blind, search_all
 
 
 @pytest.mark.parametrize(

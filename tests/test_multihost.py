@@ -25,9 +25,10 @@ import numpy as np
 import pytest
 
 import shardrules as sr
-from shardrules import _agree, _hosts, _multihost
-from shardrules._cli import main as cli_main
-from shardrules._compile import compile_leaves
+from shardrules._cli._main import main as cli_main
+from shardrules._placement import _agree, _multihost
+from shardrules._planning import _hosts
+from shardrules._planning._compile import compile_leaves
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 TIMEOUT = 100  # seconds for every process together

@@ -149,7 +149,7 @@ def test_core_api_works_without_any_framework(tmp_path):
     # The CLI, with shapes from a JSON file.
     (TMP / "plain.shard").write_text("mesh data, model\\nrules params:\\n  default -> replicated\\n")
     (TMP / "shapes.json").write_text(json.dumps({"w": [[8, 8], "float32"]}))
-    from shardrules._cli import main
+    from shardrules._cli._main import main
     status = main(["lint", str(TMP / "plain.shard"), "--mesh", "data=4,model=2",
                    "--shapes", str(TMP / "shapes.json")])
     assert status == 0, status

@@ -141,7 +141,7 @@ def test_init_in_chunks_gives_the_same_arrays(mesh222):
 
 
 def test_chunks_group_leaves_by_bytes():
-    from shardrules._place import _chunks
+    from shardrules._placement._sharded_init import _chunks
 
     assert _chunks([10, 10, 10], 20) == [[0, 1], [2]]
     assert _chunks([30, 5, 5], 20) == [[0], [1, 2]]
@@ -152,7 +152,7 @@ def test_chunks_group_leaves_by_bytes():
 def test_chunks_make_the_largest_leaves_first():
     """A group's temporaries (3x its bytes for random init) come on top of the
     leaves already made: the big ones go first, when few are made."""
-    from shardrules._place import _chunks
+    from shardrules._placement._sharded_init import _chunks
 
     assert _chunks([10, 40, 20, 5], 30) == [[1], [2, 0], [3]]
     sizes = [2**20] * 28 + [2**28]  # many layer weights, then a large embedding

@@ -36,8 +36,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
-from shardrules import _grammar
-from shardrules._parse import parse
+from shardrules._language import _grammar
+from shardrules._language._parse import parse
 
 # The same mesh as the `mesh222` fixture; built here because `@given` tests
 # cannot take function-scoped fixtures.

@@ -332,7 +332,7 @@ def test_version_matches_pyproject() -> None:
 
 
 def test_cli_reports_the_version(capsys: pytest.CaptureFixture[str]) -> None:
-    from shardrules._cli import main
+    from shardrules._cli._main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])

@@ -182,7 +182,7 @@ def test_apply_inside_a_torchax_jitted_function_pins_the_layout(model, mesh, env
 
 
 def test_trees_without_torch_tensors_pass_through_untouched():
-    from shardrules._torchax import to_jax
+    from shardrules._interop._torchax import to_jax
 
     tree = {"w": np.zeros((4, 4))}
     same, restore = to_jax(tree)

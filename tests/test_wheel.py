@@ -183,11 +183,13 @@ def test_wheel_contents(installed: Installed) -> None:
     with zipfile.ZipFile(installed.wheel) as zf:
         names = set(zf.namelist())
         assert "shardrules/grammar/shardrules.lark" in names
-        assert "shardrules/__init__.py" in names
-        assert "shardrules/_cli.py" in names
+        # Every module of every stage folder ships, not only the top level.
+        modules = {f.relative_to(REPO).as_posix() for f in (REPO / "shardrules").rglob("*.py")}
+        assert "shardrules/_cli/_main.py" in modules
+        assert modules <= names, sorted(modules - names)
         packaged = zf.read("shardrules/grammar/shardrules.lark").decode("utf-8")
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "shardrules = shardrules._cli:main" in zf.read(entry_points).decode("utf-8")
+        assert "shardrules = shardrules._cli._main:main" in zf.read(entry_points).decode("utf-8")
     assert packaged == (REPO / "grammar" / "shardrules.lark").read_text(encoding="utf-8")
     assert not any(n.startswith(("tests/", "docs/", "grammar/")) for n in names), sorted(names)
 

@@ -12,10 +12,10 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._errors import Diagnostic, Span, error_for
+from .._errors import Diagnostic, Span, error_for
+from .._language._rules import Rule, RuleSet
 from ._gcpause import paused
 from ._mesh import MeshLike, sizes_of
-from ._rules import Rule, RuleSet
 
 Why = Literal["rule", "default", "scalar", "size-1", "not an array", "unmatched", "error"]
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
-from ._errors import Span
-from ._format import spec_text
-from ._paths import LeafInfo
+from .._errors import Span
+from .._interop._paths import LeafInfo
+from .._language._format import spec_text
+from .._language._rules import ResolvedEntry, Rule, RuleSet
 from ._plan import plural
-from ._rules import ResolvedEntry, Rule, RuleSet
 
 SpecEntry = Any  # None | str | tuple[str, ...]
 

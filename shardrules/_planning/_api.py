@@ -10,18 +10,19 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from . import _check, _mesh, _multihost
-from ._agree import check_mode
+from .._errors import Diagnostic, error_for, ordered
+from .._interop._paths import flatten
+from .._interop._torchax import to_jax
+from .._language._load import load
+from .._language._parse import byte_size
+from .._language._rules import RuleSet
+from .._placement import _multihost
+from .._placement._agree import check_mode
+from . import _check, _mesh
 from ._check import DEFAULT_REPLICATED_THRESHOLD
 from ._compile import compile_leaves, compile_plan
-from ._errors import Diagnostic, error_for, ordered
-from ._load import load
 from ._mesh import MeshLike
-from ._parse import byte_size
-from ._paths import flatten
 from ._plan import LeafPlan, Plan
-from ._rules import RuleSet
-from ._torchax import to_jax
 
 RulesLike = RuleSet | str | os.PathLike[str]
 

@@ -11,10 +11,10 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from . import _mesh
-from ._api import RulesLike, as_rules, shardings
+from .._language._rules import RuleSet
+from .._planning import _mesh
+from .._planning._api import RulesLike, as_rules, shardings
 from ._constrain import auto_constrain
-from ._rules import RuleSet
 
 Groups = str | None | Sequence["Groups"]
 

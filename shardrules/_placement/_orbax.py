@@ -17,9 +17,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _mesh
-from ._api import RulesLike, as_rules, shardings
-from ._paths import leaf_info
+from .._interop._paths import leaf_info
+from .._planning import _mesh
+from .._planning._api import RulesLike, as_rules, shardings
 
 EXTRA_HINT = 'pip install "shardrules[orbax]"'
 

@@ -9,8 +9,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from .._errors import Diagnostic, Span, did_you_mean, error_for
 from . import _regex
-from ._errors import Diagnostic, Span, did_you_mean, error_for
 from ._files import MAX_FILE_BYTES, read_rule_file
 from ._parse import parse
 from ._rules import (

@@ -14,15 +14,15 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from .._errors import Diagnostic, Span, did_you_mean
+from .._interop._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
+from .._language._load import iter_rules
+from .._language._rules import Rule, RuleSet
 from . import _logical
-from ._errors import Diagnostic, Span, did_you_mean
 from ._gcpause import paused
-from ._load import iter_rules
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
-from ._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
 from ._plan import LeafPlans, Plan, Why
-from ._rules import Rule, RuleSet
 from ._spec import LeafError, leaf_spec, shard_bytes
 
 _MAX_LISTED = 500

@@ -25,12 +25,12 @@ from typing import Any
 
 import jax
 
-from ._errors import Diagnostic
-from ._load import iter_rules
+from .._errors import Diagnostic
+from .._interop._paths import LeafInfo, box_types
+from .._language._load import iter_rules
+from .._language._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule, RuleSet
 from ._mesh import MeshLike, sizes_of
-from ._paths import LeafInfo, box_types
 from ._plan import LeafPlan, Plan, plural
-from ._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule, RuleSet
 from ._spec import LeafError, leaf_spec, shard_bytes
 
 Names = tuple[Any, ...]

@@ -23,12 +23,12 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+from .._errors import Diagnostic, Span, error_for
+from .._language._load import iter_rules
+from .._language._rules import Rule
 from . import _mesh
-from ._errors import Diagnostic, Span, error_for
-from ._load import iter_rules
 from ._match import by_key, search_all
 from ._plan import LeafPlan, Plan, format_bytes, plural
-from ._rules import Rule
 
 DEFAULT_REPLICATED_THRESHOLD = 64 * 2**20
 """Arrays at least this large (bytes) draw SR204 when fully replicated."""
@@ -335,7 +335,7 @@ def check_devices(**trees: Any) -> None:
     shardrules.check_devices(params=params, batch=batch)   # PlacementError: SR111 ...
     ```
     """
-    from ._paths import flatten, path_str
+    from .._interop._paths import flatten, path_str
 
     reference: tuple[str, frozenset[int], tuple[int, ...] | None] | None = None
     for name, tree in trees.items():

@@ -11,8 +11,8 @@ from typing import Any, Literal
 import lark
 import lark.exceptions
 
+from .._errors import Diagnostic, RuleSyntaxError, Span
 from . import _grammar, _hints
-from ._errors import Diagnostic, RuleSyntaxError, Span
 from ._rules import (
     Alias,
     AxisRef,
@@ -269,7 +269,7 @@ class _Builder:
         assert m is not None  # the NUMBER terminal guarantees the shape
         number, unit = m.groups()
         if unit not in _UNITS:
-            from ._errors import did_you_mean
+            from .._errors import did_you_mean
 
             units = [u for u in _UNITS if u]
             raise self.number_error(

@@ -11,12 +11,12 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
-from . import _mesh
-from ._api import RulesLike, as_rules
-from ._compile import compile_flat
-from ._errors import error_for
-from ._nnx import module_scopes
-from ._paths import flatten, path_str
+from .._errors import error_for
+from .._interop._nnx import module_scopes
+from .._interop._paths import flatten, path_str
+from .._planning import _mesh
+from .._planning._api import RulesLike, as_rules
+from .._planning._compile import compile_flat
 from ._scopes import Constrainer, interpret
 
 

@@ -25,11 +25,12 @@ import numpy as np
 from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from . import _agree, _check, _mesh
-from ._compile import compile_leaves
-from ._errors import Diagnostic, error_for
-from ._plan import LeafPlan, Plan
-from ._rules import RuleSet
+from .._errors import Diagnostic, error_for
+from .._language._rules import RuleSet
+from .._planning import _check, _mesh
+from .._planning._compile import compile_leaves
+from .._planning._plan import LeafPlan, Plan
+from . import _agree
 
 
 def _is_host(leaf: Any) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from ._errors import did_you_mean
+from .._errors import did_you_mean
 
 # Quotes that are not `"`: single quotes, and the typographic ones an editor or
 # a chat window substitutes for `"` and `'`.

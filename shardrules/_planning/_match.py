@@ -27,8 +27,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ._regex import _c, _p
-from ._rules import Rule
+from .._language._regex import _c, _p
+from .._language._rules import Rule
 
 # Path → key: every ASCII digit becomes 0. Keys are UTF-8 bytes, whose `translate`
 # is ten times faster than `str.translate` (UTF-8 never puts ASCII bytes inside

@@ -14,8 +14,8 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
-from ._errors import Diagnostic, error_for
-from ._rules import MeshDecl, RuleSet
+from .._errors import Diagnostic, error_for
+from .._language._rules import MeshDecl, RuleSet
 
 MeshLike = Mesh | AbstractMesh | Mapping[str, int]
 

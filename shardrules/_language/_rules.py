@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ._errors import Diagnostic, Span, did_you_mean, error_for
+from .._errors import Diagnostic, Span, did_you_mean, error_for
 
 
 def _span() -> Any:

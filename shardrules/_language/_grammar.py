@@ -21,7 +21,7 @@ def grammar_text() -> str:
     packaged = importlib.resources.files("shardrules").joinpath("grammar").joinpath(GRAMMAR_NAME)
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")
-    checkout = Path(__file__).resolve().parent.parent / "grammar" / GRAMMAR_NAME
+    checkout = Path(__file__).resolve().parents[2] / "grammar" / GRAMMAR_NAME
     if checkout.is_file():
         return checkout.read_text(encoding="utf-8")
     raise FileNotFoundError(

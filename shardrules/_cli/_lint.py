@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import _check
-from ._compile import compile_plan
-from ._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, ordered
-from ._hosts import HostsError, check_hosts, host_bytes, leaf_host_bytes
-from ._load import iter_rules, load
-from ._mesh import declared_sizes
-from ._plan import Plan, format_bytes, plural, spec_str
-from ._rules import RuleSet
+from .._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, ordered
+from .._language._load import iter_rules, load
+from .._language._rules import RuleSet
+from .._planning import _check
+from .._planning._compile import compile_plan
+from .._planning._hosts import HostsError, check_hosts, host_bytes, leaf_host_bytes
+from .._planning._mesh import declared_sizes
+from .._planning._plan import Plan, format_bytes, plural, spec_str
 
 
 class UsageError(Exception):

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from ._errors import Diagnostic, ShardRulesError, Span, error_for
+from .._errors import Diagnostic, ShardRulesError, Span, error_for
 
 MAX_FILE_BYTES = 1 << 20
 """The largest rule file read (1 MiB); rule files are a few kilobytes."""

@@ -14,11 +14,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from . import _mesh, _nnx
-from ._api import RulesLike, as_rules, shardings
+from .._interop import _nnx
+from .._planning import _mesh
+from .._planning._api import RulesLike, as_rules, shardings
+from .._planning._plan import format_bytes
+from .._planning._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, read_header
 from ._multihost import agree_on_shapes
-from ._plan import format_bytes
-from ._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, read_header
 
 
 def init(

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._errors import Diagnostic, error_for
+from .._errors import Diagnostic, error_for
 
 VERIFY_MODES = ("sample", "full", "off")
 SAMPLE_BYTES = 1 << 20  # leaves up to this size are hashed whole in "sample" mode

@@ -24,13 +24,13 @@ import numpy as np
 from jax._src import source_info_util
 from jax.extend import core as jcore
 
-from ._errors import Diagnostic, error_for
-from ._load import iter_rules
-from ._match import Matcher
-from ._mesh import pin
-from ._paths import LeafInfo
-from ._rules import RuleSet
-from ._spec import LeafError, leaf_spec
+from .._errors import Diagnostic, error_for
+from .._interop._paths import LeafInfo
+from .._language._load import iter_rules
+from .._language._rules import RuleSet
+from .._planning._match import Matcher
+from .._planning._mesh import pin
+from .._planning._spec import LeafError, leaf_spec
 
 _INLINED = {"jit", "pjit", "closed_call", "core_call"}
 _OPAQUE = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}

@@ -12,15 +12,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._errors import ShardRulesError
+from .._language._format import format_text
 from . import _lint
-from ._errors import ShardRulesError
-from ._format import format_text
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="shardrules",
@@ -212,8 +212,8 @@ _Inputs = tuple[Any, dict[str, int] | None, int | None, int]
 
 def _inputs(args: argparse.Namespace) -> _Inputs:
     """The shapes tree, mesh sizes, memory budget and replication threshold asked for."""
-    from ._parse import byte_size
-    from ._shapes import ShapeSourceError, load_shapes
+    from .._language._parse import byte_size
+    from .._planning._shapes import ShapeSourceError, load_shapes
 
     mesh = _lint.parse_mesh(args.mesh) if args.mesh else None
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._errors import Diagnostic, error_for
+from .._errors import Diagnostic, error_for
 
 KeyPath = tuple[Any, ...]
 

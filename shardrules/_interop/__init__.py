@@ -1,0 +1,9 @@
+"""Interop: how other frameworks' objects look to shardrules.
+
+A pytree's leaves and their `/`-joined paths (Flax `Partitioned` and NNX
+`Variable` boxes add no segment), torchax tensors in and out of the API, and
+NNX modules (named scopes, sharded creation). Frameworks are never imported
+here: only recognised when the user has imported them.
+
+May import: `shardrules._language`, `shardrules._errors`.
+"""
