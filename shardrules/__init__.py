@@ -25,10 +25,10 @@ from ._language._load import load as load
 from ._language._load import loads as loads
 from ._language._rules import Rule as Rule
 from ._language._rules import RuleSet as RuleSet
+from ._placement._apply import apply as apply
+from ._placement._checkpoint import load_checkpoint as load_checkpoint
 from ._placement._orbax import load_orbax as load_orbax
 from ._placement._sharded_init import init as init
-from ._placement._sharded_init import load_checkpoint as load_checkpoint
-from ._planning._api import apply as apply
 from ._planning._api import check as check
 from ._planning._api import plan as plan
 from ._planning._api import shardings as shardings

@@ -190,6 +190,15 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     return f"did you mean `{close[0]}`?" if close else ""
 
 
+class Findings(list[Diagnostic]):
+    """Diagnostics collected while a stage runs, to be raised (or reported)
+    together once it is done, so that one call shows every problem."""
+
+    def error(self, code: str, message: str, span: Span | None, hint: str = "") -> None:
+        """Record an error: `code` (`SRnnn`), what is wrong, where, and how to fix it."""
+        self.append(Diagnostic(code, "error", message, span, hint=hint))
+
+
 def join_hint(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 

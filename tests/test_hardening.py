@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import shardrules as sr
-from shardrules._language import _load
+from shardrules._language._files import MAX_FILE_BYTES
+from shardrules._language._includes import MAX_INCLUDE_DEPTH
 
 SAFE = [
     r"attn/(q|k|v)_proj/kernel$",
@@ -81,19 +82,19 @@ def test_accepted_patterns_stay_fast_on_long_adversarial_paths():
 
 
 def test_include_depth_is_bounded(tmp_path):
-    depth = _load.MAX_INCLUDE_DEPTH + 2
+    depth = MAX_INCLUDE_DEPTH + 2
     for i in range(depth):
         (tmp_path / f"f{i}.shard").write_text(f'include "f{i + 1}.shard"\n')
     (tmp_path / f"f{depth}.shard").write_text("")
     with pytest.raises(sr.RuleDefinitionError) as info:
         sr.load(tmp_path / "f0.shard")
     assert info.value.code == "SR008"
-    assert f"deeper than {_load.MAX_INCLUDE_DEPTH}" in str(info.value)
+    assert f"deeper than {MAX_INCLUDE_DEPTH}" in str(info.value)
 
 
 def test_file_size_is_bounded(tmp_path):
     big = tmp_path / "big.shard"
-    big.write_text("# padding\n" * (_load.MAX_FILE_BYTES // 10 + 1))
+    big.write_text("# padding\n" * (MAX_FILE_BYTES // 10 + 1))
     with pytest.raises(sr.RuleDefinitionError) as info:
         sr.load(big)
     assert info.value.code == "SR009"
@@ -102,7 +103,7 @@ def test_file_size_is_bounded(tmp_path):
         sr.load(tmp_path / "top.shard")
     assert info.value.code == "SR009" and info.value.span is not None and info.value.span.line == 1
     with pytest.raises(sr.ShardRulesError):
-        sr.loads("#" * (_load.MAX_FILE_BYTES + 1))
+        sr.loads("#" * (MAX_FILE_BYTES + 1))
 
 
 def test_bytes_are_read_as_utf8():

@@ -438,16 +438,16 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, monkeypatch, capsys, ar
 
 
 def test_explain_uses_rich_only_on_a_terminal(tmp_path, capsys):
-    from shardrules._cli import _lint
+    from shardrules._cli import _render
 
-    assert not _lint.use_rich(io.StringIO())
+    assert not _render.use_rich(io.StringIO())
     plan = sr.plan(
         {"w": jax.ShapeDtypeStruct((8, 8), jnp.float32)},
         sr.loads('rules params:\n  "w" -> (x, _)\n'),
         {"x": 2},
     )
     out = io.StringIO()
-    _lint.write_table(_lint.explain_rows(plan), out, rich=True)
+    _render.write_table(_render.explain_rows(plan), out, rich=True)
     assert "P('x', None)" in out.getvalue() and "<string>:2:3" in out.getvalue()
 
 

@@ -14,14 +14,13 @@ from typing import Any
 
 from .._errors import ShardRulesError
 from .._language._format import format_text
-from . import _lint
+from .._version import __version__
+from . import _lint, _render
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .._version import __version__
-
     parser = argparse.ArgumentParser(
         prog="shardrules",
         description="Declarative sharding rules for JAX pytrees.",
@@ -255,11 +254,11 @@ def _lint_command(args: argparse.Namespace) -> int:
     inputs = _inputs(args)  # shapes are read once for all the files
     results = [_lint_one(path, args, inputs) for path in args.rules]
     if args.format == "json":
-        _lint.dump_json(results, sys.stdout)
+        _render.dump_json(results, sys.stdout)
     elif args.format == "github":
-        _lint.write_github(results, sys.stdout)
+        _render.write_github(results, sys.stdout)
     else:
-        _lint.write_text(results, sys.stdout)
+        _render.write_text(results, sys.stdout)
     return EXIT_FINDINGS if any(r.errors for r in results) else EXIT_OK
 
 
@@ -271,13 +270,13 @@ def _explain_command(args: argparse.Namespace) -> int:
             raise _lint.UsageError(f"--path {args.path!r}: not a regular expression: {err}") from None
     result = _lint_one(args.rules, args, _inputs(args))
     if result.plan is not None:
-        rows = _lint.explain_rows(result.plan, args.path, args.hosts)
-        header = _lint.HOST_HEADER if args.hosts is not None else _lint.HEADER
-        _lint.write_table(rows, sys.stdout, _lint.use_rich(sys.stdout), header)
-        sys.stdout.write("\n" + "\n".join(_lint.totals(result.plan, hosts=args.hosts)) + "\n")
+        rows = _render.explain_rows(result.plan, args.path, args.hosts)
+        header = _render.HOST_HEADER if args.hosts is not None else _render.HEADER
+        _render.write_table(rows, sys.stdout, _render.use_rich(sys.stdout), header)
+        sys.stdout.write("\n" + "\n".join(_render.totals(result.plan, hosts=args.hosts)) + "\n")
     if result.diagnostics:
         sys.stdout.flush()
-        _lint.write_text([result], sys.stderr)
+        _render.write_text([result], sys.stderr)
     return EXIT_FINDINGS if result.errors else EXIT_OK
 
 

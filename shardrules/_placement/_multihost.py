@@ -249,7 +249,7 @@ def agree(prepared: Prepared, ruleset: RuleSet) -> None:
 
 
 def from_host(local: bool) -> Callable[[Any, LeafPlan, NamedSharding], Any]:
-    """For `_api.place`: the global array made from a leaf this process holds
+    """For `_apply.place`: the global array made from a leaf this process holds
     itself, with only the shards of its own devices (from its whole copy, or
     from its slice when `local`), or `None` for leaves JAX moves (global arrays)."""
 

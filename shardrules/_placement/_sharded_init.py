@@ -1,13 +1,13 @@
-"""Creating arrays directly in their planned layout: sharded initialisation and
-streaming checkpoint loading. Neither ever holds a whole unsharded copy."""
+"""`shardrules.init`: create a model's arrays directly in their planned layout.
+
+The initialiser runs under `jax.jit` with the planned `out_shardings`, the
+largest leaves first and in groups, so no device ever holds a whole unsharded
+copy and the initialiser's temporaries stay bounded.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -17,9 +17,6 @@ from jax.sharding import Mesh
 from .._interop import _nnx
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, shardings
-from .._planning._plan import format_bytes
-from .._planning._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, read_header
-from ._multihost import agree_on_shapes
 
 
 def init(
@@ -155,136 +152,3 @@ def _chunks(sizes: list[int], chunk_bytes: int | None) -> list[list[int]]:
 
 _SMALL = 256 * 2**20  # models up to this size are initialised in one piece
 _GROUPS = 16  # larger ones in groups of 1/16 of the model
-
-
-def _checkpoint_files(path: Path) -> dict[str, tuple[Path, dict[str, Any], int]]:
-    """Tensor name → (file, header entry, offset of the file's data region)."""
-    if path.name.endswith(".index.json"):
-        try:
-            weight_map = json.loads(path.read_text())["weight_map"]
-        except (KeyError, TypeError, json.JSONDecodeError) as err:
-            raise ShapeSourceError(f"{path}: not a checkpoint index with a `weight_map` ({err})") from None
-        files = sorted({path.parent / f for f in weight_map.values()})
-    else:
-        files = [path]
-    out: dict[str, tuple[Path, dict[str, Any], int]] = {}
-    for file in files:
-        _, header, start = read_header(file)  # validated, with clear errors
-        for name, info in header.items():
-            out[name] = (file, info, start)
-    return out
-
-
-def _reader(data: np.ndarray) -> Callable[[Any], np.ndarray]:
-    """The callback reading one tensor's slices: each distinct slice once, even
-    when several devices of this process hold it (partly replicated specs)."""
-    seen: dict[Any, np.ndarray] = {}
-
-    def read(index: Any) -> np.ndarray:
-        key = tuple((s.start, s.stop, s.step) for s in index)
-        if key not in seen:
-            seen[key] = np.asarray(data[index])
-        return seen[key]
-
-    return read
-
-
-def _check_size(file: Path, key: str, info: dict[str, Any], shape: jax.ShapeDtypeStruct) -> None:
-    """Raise `ShapeSourceError` unless a tensor's bytes in the file fit its shape and dtype."""
-    start, end = info["data_offsets"]
-    if end - start != int(np.prod(shape.shape, dtype=np.int64)) * shape.dtype.itemsize:
-        raise ShapeSourceError(
-            f"{file}: tensor {key!r} has {end - start} bytes for shape {tuple(shape.shape)} {shape.dtype}; "
-            "the header does not match the data: the file is damaged or was written by a broken tool"
-        )
-
-
-def load_checkpoint(
-    path: str | os.PathLike[str],
-    rules: RulesLike,
-    mesh: Mesh | None = None,
-    *,
-    group: str = "params",
-    rename: Callable[[str], str | None] | None = None,
-    progress: bool | None = None,
-) -> dict[str, jax.Array]:
-    """Load a `.safetensors` checkpoint straight into its planned shardings.
-
-    Each array is built with `jax.make_array_from_callback`: every device's
-    shard is read from the file on its own (through a memory map, so only the
-    bytes of that slice are read), and no process ever holds a whole tensor
-    it does not need. Dtypes are kept as stored (bfloat16 and float8 included).
-
-    **Arguments:**
-
-    - `path`: a `.safetensors` file, or a sharded checkpoint's
-      `model.safetensors.index.json`.
-    - `rules`, `mesh`, `group`: as for `shardrules.apply`; tensors are matched
-      by their name in the checkpoint (`model.layers.0.mlp.up_proj.weight`).
-    - `rename`: maps a checkpoint name to the key to use in the result (and to
-      match rules against), or to `None` to skip the tensor.
-    - `progress`: print a progress line to stderr as tensors load; by default
-      only when stderr is a terminal and the checkpoint is over 1 GiB.
-
-    **Returns:** a flat dict of key → sharded `jax.Array`.
-
-    **Raises:** the errors of `shardrules.shardings` (every tensor is planned
-    before anything is read), `ValueError` for a malformed checkpoint,
-    `FileNotFoundError`, `TypeError` for a mesh without devices. In a
-    multi-process run, `ProcessMismatchError` (SR112) when the processes'
-    tensors differ, or when another process stopped on an error of its own
-    (that process raises its own error; every process joins the comparison
-    either way, so none waits for another).
-
-    ```python
-    params = shardrules.load_checkpoint("llama/model.safetensors.index.json", rules, mesh)
-    ```
-    """
-    what = f"load_checkpoint({str(path)!r})"
-    shapes: dict[str, jax.ShapeDtypeStruct] | None = None
-    try:  # all that this process does on its own, before the processes compare their checkpoints
-        ruleset = as_rules(rules)
-        resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="load_checkpoint")
-        assert isinstance(resolved, Mesh)
-        tensors: dict[str, tuple[Path, dict[str, Any], int]] = {}
-        for name, entry in _checkpoint_files(Path(path)).items():
-            key = rename(name) if rename is not None else name
-            if key is not None:
-                tensors[key] = entry
-        shapes = {
-            key: jax.ShapeDtypeStruct(
-                tuple(info["shape"]), jax.numpy.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
-            )
-            for key, (_, info, _) in tensors.items()
-        }
-        for key, (file, info, _) in tensors.items():
-            _check_size(file, key, info, shapes[key])
-        targets = shardings(shapes, ruleset, resolved, group=group)  # plan everything before reading
-    except Exception:
-        # The other processes wait for this one in the exchange: join it as failed, so that they
-        # raise SR112 naming this process at once, then raise this process's own error.
-        agree_on_shapes(shapes, what, failed=True)
-        raise
-    agree_on_shapes(shapes, what)  # every process: the same tensors
-    total = sum(s.size * s.dtype.itemsize for s in shapes.values())
-    if progress is None:
-        progress = total > 2**30 and sys.stderr.isatty()
-    done = 0
-    out: dict[str, jax.Array] = {}
-    for n, (key, (file, info, base)) in enumerate(tensors.items(), 1):
-        shape, dtype = shapes[key].shape, shapes[key].dtype
-        start, end = info["data_offsets"]
-        data = (
-            np.memmap(file, dtype=dtype, mode="r", offset=base + start, shape=shape)
-            if end > start
-            else np.zeros(shape, dtype)
-        )
-        out[key] = jax.make_array_from_callback(shape, targets[key], _reader(data))
-        done += end - start
-        if progress:
-            sys.stderr.write(
-                f"\rloading {n}/{len(tensors)} tensors, {format_bytes(done)} of {format_bytes(total)}"
-                + ("\n" if n == len(tensors) else "")
-            )
-            sys.stderr.flush()
-    return out

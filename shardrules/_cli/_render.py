@@ -1,0 +1,224 @@
+"""How `shardrules lint` and `shardrules explain` print: findings as text, JSON
+or GitHub annotations; a plan as a table (rich on a terminal) with totals."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from .._planning._hosts import host_bytes, leaf_host_bytes
+from .._planning._plan import Plan, format_bytes, plural, spec_str
+from ._lint import Result
+
+
+def write_text(results: Sequence[Result], out: TextIO) -> None:
+    for result in results:
+        for d in result.diagnostics:
+            text = d.render(result.sources)
+            out.write((text if d.span is not None else f"{result.file}: {text}") + "\n")
+        if result.hosts is not None and result.plan is not None and isinstance(result.plan.mesh, Mapping):
+            out.write(f"{result.file}: {format_bytes(result.plan.bytes_per_device)} per device; ")
+            out.write(host_line(result.plan, result.hosts) + "\n")
+    errors = sum(r.errors for r in results)
+    notes = sum(d.severity == "note" for r in results for d in r.diagnostics)
+    warnings = sum(len(r.diagnostics) for r in results) - errors - notes
+    unchecked = f"not every check ran: see the {'note' if notes == 1 else 'notes'} above"
+    if errors or warnings:
+        out.write(f"Found {plural(errors, 'error')} and {plural(warnings, 'warning')}")
+        out.write(f"; {unchecked}.\n" if notes else ".\n")
+    elif notes:
+        out.write(f"No errors or warnings ({plural(len(results), 'file')}), but {unchecked}.\n")
+    else:
+        out.write(f"All checks passed ({plural(len(results), 'file')}).\n")
+
+
+def as_json(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """The stable JSON form: one object per finding."""
+    return [
+        {
+            "code": d.code,
+            "severity": d.severity,
+            "file": d.span.file if d.span is not None else r.file,
+            "line": d.span.line if d.span is not None else None,
+            "col": d.span.col if d.span is not None else None,
+            "end_line": d.span.end_line if d.span is not None else None,
+            "end_col": d.span.end_col if d.span is not None else None,
+            "message": d.message,
+            "hint": d.hint,
+            "path": d.path,
+        }
+        for r in results
+        for d in r.diagnostics
+    ]
+
+
+def _escape(text: str, prop: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def write_github(results: Sequence[Result], out: TextIO) -> None:
+    """GitHub Actions workflow commands: an annotation per finding."""
+    for r in results:
+        for d in r.diagnostics:
+            props = [f"file={_escape(d.span.file if d.span else r.file, True)}"]
+            if d.span is not None:
+                props += [
+                    f"line={d.span.line}",
+                    f"col={d.span.col}",
+                    f"endLine={d.span.end_line}",
+                    f"endColumn={d.span.end_col}",
+                ]
+            props.append(f"title={_escape(d.code, True)}")
+            message = d.message + (f"\nhint: {d.hint}" if d.hint else "")
+            command = "notice" if d.severity == "note" else d.severity
+            out.write(f"::{command} {','.join(props)}::{_escape(message)}\n")
+
+
+# ------------------------------------------------------------------ explain
+
+
+def explain_rows(
+    plan: Plan, path_filter: str | None = None, hosts: int | None = None
+) -> list[tuple[str, ...]]:
+    """path, shape, dtype, rule, spec, bytes per device (and, given `hosts`,
+    the distinct bytes per host), for each array leaf."""
+    search = re.compile(path_filter).search if path_filter else None
+    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
+    rows = []
+    for leaf in plan.leaves:
+        if not leaf.is_array or (search is not None and search(leaf.path) is None):
+            continue
+        rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+        rows.append(
+            (
+                leaf.path,
+                str(leaf.shape),
+                str(leaf.dtype),
+                rule,
+                spec_str(leaf.spec),
+                format_bytes(leaf.bytes_per_device),
+            )
+        )
+        if hosts is not None and sizes:
+            held = 0
+            if leaf.spec is not None and leaf.bytes_per_device:
+                held = int(leaf_host_bytes(leaf.bytes_per_device, leaf.spec, sizes, hosts).max())
+            rows[-1] += (format_bytes(held),)
+    return rows
+
+
+HEADER = ("path", "shape", "dtype", "rule", "spec", "per device")
+HOST_HEADER = (*HEADER, "per host")
+
+
+def totals(plan: Plan, top: int = 5, hosts: int | None = None) -> list[str]:
+    """The summary under the table: bytes per device (and per host, given
+    `hosts`), replication, biggest replicated leaves."""
+    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
+    devices = math.prod(sizes.values()) if sizes else 1
+    arrays = [leaf for leaf in plan.leaves if leaf.is_array]
+    held = sum(leaf.bytes_per_device for leaf in arrays)
+    total = plan.total_bytes
+    mesh_text = ", ".join(f"{k}={v}" for k, v in sizes.items()) if sizes else "no mesh sizes"
+    unplanned = [leaf for leaf in arrays if leaf.spec is None]
+    lines = [
+        f"{plural(len(arrays), 'array')}, {format_bytes(total)} in all, on {mesh_text} "
+        f"({plural(devices, 'device')})",
+        *(
+            [
+                f"{plural(len(unplanned), 'array')} could not be planned (see the findings) and "
+                "count 0 bytes per device below"
+            ]
+            if unplanned
+            else []
+        ),
+        # Shards divide evenly, so every device holds the same bytes: max == min.
+        f"bytes per device: {format_bytes(held)} max, {format_bytes(held)} min",
+        *([host_line(plan, hosts)] if hosts is not None and sizes else []),
+    ]
+    lines += _replication_line(arrays, held, devices)
+    replicated = sorted(
+        (
+            leaf
+            for leaf in arrays
+            if leaf.spec is not None and leaf.shape and all(e is None for e in leaf.spec)
+        ),
+        key=lambda leaf: -leaf.nbytes,
+    )[:top]
+    if replicated and devices > 1:
+        lines.append("biggest replicated leaves:")
+        width = max(len(leaf.path) for leaf in replicated)
+        lines += [
+            f"  {leaf.path.ljust(width)}  {leaf.shape}  {leaf.dtype}  {format_bytes(leaf.nbytes)}"
+            for leaf in replicated
+        ]
+    return lines
+
+
+def _replication_line(arrays: Sequence[Any], held: int, devices: int) -> list[str]:
+    """The replication factor of the arrays that could be planned: a leaf that
+    could not be has no bytes on the devices, and counting its size would make
+    the factor look smaller than it is."""
+    planned = sum(leaf.nbytes for leaf in arrays if leaf.spec is not None)
+    unplanned = sum(leaf.spec is None for leaf in arrays)
+    if not planned:
+        if unplanned:
+            return ["replication factor: unknown (no array could be planned)"]
+        return []
+    of = f"the {plural(len(arrays) - unplanned, 'planned array')}" if unplanned else "the arrays"
+    left_out = f"; the {unplanned} not planned are left out" if unplanned else ""
+    return [
+        f"replication factor: {held * devices / planned:.2f} (bytes on all devices / bytes of {of}{left_out})"
+    ]
+
+
+def host_line(plan: Plan, hosts: int) -> str:
+    """`bytes per host (H hosts × D devices): X on its devices, Y distinct`."""
+    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else {}
+    on_devices, distinct = host_bytes(plan, sizes, hosts)
+    per_host = math.prod(sizes.values()) // hosts
+    return (
+        f"bytes per host ({plural(hosts, 'host')} × {plural(per_host, 'device')}): "
+        f"{format_bytes(on_devices)} on its devices, {format_bytes(distinct)} distinct"
+    )
+
+
+def write_table(
+    rows: Sequence[tuple[str, ...]], out: TextIO, rich: bool, header: Sequence[str] = HEADER
+) -> None:
+    if rich:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False)
+        for name in header:  # long paths wrap rather than being cut short
+            table.add_column(name, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        Console(file=out).print(table)
+        return
+    everything = [tuple(header), *rows]
+    widths = [max(len(r[i]) for r in everything) for i in range(len(header))]
+    for row in everything:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def use_rich(out: TextIO) -> bool:
+    """rich tables on a terminal, when rich is installed."""
+    if not (hasattr(out, "isatty") and out.isatty()):
+        return False
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def dump_json(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
+    json.dump(as_json(results), out, indent=2)
+    out.write("\n")

@@ -1,0 +1,189 @@
+"""Rule lines → `Rule`s: check each pattern, resolve each spec's names through
+the aliases to mesh axes, and sort the rules into their groups.
+
+Nothing here needs a mesh at hand: sizes matter only when a plan is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from .._errors import Findings, Span, did_you_mean
+from . import _regex
+from ._includes import Statements
+from ._names import unknown_name
+from ._rules import AxisGroup, Entry, MeshDecl, ResolvedEntry, ResolvedSpec, Rule, RuleLine, Spec
+
+_AUTO_OPTIONS = ("min_bytes",)
+
+
+def build_rules(
+    found: Statements, mesh: MeshDecl | None, aliases: dict[str, tuple[str, ...]]
+) -> tuple[dict[str, tuple[Rule, ...]], dict[str, Rule]]:
+    """Each group's rules in file order, and each group's `default`.
+
+    **Arguments:**
+
+    - `found`: the statements read (`rule_lines`, `headers`, `alias_decls`);
+      problems are added to `found.errors`.
+    - `mesh`: the file's checked `mesh` line, or `None`.
+    - `aliases`: the resolved aliases (`resolve_aliases`).
+
+    **Returns:** `(groups, defaults)`; a rule with an error is left out.
+    Every `rules GROUP:` header makes its group, even one with no rules.
+    """
+    specs = _Specs(mesh, aliases, {a.name for a in found.alias_decls}, found.errors)
+    groups: dict[str, list[Rule]] = {}
+    defaults: dict[str, Rule] = {}
+    counts: dict[str, int] = {}
+    for group, line in found.rule_lines:
+        index = counts.get(group, 0)
+        counts[group] = index + 1
+        if line.pattern is not None:
+            check_pattern(line, found.errors)
+        spec = specs.resolve(line.spec)
+        if spec is None:
+            continue
+        rule = Rule(group, line.pattern, spec, line.spec, index, line.span, line.pattern_span)
+        if line.pattern is None:
+            if group in defaults:
+                found.errors.error(
+                    "SR015",
+                    f"group `{group}` has a second `default` rule (the first is at {defaults[group].span})",
+                    line.span,
+                    "keep one default per group",
+                )
+                continue
+            defaults[group] = rule
+        else:
+            groups.setdefault(group, []).append(rule)
+    # Every `rules GROUP:` header makes its group, even one with no rules yet.
+    return {g: tuple(groups.get(g, ())) for g in found.headers if g in groups or g not in defaults}, defaults
+
+
+def check_pattern(line: RuleLine, errors: Findings) -> None:
+    """Report a rule's pattern that is not a regular expression (SR002, with
+    the column of the mistake) or is one that could take exponential time
+    (SR017)."""
+    assert line.pattern is not None
+    try:
+        try:
+            re.compile(line.pattern)
+        except (RecursionError, OverflowError, ValueError) as err:  # nesting or counts too large
+            raise re.error(f"too complex to compile ({type(err).__name__})") from None
+        try:
+            _regex.check(line.pattern)
+        except RecursionError:
+            raise _regex.UnsafePattern(
+                "groups nested too deeply", "use fewer levels of parentheses"
+            ) from None
+    except _regex.UnsafePattern as err:
+        errors.error(
+            "SR017",
+            f"unsafe regular expression: {err.reason}",
+            line.pattern_span,
+            f"{err.hint} (see docs/language.md#safe-patterns)",
+        )
+    except re.error as err:
+        span = line.pattern_span
+        if span is not None and err.pos is not None and span.line == span.end_line:
+            col = span.col + 1 + err.pos
+            span = Span(span.file, span.line, col, span.line, col + 1)
+        errors.error(
+            "SR002",
+            f"invalid regular expression: {err.msg}",
+            span,
+            "patterns are Python regular expressions; escape special characters with `\\`",
+        )
+
+
+@dataclasses.dataclass
+class _Specs:
+    """Resolves specs against the file's mesh line and aliases."""
+
+    mesh: MeshDecl | None
+    aliases: dict[str, tuple[str, ...]]
+    declared: set[str]  # every alias name defined, including those that failed to resolve
+    errors: Findings
+
+    def resolve(self, spec: Spec) -> ResolvedSpec | None:
+        """`spec` with every name resolved to mesh axes, or `None` (and errors)."""
+        mesh, aliases = self.mesh, self.aliases
+        before = len(self.errors)
+        if spec.kind == "replicated":
+            return ResolvedSpec("replicated", span=spec.span)
+        if spec.kind == "logical":  # resolved per leaf, from its names, when compiled
+            named = [*(mesh.names if mesh else ()), *(a for axes in aliases.values() for a in axes)]
+            return ResolvedSpec("logical", span=spec.span, logical_axes=tuple(dict.fromkeys(named)))
+        if spec.kind == "auto":
+            assert spec.auto_axes is not None
+            seen: set[str] = set()
+            for (name, _), span in zip(
+                spec.options, spec.option_spans or [None] * len(spec.options), strict=True
+            ):
+                if name in seen:
+                    self.errors.error("SR016", f"option `{name}` given twice", span, "keep one")
+                seen.add(name)
+                if name not in _AUTO_OPTIONS:
+                    self.errors.error(
+                        "SR016",
+                        f"unknown option `{name}` for auto()",
+                        span,
+                        did_you_mean(name, _AUTO_OPTIONS) or f"options: {', '.join(_AUTO_OPTIONS)}",
+                    )
+            entry = self.entry(spec.auto_axes)
+            if entry is not None and any(g.optional for g in entry.groups):
+                self.errors.error(
+                    "SR016",
+                    "`?` has no meaning inside auto()",
+                    spec.auto_axes.span,
+                    "auto() already skips dimensions that do not divide",
+                )
+            if entry is not None and not entry.axes:
+                self.errors.error("SR016", "auto() needs at least one mesh axis", spec.auto_axes.span)
+            if len(self.errors) > before or entry is None:
+                return None
+            options = dict(spec.options)
+            return ResolvedSpec(
+                "auto", auto_axes=entry.axes, min_bytes=options.get("min_bytes", 0), span=spec.span
+            )
+        entries = [self.entry(e) for e in spec.entries]
+        ellipses = [e for e in spec.entries if e.kind == "ellipsis"]
+        if len(ellipses) > 1:
+            self.errors.error(
+                "SR016",
+                "`...` may appear once in a spec",
+                ellipses[1].span,
+                "`...` stands for all the dimensions not written out",
+            )
+        done = [e for e in entries if e is not None]
+        if len(self.errors) > before:
+            return None
+        return ResolvedSpec("entries", tuple(done), span=spec.span)
+
+    def entry(self, entry: Entry) -> ResolvedEntry | None:
+        """One entry of a spec, resolved, or `None` (and errors)."""
+        mesh, aliases = self.mesh, self.aliases
+        if entry.kind != "axes":
+            return ResolvedEntry(entry.kind, span=entry.span)
+        groups: list[AxisGroup] = []
+        axes = set(mesh.names) if mesh else set()
+        for ref in entry.axes:
+            if ref.name in aliases:
+                names = aliases[ref.name]
+            elif ref.name in self.declared and ref.name not in axes:
+                return None  # an alias whose definition failed: that error is reported already
+            elif ref.name == "_" or (mesh is not None and ref.name not in axes):
+                unknown_name(ref, axes, aliases, self.errors)
+                return None
+            else:
+                names = (ref.name,)
+            if names:
+                groups.append(AxisGroup(names, ref.optional, ref.span, ref.name))
+        if entry.optional and groups:  # `(a, b)?`: the whole tuple, or nothing
+            written = "(" + ", ".join(r.name for r in entry.axes) + ")"
+            groups = [AxisGroup(tuple(a for g in groups for a in g.axes), True, entry.span, written)]
+        if not groups:
+            return ResolvedEntry("unsharded", span=entry.span)
+        return ResolvedEntry("axes", tuple(groups), span=entry.span)

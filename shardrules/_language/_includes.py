@@ -1,0 +1,149 @@
+"""Reading a rule file and the files it includes into one list of statements.
+
+`include "common.shard"` is relative to the including file and may not leave
+the include root; every file is read once (a second include of it adds
+nothing), a cycle or nesting deeper than `MAX_INCLUDE_DEPTH` is an error.
+The statements come out in file order with includes expanded in place: that
+is the order in which rules match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from .._errors import Findings, Span
+from ._files import read_rule_file
+from ._parse import parse
+from ._rules import Alias, Include, MeshDecl, RuleLine, RulesHeader
+
+MAX_INCLUDE_DEPTH = 16
+"""How deep `include`s may nest."""
+
+
+@dataclasses.dataclass
+class Statements:
+    """What a rule file and its includes say, sorted by kind, in file order.
+
+    `sources` maps each file's name (as errors show it) to its text;
+    `rule_lines` pairs each rule with its group; `headers` holds every
+    `rules GROUP:` header's first place; `errors` what could not be read.
+    """
+
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    meshes: list[MeshDecl] = dataclasses.field(default_factory=list)
+    alias_decls: list[Alias] = dataclasses.field(default_factory=list)
+    rule_lines: list[tuple[str, RuleLine]] = dataclasses.field(default_factory=list)
+    headers: dict[str, Span | None] = dataclasses.field(default_factory=dict)
+    errors: Findings = dataclasses.field(default_factory=Findings)
+
+
+def read_statements(text: str, name: str, real: Path, root: Path, *, explicit_root: bool) -> Statements:
+    """The statements of the rule text `text` and of every file it includes.
+
+    **Arguments:**
+
+    - `text`: the top-level file's text; `name`: its name in errors; `real`:
+      its resolved path (includes are relative to its folder).
+    - `root`: the resolved folder includes may not leave.
+    - `explicit_root`: whether the caller chose `root` (then absolute include
+      paths inside it are allowed).
+
+    **Returns:** the `Statements`; syntax errors are raised at once
+    (`RuleSyntaxError`), other problems are in `errors`.
+
+    ```python
+    found = read_statements(text, "llama.shard", Path("llama.shard").resolve(), Path(".").resolve(),
+                            explicit_root=False)
+    ```
+    """
+    reader = _Reader(root, explicit_root)
+    reader.visit(text, name, real)
+    return reader.found
+
+
+@dataclasses.dataclass
+class _Reader:
+    root: Path
+    explicit_root: bool
+    found: Statements = dataclasses.field(default_factory=Statements)
+    done: set[Path] = dataclasses.field(default_factory=set)
+    stack: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+
+    def visit(self, text: str, name: str, real: Path) -> None:
+        text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the rules
+        self.found.sources[name] = text
+        rule_file = parse(text, name)
+        self.done.add(real)
+        self.stack.append((real, name))
+        group: str | None = None
+        for stmt in rule_file.statements:
+            if isinstance(stmt, MeshDecl):
+                self.found.meshes.append(stmt)
+            elif isinstance(stmt, Alias):
+                self.found.alias_decls.append(stmt)
+            elif isinstance(stmt, RulesHeader):
+                group = stmt.group
+                self.found.headers.setdefault(group, stmt.span)
+            elif isinstance(stmt, RuleLine):
+                if group is None:
+                    self.found.errors.error(
+                        "SR007",
+                        "rule outside a `rules` group",
+                        stmt.span,
+                        "put a header such as `rules params:` above the first rule",
+                    )
+                else:
+                    self.found.rule_lines.append((group, stmt))
+            elif isinstance(stmt, Include):
+                self.include(stmt, name, real)
+        self.stack.pop()
+
+    def include(self, stmt: Include, parent_name: str, parent_real: Path) -> None:
+        if not stmt.path or "\x00" in stmt.path:
+            what = "an empty path" if not stmt.path else "a path with a NUL character"
+            self.found.errors.error(
+                "SR005", f"include of {what}", stmt.span, 'write the file to include: include "common.shard"'
+            )
+            return
+        target = Path(stmt.path)
+        display = os.path.normpath(os.path.join(os.path.dirname(parent_name), stmt.path))
+        if target.is_absolute() and not self.explicit_root:
+            self.found.errors.error(
+                "SR006",
+                f"include of an absolute path `{stmt.path}`",
+                stmt.span,
+                "include files by a path relative to the including file",
+            )
+            return
+        real = (parent_real.parent / target).resolve()
+        if not real.is_relative_to(self.root):
+            self.found.errors.error(
+                "SR006",
+                f"include of `{stmt.path}` leaves the include root `{self.root}`",
+                stmt.span,
+                "keep included files in the folder of the top-level rule file (or below it), "
+                "or pass include_root= to load()",
+            )
+            return
+        chain = [n for r, n in self.stack]
+        if any(r == real for r, _ in self.stack):
+            start = next(i for i, (r, _) in enumerate(self.stack) if r == real)
+            cycle = " -> ".join([*chain[start:], display])
+            self.found.errors.error(
+                "SR004", f"include cycle: {cycle}", stmt.span, "remove one of these includes"
+            )
+            return
+        if real in self.done:  # included before: every file is read once
+            return
+        if len(self.stack) >= MAX_INCLUDE_DEPTH:
+            self.found.errors.error(
+                "SR008",
+                f"includes nest deeper than {MAX_INCLUDE_DEPTH} files: {' -> '.join(chain[:3])} -> ... -> {display}",
+                stmt.span,
+                "include the shared files from one top-level file instead of chaining them",
+            )
+            return
+        text = read_rule_file(real, display, stmt.span, self.found.sources)
+        self.visit(text, display, real)

@@ -1,0 +1,190 @@
+"""The package's layout: which stage may import which, module sizes, and the
+map in docs/architecture.md.
+
+Stages sit in a stack, each importing only those below it:
+
+    _cli → _placement | _tracing → _planning → _interop → _language → _errors
+
+`_placement` and `_tracing` stand side by side and never import each other.
+Every import counts: at the top of a module, inside a function (a lazy
+import), or under `if TYPE_CHECKING:`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "shardrules"
+
+# Modules at the package's top level, outside every stage: below them all.
+BASE = {"_errors", "_version"}
+BELOW_ALL = frozenset(BASE)
+LANGUAGE = BELOW_ALL | {"_language"}
+INTEROP = LANGUAGE | {"_interop"}
+PLANNING = INTEROP | {"_planning"}
+ALLOWED: dict[str, frozenset[str]] = {
+    "_errors": frozenset(),
+    "_version": frozenset(),
+    "_language": LANGUAGE,
+    "_interop": INTEROP,
+    "_planning": PLANNING,
+    "_placement": PLANNING | {"_placement"},
+    "_tracing": PLANNING | {"_tracing"},
+    "_cli": PLANNING | {"_placement", "_tracing", "_cli"},
+}
+"""For each stage (a folder, or a base module), the stages it may import."""
+
+FACADE = {"__init__", "__main__"}  # the public names and `python -m shardrules`
+MAX_LINES = 400
+
+
+def stage_of(module: str) -> str | None:
+    """`shardrules._planning._mesh` → `_planning`; `shardrules._errors` →
+    `_errors`; the package itself (its public `__init__`) → `None`."""
+    parts = module.split(".")
+    assert parts[0] == "shardrules", module
+    return parts[1] if len(parts) > 1 else None
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_package(module: str) -> bool:
+    return (PACKAGE.parent / module.replace(".", "/")).is_dir()
+
+
+def imported(path: Path, source: str) -> list[tuple[int, str]]:
+    """Every shardrules module that `source` (the text of the module at `path`)
+    imports, with the line: relative imports resolved, `from . import x`
+    taken as the module `x`, lazy and type-checking imports included."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "shardrules"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "shardrules":
+                continue
+            if node.module is None or _is_package(target):  # `from . import _mesh`: the modules
+                found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, target))
+    return found
+
+
+def violations(path: Path, source: str) -> list[str]:
+    """What in `source` (the module at `path`) breaks the stack, one line each."""
+    name = module_name(path)
+    if name in ("shardrules", "shardrules.__main__"):  # the facade may import anything
+        return []
+    stage = stage_of(name)
+    where = path.relative_to(REPO)
+    if stage not in ALLOWED:
+        return [f"{where}: not in a stage; put it in a stage folder (see docs/architecture.md)"]
+    out = []
+    for line, target in imported(path, source):
+        to = stage_of(target)
+        if to not in ALLOWED:  # `shardrules` itself, or a public name of it
+            out.append(f"{where}:{line}: imports {target} from the public package; import its module")
+        elif to not in ALLOWED[stage]:
+            allowed = ", ".join(sorted(ALLOWED[stage])) or "nothing of shardrules"
+            out.append(f"{where}:{line}: {stage} imports {target}; {stage} may import {allowed}")
+    return out
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_stages_are_the_package_folders() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(ALLOWED) - BASE
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top == BASE | FACADE
+
+
+def test_imports_flow_down_the_stack() -> None:
+    found = [v for path in MODULES for v in violations(path, path.read_text(encoding="utf-8"))]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("where", "source", "bad"),
+    [
+        ("_language/_x.py", "from .._planning import _mesh\n", "shardrules._planning._mesh"),
+        (
+            "_language/_x.py",
+            "def f():\n    from .._interop._paths import flatten\n",
+            "shardrules._interop._paths",
+        ),
+        ("_planning/_x.py", "from .._placement._apply import apply\n", "shardrules._placement._apply"),
+        ("_tracing/_x.py", "from .._placement import _agree\n", "shardrules._placement._agree"),
+        ("_placement/_x.py", "import shardrules._tracing._jit\n", "shardrules._tracing._jit"),
+        ("_interop/_x.py", "from ..import _cli\n", "shardrules._cli"),
+        ("_errors.py", "from ._language._rules import Rule\n", "shardrules._language._rules"),
+        ("_planning/_x.py", "from .. import apply\n", "shardrules.apply"),
+    ],
+)
+def test_an_upward_import_is_caught(where: str, source: str, bad: str) -> None:
+    found = violations(PACKAGE / where, source)
+    assert len(found) == 1 and f"imports {bad}" in found[0], found
+
+
+@pytest.mark.parametrize(
+    ("where", "source"),
+    [
+        (
+            "_planning/_x.py",
+            "from . import _mesh\nfrom .._language._rules import Rule\nfrom .._errors import Span\n",
+        ),
+        (
+            "_cli/_x.py",
+            "from .._placement import _apply\nfrom .._tracing._jit import jit\nfrom .._version import v\n",
+        ),
+        ("_placement/_x.py", "from .._interop import _nnx\nimport jax\nfrom ._agree import check_mode\n"),
+    ],
+)
+def test_a_downward_import_passes(where: str, source: str) -> None:
+    assert violations(PACKAGE / where, source) == []
+
+
+def test_a_module_outside_the_stages_is_caught() -> None:
+    assert "not in a stage" in violations(PACKAGE / "_helpers.py", "")[0]
+
+
+def test_no_module_is_long() -> None:
+    long = {
+        str(p.relative_to(REPO)): n
+        for p in MODULES
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"split these by concern (at most {MAX_LINES} lines a module): {long}"
+
+
+def test_the_architecture_page_maps_every_module() -> None:
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = [
+        str(p.relative_to(PACKAGE))
+        for p in MODULES
+        if p.name != "__init__.py" and p.parent != PACKAGE and str(p.relative_to(PACKAGE)) not in page
+    ]
+    assert not missing, f"docs/architecture.md does not list: {missing}"
+    for folder in set(ALLOWED) - BASE:
+        assert re.search(rf"^#+ .*`{folder}/`", page, re.M), f"no section for {folder}/"
+    assert "docs/architecture.md" in (REPO / "README.md").read_text(encoding="utf-8")
