@@ -7,7 +7,9 @@ Stages sit in a stack, each importing only those below it:
 
 `_placement` and `_tracing` stand side by side and never import each other.
 Every import counts: at the top of a module, inside a function (a lazy
-import), or under `if TYPE_CHECKING:`.
+import), under `if TYPE_CHECKING:`, and `importlib.import_module` or
+`__import__` of a literal name. `_language` and `_errors` need neither JAX nor
+NumPy: a rule file is loaded with no device and no array at hand.
 """
 
 from __future__ import annotations
@@ -63,6 +65,47 @@ def _is_package(module: str) -> bool:
     return (PACKAGE.parent / module.replace(".", "/")).is_dir()
 
 
+def _dynamic_import(call: ast.Call) -> bool:
+    """`importlib.import_module(...)`, `import_module(...)` or `__import__(...)`."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name in ("import_module", "__import__") and bool(call.args)
+
+
+def _resolve_dynamic(call: ast.Call, package: str) -> str | None:
+    """The module a dynamic import names, when it is a literal naming one of
+    ours (relative names resolved against `package`); else `None`."""
+    first = call.args[0]
+    if not isinstance(first, ast.Constant) or not isinstance(first.value, str):
+        return None
+    name = first.value
+    if name.startswith("."):
+        level = len(name) - len(name.lstrip("."))
+        base = package.split(".")
+        base = base[: len(base) - (level - 1)]
+        name = ".".join([*base, name.lstrip(".")] if name.lstrip(".") else base)
+    return name if name.split(".")[0] == "shardrules" else None
+
+
+def third_party(source: str) -> set[str]:
+    """The top-level names of every module outside shardrules that `source` imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and _dynamic_import(node):
+            first = node.args[0]
+            if (
+                isinstance(first, ast.Constant)
+                and isinstance(first.value, str)
+                and not first.value.startswith(".")
+            ):
+                found.add(first.value.split(".")[0])
+    return found - {"shardrules"}
+
+
 def imported(path: Path, source: str) -> list[tuple[int, str]]:
     """Every shardrules module that `source` (the text of the module at `path`)
     imports, with the line: relative imports resolved, `from . import x`
@@ -71,7 +114,11 @@ def imported(path: Path, source: str) -> list[tuple[int, str]]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and _dynamic_import(node):
+            target = _resolve_dynamic(node, package)
+            if target is not None:
+                found.append((node.lineno, target))
+        elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "shardrules"]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -136,9 +183,28 @@ def test_imports_flow_down_the_stack() -> None:
         ("_planning/_x.py", "from .._placement._apply import apply\n", "shardrules._placement._apply"),
         ("_tracing/_x.py", "from .._placement import _agree\n", "shardrules._placement._agree"),
         ("_placement/_x.py", "import shardrules._tracing._jit\n", "shardrules._tracing._jit"),
-        ("_interop/_x.py", "from ..import _cli\n", "shardrules._cli"),
+        ("_interop/_x.py", "from .. import _cli\n", "shardrules._cli"),
         ("_errors.py", "from ._language._rules import Rule\n", "shardrules._language._rules"),
         ("_planning/_x.py", "from .. import apply\n", "shardrules.apply"),
+        ("_planning/_x.py", "import shardrules\n", "shardrules"),
+        ("_language/_x.py", "from shardrules import _planning\n", "shardrules._planning"),
+        ("_language/_x.py", "from shardrules._tracing._jit import jit\n", "shardrules._tracing._jit"),
+        (
+            "_planning/_x.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .._cli._lint import Result\n",
+            "shardrules._cli._lint",
+        ),
+        (
+            "_tracing/_x.py",
+            "import importlib\nimportlib.import_module('shardrules._placement._apply')\n",
+            "shardrules._placement._apply",
+        ),
+        (
+            "_interop/_x.py",
+            "import importlib\nimportlib.import_module('.._planning._plan', __package__)\n",
+            "shardrules._planning._plan",
+        ),
+        ("_language/_x.py", "__import__('shardrules._interop._paths')\n", "shardrules._interop._paths"),
     ],
 )
 def test_an_upward_import_is_caught(where: str, source: str, bad: str) -> None:
@@ -162,6 +228,22 @@ def test_an_upward_import_is_caught(where: str, source: str, bad: str) -> None:
 )
 def test_a_downward_import_passes(where: str, source: str) -> None:
     assert violations(PACKAGE / where, source) == []
+
+
+@pytest.mark.parametrize("stage", ["_language", "_errors.py", "_version.py"])
+def test_loading_rules_needs_no_jax(stage: str) -> None:
+    where = PACKAGE / stage
+    files = sorted(where.rglob("*.py")) if where.is_dir() else [where]
+    used = {
+        str(f.relative_to(REPO)): third_party(f.read_text(encoding="utf-8")) & {"jax", "jaxlib", "numpy"}
+        for f in files
+    }
+    assert not any(used.values()), used
+
+
+def test_third_party_imports_are_seen() -> None:
+    source = "import jax.numpy as jnp\nfrom numpy import ndarray\nimportlib.import_module('flax.nnx')\nfrom . import _x\n"
+    assert third_party(source) == {"jax", "numpy", "flax"}
 
 
 def test_a_module_outside_the_stages_is_caught() -> None:

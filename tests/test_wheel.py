@@ -189,7 +189,7 @@ def test_wheel_contents(installed: Installed) -> None:
         assert modules <= names, sorted(modules - names)
         packaged = zf.read("shardrules/grammar/shardrules.lark").decode("utf-8")
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "shardrules = shardrules._cli._main:main" in zf.read(entry_points).decode("utf-8")
+        assert "shardrules = shardrules._cli:main" in zf.read(entry_points).decode("utf-8")
     assert packaged == (REPO / "grammar" / "shardrules.lark").read_text(encoding="utf-8")
     assert not any(n.startswith(("tests/", "docs/", "grammar/")) for n in names), sorted(names)
 

@@ -5,3 +5,5 @@ The commands (`_main`), the lint job run on a rule file with no devices
 
 May import: every other stage.
 """
+
+from ._main import main as main

@@ -50,8 +50,12 @@ def read_statements(text: str, name: str, real: Path, root: Path, *, explicit_ro
     - `explicit_root`: whether the caller chose `root` (then absolute include
       paths inside it are allowed).
 
-    **Returns:** the `Statements`; syntax errors are raised at once
-    (`RuleSyntaxError`), other problems are in `errors`.
+    **Returns:** the `Statements`, with what is wrong with the includes
+    (SR004 to SR008) in `errors`.
+
+    **Raises:** at once, for a file that cannot be read as rules: a syntax
+    error (`RuleSyntaxError`), or an included file that is missing or not
+    UTF-8 (SR005, `IncludeNotFoundError`) or too large (SR009).
 
     ```python
     found = read_statements(text, "llama.shard", Path("llama.shard").resolve(), Path(".").resolve(),

@@ -1,10 +1,15 @@
 """Rule files → `RuleSet`: the public `load` and `loads`.
 
-Loading runs in four steps, each in its own module: read the file and its
-includes into statements (`_includes`), check the `mesh` line and resolve the
-aliases (`_names`), build the rules (`_build`), and bundle them in a frozen
-`RuleSet`. Problems are collected across the steps and raised together.
-Everything here needs no mesh.
+Loading runs in four steps, each in its own module:
+
+1. read the file and its includes into statements (`_includes`);
+2. check the `mesh` line and resolve the aliases (`_names`);
+3. build the rules: patterns checked, specs resolved (`_build`);
+4. bundle them in a frozen `RuleSet` (here).
+
+A file that cannot be read or parsed stops at step 1; problems with the
+includes are raised after step 1; everything steps 2 and 3 find is raised
+together. Everything here needs no mesh.
 """
 
 from __future__ import annotations

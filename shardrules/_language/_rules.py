@@ -17,7 +17,7 @@ import collections
 import dataclasses
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from .._errors import Diagnostic, Span, did_you_mean, error_for
@@ -253,7 +253,7 @@ class PlanCache:
     def __init__(self, size: int = 32):
         self._size = size
         self._items: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-        self._shardings: dict[Any, Any] = {}
+        self._memo: dict[Any, Any] = {}
         self._lock = threading.Lock()
 
     def get(self, key: Any) -> Any:
@@ -273,20 +273,18 @@ class PlanCache:
     def __len__(self) -> int:
         return len(self._items)
 
-    def named_sharding(self, mesh: Any, spec: Any) -> Any:
-        """The same `NamedSharding` object for the same mesh and spec (at most
-        1024 kept): JAX moves data faster to shardings it has seen."""
-        import jax
-
-        key = (mesh, spec)
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """The value kept for `key`, made by `make()` the first time (at most
+        1024 kept). Planning keeps one `NamedSharding` object per mesh and
+        spec here: JAX moves data faster to shardings it has seen."""
         with self._lock:
-            found = self._shardings.get(key)
+            found = self._memo.get(key)
         if found is None:
-            found = jax.sharding.NamedSharding(mesh, spec)
+            found = make()
             with self._lock:
-                if len(self._shardings) >= 1024:
-                    self._shardings.clear()
-                self._shardings[key] = found
+                if len(self._memo) >= 1024:
+                    self._memo.clear()
+                self._memo[key] = found
         return found
 
     # A copied or unpickled RuleSet starts with an empty cache (locks do not copy).

@@ -6,6 +6,7 @@ multi-process run each process puts only its own shards (`_multihost`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -130,7 +131,8 @@ def place(
     for i, lp in enumerate(the_plan.leaves):
         if lp.spec is None:
             continue
-        sharding = ruleset._plan_cache.named_sharding(mesh, lp.spec)
+        new = functools.partial(jax.sharding.NamedSharding, mesh, lp.spec)
+        sharding = ruleset._plan_cache.memo((mesh, lp.spec), new)
         if isinstance(leaves[i], Tracer):
             # Inside a trace there is no data to move: pin the layout instead.
             out[i] = _mesh.pin(leaves[i], sharding)

@@ -5,7 +5,7 @@ Each process puts only the shards of its own devices, with
 `jax.make_array_from_process_local_data` (each process holds its slice of the
 inputs, `process_local=True`); no tensor data travels between hosts. Before
 anything moves, the processes compare fingerprints of their trees
-(`shardrules._agree`) and their checks' outcome, so that all of them stop on
+(`shardrules._placement._agree`) and their checks' outcome, so that all of them stop on
 the same error instead of building arrays from copies that disagree. A process
 that fails before the comparison still takes part in it (`joining_on_error`),
 so the others stop at once and every process's collectives stay paired.
