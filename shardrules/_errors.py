@@ -217,6 +217,7 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
     "SR107": PlacementError,
     "SR111": PlacementError,
     "SR112": ProcessMismatchError,
+    "SR114": ProcessMismatchError,
     "SR109": TreeError,
 }
 

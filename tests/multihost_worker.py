@@ -1,12 +1,14 @@
 """One process of the multi-process test (tests/test_multihost.py starts it).
 
-    python tests/multihost_worker.py OUT_DIR PROCESS_ID NUM_PROCESSES PORT
+    python tests/multihost_worker.py OUT_DIR PROCESS_ID NUM_PROCESSES PORT [SCENARIO]
 
 With NUM_PROCESSES=1 it runs the same program alone on 8 devices (the
 reference); otherwise it joins a `jax.distributed` run on 127.0.0.1:PORT with
 4 CPU devices of its own. Either way the mesh is data=2 × model=4 and the
-results go to OUT_DIR/result-PROCESS_ID.json. Not a test module: pytest does
-not collect it (its name does not start with `test_`).
+results go to OUT_DIR/result-PROCESS_ID.json. SCENARIO `dead_peer` runs
+something else: process 1 exits at once, and process 0 records what `apply`
+raises. Not a test module: pytest does not collect it (its name does not start
+with `test_`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 OUT, PROCESS, PROCESSES, PORT = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+SCENARIO = sys.argv[5] if len(sys.argv) > 5 else "main"
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // PROCESSES}"
 
@@ -145,8 +148,33 @@ def write_checkpoint(path: Path, tensors: dict[str, np.ndarray]) -> None:
     path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
 
 
+posted: list[list] = []  # [key, bytes] of each value this process posts to JAX's key-value store
+
+
+class CountingClient:
+    """JAX's distributed client, counting what this process posts."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def key_value_set_bytes(self, key, value, *args, **kwargs):
+        posted.append([key, len(value)])
+        return self.inner.key_value_set_bytes(key, value, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 def main() -> None:
     from jax.experimental import multihost_utils
+
+    if PROCESSES > 1:  # one wrapper for the whole run: shardrules counts its exchanges per client
+        from jax._src import distributed
+
+        from shardrules._placement import _exchange
+
+        client = CountingClient(distributed.global_state.client)
+        _exchange._client = lambda: client
 
     started = time.perf_counter()
     (OUT / "rules.shard").write_text(RULES) if PROCESS == 0 else None
@@ -156,8 +184,9 @@ def main() -> None:
     rules = sr.load(OUT / "rules.shard")
 
     # Parameters: every process holds the same host copy and puts its own shards.
-    # Count what crosses between processes meanwhile: JAX's own equality check for
-    # host data (jax.device_put) would gather every leaf whole.
+    # Count what crosses between processes meanwhile (in collectives, and through
+    # JAX's key-value store): JAX's own equality check for host data
+    # (jax.device_put) would gather every leaf whole.
     gathered: list[int] = []
     real_gather = multihost_utils.process_allgather
 
@@ -167,11 +196,13 @@ def main() -> None:
 
     host_params = init_params(np.random.default_rng(0))
     multihost_utils.process_allgather = counting_gather
+    posted.clear()
     try:
         params = sr.apply(host_params, rules, mesh)
     finally:
         multihost_utils.process_allgather = real_gather
     result["apply_gathered_bytes"] = sum(gathered)
+    result["apply_posted"] = list(posted)
     result["params_bytes"] = sum(x.nbytes for x in jax.tree.leaves(host_params))
     q = params["attn"]["q"]["kernel"]
     result["q_spec"] = str(q.sharding.spec)
@@ -285,7 +316,13 @@ def main() -> None:
     # Disagreements between processes are found before anything moves.
     if PROCESSES > 1:
         skewed = init_params(np.random.default_rng(PROCESS))  # a different seed on each process
-        expect_error("mismatch_values", lambda: sr.apply(skewed, rules, mesh))
+        gathered.clear()
+        multihost_utils.process_allgather = counting_gather
+        try:
+            expect_error("mismatch_values", lambda: sr.apply(skewed, rules, mesh))
+        finally:
+            multihost_utils.process_allgather = real_gather
+        result["mismatch_gathered_bytes"] = sum(gathered)
         one_off = init_params(np.random.default_rng(0))
         one_off["mlp"]["up"]["kernel"][0, 0] += PROCESS  # one element, on process 1 only
         expect_error("mismatch_one_element_full", lambda: sr.apply(one_off, rules, mesh, verify="full"))
@@ -338,6 +375,23 @@ def main() -> None:
         )
         result["device_leaf_expected"] = float(big.sum())
         expect_error("device_leaf_differs", lambda: sr.apply({"embed": here + PROCESS}, rules, mesh))
+        # Another rule file on each process: the same tree, planned differently.
+        flipped = "(data, model)" if PROCESS == 0 else "(model, data)"
+        other_rules = sr.loads(f'mesh data, model\nrules params:\n  "w$" -> {flipped}\n')
+        w = {"w": np.arange(64, dtype=np.float32).reshape(8, 8)}
+        expect_error("mismatch_rules", lambda: sr.apply(w, other_rules, mesh))
+        # Another mesh on each process: the same axes, laid out over the devices differently.
+        auto = (jax.sharding.AxisType.Auto,) * 2
+        other_mesh = (
+            jax.make_mesh((4, 2), ("model", "data"), axis_types=auto)
+            if PROCESS == 0
+            else jax.make_mesh((2, 4), ("data", "model"), axis_types=auto)
+        )
+        same_rules = sr.loads('mesh data, model\nrules params:\n  "w$" -> (data, model)\n')
+        expect_error("mismatch_mesh", lambda: sr.apply(w, same_rules, other_mesh))
+        # An argument only one process gets wrong: it raises its own error, the other SR112 at once.
+        verify = "bogus" if PROCESS == 1 else "sample"
+        expect_any_error("verify_bogus_on_one", lambda: sr.apply(host_params, rules, mesh, verify=verify))
         unchecked = sr.apply(skewed, rules, mesh, verify="off")  # the check is what stops it
         result["unchecked_embed_shape"] = list(unchecked["embed"].shape)
         # After all that, the processes still agree and go on together.
@@ -345,7 +399,23 @@ def main() -> None:
     result["seconds"] = time.perf_counter() - started
 
 
+def dead_peer() -> None:
+    """Process 1 exits before `apply`; process 0 calls it, with a short wait
+    for the others, and records the error. Neither says goodbye to JAX's
+    distributed service (process 1 cannot; process 0 would wait for it)."""
+    if PROCESS == 1:
+        os._exit(3)
+    os.environ["SHARDRULES_JOIN_TIMEOUT"] = "3"
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    rules = sr.loads('mesh data, model\nrules params:\n  "w$" -> (data, model)\n')
+    expect_any_error("dead_peer", lambda: sr.apply({"w": np.ones((8, 8), np.float32)}, rules, mesh))
+    (OUT / f"result-{PROCESS}.json").write_text(json.dumps(result, indent=1))
+    os._exit(0)
+
+
 if __name__ == "__main__":
+    if SCENARIO == "dead_peer":
+        dead_peer()
     main()
     (OUT / f"result-{PROCESS}.json").write_text(json.dumps(result, indent=1))
     if PROCESSES > 1:

@@ -193,3 +193,25 @@ def test_apply_inside_jit_lays_out_traced_values(mesh222):
     out = f(jnp.ones((64, 16)))
     assert out.sharding.is_equivalent_to(NamedSharding(mesh222, P("fsdp", None)), 2)
     np.testing.assert_array_equal(np.asarray(out), np.full((64, 16), 2.0))
+
+
+def test_a_dtype_jax_cannot_hold_fails_before_anything_moves(mesh222):
+    params = make_params()
+    params["layers"]["stats"] = np.zeros((4, 8), np.dtype([("mean", "f4"), ("count", "i4")]))
+    placed_before = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh222, P("data")))
+    params["placed"] = placed_before
+    shardings_before = [x.sharding for x in jax.tree.leaves(params) if isinstance(x, jax.Array)]
+    snapshot = _snapshot(params)
+    with pytest.raises(sr.PlanError) as info:
+        sr.apply(params, RULES, mesh222)
+    err = info.value
+    assert err.code == "SR115" and err.path == "layers/stats"
+    assert "dtype [('mean', '<f4'), ('count', '<i4')]) has a dtype JAX cannot hold" in str(err)
+    assert err.span is not None and (err.span.file, err.span.line) == ("model.shard", 8)  # the default rule
+    assert "one array per field (`mean`, `count`)" in err.hint
+    _assert_intact(params, snapshot)
+    assert [x.sharding for x in jax.tree.leaves(params) if isinstance(x, jax.Array)] == shardings_before
+    assert not any(
+        x.committed for x in jax.tree.leaves(params) if isinstance(x, jax.Array) and x is not placed_before
+    )
+    assert isinstance(params["embedding"], np.ndarray)

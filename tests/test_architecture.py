@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "shardrules"
 
 # Modules at the package's top level, outside every stage: below them all.
-BASE = {"_errors", "_version"}
+BASE = {"_errors", "_version", "_gcpause"}
 BELOW_ALL = frozenset(BASE)
 LANGUAGE = BELOW_ALL | {"_language"}
 INTEROP = LANGUAGE | {"_interop"}
@@ -32,6 +32,7 @@ PLANNING = INTEROP | {"_planning"}
 ALLOWED: dict[str, frozenset[str]] = {
     "_errors": frozenset(),
     "_version": frozenset(),
+    "_gcpause": frozenset(),
     "_language": LANGUAGE,
     "_interop": INTEROP,
     "_planning": PLANNING,

@@ -176,3 +176,80 @@ def test_check_devices_catches_another_device_order(mesh42):
 def test_check_devices_ignores_numpy_and_uncommitted_arrays(mesh42):
     placed = jax.device_put(jnp.ones((8,)), NamedSharding(mesh42, P("data")))
     sr.check_devices(params={"w": placed}, batch={"x": np.ones(3), "y": jnp.ones(3), "n": 3})
+
+
+# --------------------------------------------------------------------------- SR115: dtypes JAX cannot hold
+_EXTENDED = np.dtype(np.longdouble).itemsize > 8  # float128 on x86-64 Linux; float64 elsewhere
+UNHOLDABLE = [
+    pytest.param(np.longdouble, "`x.astype(np.float64)`", marks=pytest.mark.skipif(not _EXTENDED, reason="")),
+    pytest.param(
+        np.clongdouble, "`x.astype(np.complex128)`", marks=pytest.mark.skipif(not _EXTENDED, reason="")
+    ),
+    (np.dtype([("a", "f4"), ("b", "i4")]), "one array per field (`a`, `b`)"),
+    (np.dtype("V8"), "`x.view(np.uint8)`"),
+    (np.dtype(object), "`np.asarray(x, np.float32)`"),
+    (np.dtype("U3"), "keep it out of the tree"),
+    (np.dtype("S3"), "keep it out of the tree"),
+    (np.dtype("datetime64[s]"), "`x.astype(np.int64)`"),
+    (np.dtype(">f4"), "newbyteorder('=')"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "fix"), UNHOLDABLE)
+def test_dtypes_jax_cannot_hold_are_errors_of_the_plan(dtype, fix, mesh42):
+    dtype = np.dtype(dtype)
+    rules = sr.loads(
+        'mesh data, model\nrules params:\n  "w" -> (data, _)\n  default -> replicated\n', name="m.shard"
+    )
+    tree = {"w": np.zeros((8, 2), dtype), "ok": np.ones((8, 2), np.float32)}
+    for found in (sr.plan(tree, rules, {"data": 4, "model": 2}).diagnostics, sr.check(tree, rules, mesh42)):
+        assert codes(found).count("SR115") == 1 and "SR107" not in codes(found), found
+        d = only(found, "SR115")
+        assert d.severity == "error" and d.path == "w"
+        assert d.span is not None and (d.span.file, d.span.line, d.span.col) == ("m.shard", 3, 3)
+        assert f"`w` (shape (8, 2), dtype {dtype}) has a dtype JAX cannot hold" in d.message
+        assert fix in d.hint, d.hint
+    for call in (sr.specs, sr.shardings):
+        with pytest.raises(sr.PlanError) as info:
+            call(tree, rules, mesh42)
+        assert info.value.code == "SR115" and info.value.path == "w"
+        assert str(info.value).startswith(f"m.shard:3:3: SR115 `w` (shape (8, 2), dtype {dtype})")
+
+
+def test_dtypes_jax_cannot_hold_are_found_in_abstract_trees_and_scalars():
+    rules = sr.loads("rules params:\n  default -> replicated\n", name="m.shard")
+    tree = {"s": np.longdouble(1.0), "a": jax.ShapeDtypeStruct((4,), np.dtype("V8"))}
+    found = sr.plan(tree, rules, SIZES).errors
+    assert {(d.code, d.path) for d in found} == {("SR115", "a")} | ({("SR115", "s")} if _EXTENDED else set())
+
+
+def test_leaves_of_one_dtype_and_rule_are_one_finding_with_their_paths():
+    rules = sr.loads('rules params:\n  "w" -> (data, _)\n  default -> replicated\n', name="m.shard")
+    record = np.dtype([("a", "f4"), ("b", "i4")])
+    tree = {f"l{i}": {"w": np.zeros((8, i + 1), record)} for i in range(25)} | {"x": np.zeros(4, record)}
+    found = sr.plan(tree, rules, SIZES).errors
+    assert [(d.code, d.span.line if d.span else None) for d in found] == [("SR115", 2), ("SR115", 3)]
+    many = found[0]
+    assert many.message.startswith(f"25 array leaves have dtype {record}, which JAX cannot hold")
+    assert "    l0/w   (8, 1)\n" in many.message and "... and 5 more" in many.message
+    assert many.path == "l0/w"
+    assert found[1].path == "x" and "`x` (shape (4,)" in found[1].message
+
+
+def test_an_unmatched_leaf_of_such_a_dtype_is_reported_for_its_dtype():
+    rules = sr.loads('rules params:\n  "w" -> (data, _)\n', name="m.shard")
+    found = sr.plan({"w": np.ones((8, 2)), "v": np.zeros(4, "V8")}, rules, SIZES).errors
+    assert [(d.code, d.path, d.span) for d in found] == [("SR115", "v", None)]
+
+
+def test_a_logical_rule_does_not_lay_out_leaves_of_such_a_dtype():
+    nn = pytest.importorskip("flax.linen")
+    rules = sr.loads("alias embed = fsdp\nrules params:\n  default -> logical\n", name="m.shard")
+    tree = {
+        "raw": nn.LogicallyPartitioned(np.zeros((8, 8), "V8"), ("embed", None)),
+        "w": nn.LogicallyPartitioned(np.zeros((8, 8), np.float32), ("embed", None)),
+    }
+    plan = sr.plan(tree, rules, SIZES)
+    assert [(d.code, d.path) for d in plan.errors] == [("SR115", "raw")]
+    assert (plan["raw"].spec, plan["raw"].why) == (None, "error")
+    assert plan["w"].spec == P("fsdp", None)

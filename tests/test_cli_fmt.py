@@ -102,6 +102,25 @@ def test_crlf_line_ends_count_as_formatted(workdir: Path, capsys: pytest.Capture
     assert capsys.readouterr().out == "reformatted sharding/messy.shard\n"
 
 
+def test_a_byte_order_mark_is_accepted_and_dropped(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bom = Path("sharding/bom.shard")
+    bom.write_bytes(b"\xef\xbb\xbf" + CANONICAL.encode())
+    assert main(["lint", str(bom)]) == 0  # lint and sr.load read it, the mark left out
+    capsys.readouterr()
+    assert main(["fmt", "--check", str(bom)]) == 1  # canonical but for the mark: it would change
+    assert capsys.readouterr() == ("would reformat sharding/bom.shard\n", "")
+    assert bom.read_bytes() == b"\xef\xbb\xbf" + CANONICAL.encode()
+    assert main(["fmt", str(bom)]) == 0
+    assert capsys.readouterr() == ("reformatted sharding/bom.shard\n", "")
+    assert bom.read_bytes() == CANONICAL.encode()
+    assert main(["fmt", "--check", str(bom)]) == 0
+
+    messy = Path("sharding/messy.shard")
+    messy.write_bytes(b"\xef\xbb\xbf" + MESSY.encode())
+    assert main(["fmt", str(messy)]) == 0
+    assert messy.read_bytes() == CANONICAL.encode()
+
+
 # ------------------------------------------------------------------ --check and --diff
 
 

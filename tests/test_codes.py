@@ -91,6 +91,13 @@ LINT_CASES = {
         (3, 14),
         "with_logical_partitioning",
     ),
+    "SR115": (
+        'rules params:\n  "w" -> (fsdp, _)\n',
+        {"w": S(8, 8, dtype=np.dtype([("a", "f4"), ("b", "i4")]))},
+        SIZES,
+        (2, 3),
+        "one array per field",
+    ),
     "SR201": (
         'rules params:\n  "w" -> (fsdp)\n  "zzz" -> replicated\n',
         {"w": S(8)},
@@ -215,8 +222,10 @@ def test_sr206_logical_name_without_an_alias(tmp_path):
     assert "alias vocab = _" in d.hint
 
 
-# SR008, SR009 and SR017 are triggered in test_hardening.py; SR206 (a boxed tree) just above;
-# SR112 needs two processes: tests/test_multihost.py starts them and checks its messages.
+# SR008 and SR009 are triggered in test_hardening.py, SR017 in test_patterns.py; SR206 (a boxed tree) just above;
+# SR112 and SR114 need two processes: tests/test_multihost.py starts them and checks their messages
+# (SR114: test_a_process_that_died_is_named_before_jax_gives_up, and in one process with a fake
+# key-value store, test_processes_that_do_not_post_are_named_sr114).
 TESTED_ELSEWHERE = {
     "SR004",
     "SR005",
@@ -229,6 +238,7 @@ TESTED_ELSEWHERE = {
     "SR109",
     "SR111",
     "SR112",
+    "SR114",
     "SR206",
 }
 

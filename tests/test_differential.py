@@ -11,6 +11,7 @@ import math
 
 import jax
 import numpy as np
+import pytest
 from hypothesis import assume, given, note
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
@@ -159,3 +160,51 @@ def test_the_reverse_direction_on_known_refusals(mesh222):
     ]:
         plan = sr.plan({"w": value}, sr.loads(f"rules params:\n  {text}\n"), mesh222)
         assert [d.code for d in plan.errors] == [code], text
+
+
+def _dtypes_numpy_can_make():
+    """Every dtype character NumPy has, the ml_dtypes types (bfloat16, float8_*,
+    int4, ...), and dtypes only a description gives (records, other byte order)."""
+    import ml_dtypes
+
+    found = []
+    for char in sorted(set(np.typecodes["All"]) | {"T", "V", "S", "U", "O", "g", "G", "M", "m"}):
+        try:
+            found.append(np.dtype(char))
+        except TypeError:
+            continue
+    for name in dir(ml_dtypes):
+        kind = getattr(ml_dtypes, name)
+        if isinstance(kind, type) and issubclass(kind, np.generic):
+            found.append(np.dtype(kind))
+    found += [np.dtype(d) for d in (">f4", ">i8", "<f8", "f4,i4", "V8", "U3", "S3", "M8[s]", "m8[ns]")]
+    found.append(np.dtype(jax.dtypes.float0))
+    made = []
+    for dtype in dict.fromkeys(found):
+        try:
+            made.append((dtype, np.zeros((2,), dtype)))
+        except (TypeError, ValueError):
+            continue
+    return made
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_the_dtypes_we_refuse_are_those_device_put_refuses(x64):
+    """SR115 is reported for exactly the dtypes `jax.device_put` refuses (onto a
+    device: `apply` always names one; with none, JAX refuses NumPy's
+    variable-width strings only because they may live on CPU devices only)."""
+    rules = sr.loads("rules params:\n  default -> replicated\n")
+    accepted, refused = [], []
+    with jax.enable_x64(x64):
+        for dtype, value in _dtypes_numpy_can_make():
+            try:
+                jax.device_put(value, jax.devices()[0]).block_until_ready()
+                jax_holds = True
+            except Exception:  # TypeError for most; the runtime's error for float6
+                jax_holds = False
+            ours = [d for d in sr.plan({"x": value}, rules, {}).errors if d.code == "SR115"]
+            assert (not ours) == jax_holds, (dtype, ours)
+            (accepted if jax_holds else refused).append(dtype)
+    assert {np.dtype(np.float64), np.dtype("int4"), np.dtype("bfloat16")} <= set(accepted)
+    assert {np.dtype(object), np.dtype("f4,i4"), np.dtype(">f4")} <= set(refused)
+    assert len(accepted) >= 25 and len(refused) >= 8, (accepted, refused)

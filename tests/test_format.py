@@ -297,6 +297,23 @@ def test_default_and_keywords_as_names() -> None:
     assert fmt(text) == "rules default:\n  default -> (auto, replicated?, mesh)\n"
 
 
+def test_a_byte_order_mark_is_dropped_as_the_loader_drops_it() -> None:
+    text = '\ufeffmesh data,model\nrules params:\n"w"->(data,_)\n'
+    assert sr.format_text(text) == 'mesh data, model\nrules params:\n  "w" -> (data, _)\n'
+    assert sr.format_text("\ufeff") == ""
+    # errors after a mark point where the loader's do
+    bad = '\ufeffrules p:\n  "kernel" -> (_, model\n'
+    with pytest.raises(sr.RuleSyntaxError) as formatting:
+        sr.format_text(bad, "bad.shard")
+    with pytest.raises(sr.RuleSyntaxError) as loading:
+        sr.loads(bad, name="bad.shard")
+    assert str(formatting.value) == str(loading.value)
+    assert str(formatting.value).startswith("bad.shard:2:24: SR001 ")
+    # only a leading mark is one: anywhere else it is a character like any other
+    with pytest.raises(sr.RuleSyntaxError):
+        sr.format_text("mesh data\n\ufeffrules p:\n")
+
+
 def test_format_raises_rule_syntax_error_with_location() -> None:
     with pytest.raises(sr.RuleSyntaxError) as info:
         sr.format_text('rules p:\n  "kernel" -> (_, model\n', "bad.shard")

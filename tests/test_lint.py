@@ -654,3 +654,20 @@ def test_findings_and_a_note_are_counted_apart(tmp_path, capsys):
     assert code == 0 and "SR205" in out and "SR301" in out
     assert out.index("SR205") < out.index("SR301")  # errors, warnings, then notes
     assert out.rstrip().endswith("Found 0 errors and 1 warning; not every check ran: see the note above.")
+
+
+def test_json_shapes_may_name_dtypes_jax_cannot_hold(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("m.shard").write_text('mesh fsdp\n\nrules params:\n  "w" -> (fsdp, _)\n  default -> replicated\n')
+    shapes = {"w": [[8, 8], "f4,i4"], "bytes": [[4], "V8"], "ok": [[8, 8], "float32"]}
+    Path("shapes.json").write_text(json.dumps(shapes))
+    code, out, err = run(["lint", "m.shard", "--mesh", "fsdp=4", "--shapes", "shapes.json"], capsys)
+    assert code == 1 and err == "", out
+    assert (
+        "m.shard:4:3: SR115 `w` (shape (8, 8), dtype [('f0', '<f4'), ('f1', '<i4')]) has a dtype JAX cannot hold"
+        in out
+    )
+    assert "one array per field (`f0`, `f1`)" in out
+    assert "m.shard:5:3: SR115 `bytes` (shape (4,), dtype |V8) has a dtype JAX cannot hold" in out
+    assert "`x.view(np.uint8)`" in out
+    assert "Found 2 errors" in out

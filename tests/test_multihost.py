@@ -26,7 +26,7 @@ import pytest
 
 import shardrules as sr
 from shardrules._cli._main import main as cli_main
-from shardrules._placement import _agree, _multihost
+from shardrules._placement import _agree, _exchange, _fingerprint, _multihost
 from shardrules._planning import _hosts
 from shardrules._planning._compile import compile_leaves
 
@@ -47,21 +47,33 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(kept[-lines:])
 
 
-def _launch(folder: Path) -> dict[str, list[dict]]:
-    """Run the single-process reference and the 2-process run side by side;
-    kill every process group on the way out, whatever happened."""
+# The runs started together: name -> (processes, scenario, exit status expected of each process).
+RUNS = {
+    "single": (1, "main", (0,)),
+    "multi": (PROCESSES, "main", (0, 0)),
+    # Process 1 exits at once (status 3); process 0 records what apply raises and leaves.
+    "dead_peer": (PROCESSES, "dead_peer", (0, 3)),
+}
+
+
+def _launch(folder: Path) -> dict[str, list[dict] | str]:
+    """Run every run of `RUNS` side by side; kill every process group on the
+    way out, whatever happened. Each run's results, one dict per process, or
+    the text of what went wrong (a test that reads the run fails with it)."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    runs = {"single": (1, 0), "multi": (PROCESSES, _free_port())}
+    env.pop("SHARDRULES_JOIN_TIMEOUT", None)
     started: list[tuple[str, int, subprocess.Popen, Path]] = []
+    failed: dict[str, str] = {}
     try:
-        for name, (count, port) in runs.items():
+        for name, (count, scenario, _) in RUNS.items():
+            port = _free_port() if count > 1 else 0
             out = folder / name
             out.mkdir()
             for process in range(count):
                 log = out / f"stderr-{process}.txt"
                 with log.open("w") as stderr:
                     child = subprocess.Popen(
-                        [sys.executable, str(WORKER), str(out), str(process), str(count), str(port)],
+                        [sys.executable, str(WORKER), *map(str, (out, process, count, port)), scenario],
                         env=env,
                         stdout=stderr,
                         stderr=stderr,
@@ -73,23 +85,44 @@ def _launch(folder: Path) -> dict[str, list[dict]]:
             try:
                 code = child.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                pytest.fail(f"{name} process {process} still running after {TIMEOUT}s:\n{_tail(log)}")
-            if code != 0:
-                pytest.fail(f"{name} process {process} exited with {code}:\n{_tail(log)}")
+                late = f"{name} process {process} still running after {TIMEOUT}s:\n{_tail(log)}"
+                failed.setdefault(name, late)
+                continue
+            if code != RUNS[name][2][process]:
+                failed.setdefault(name, f"{name} process {process} exited with {code}:\n{_tail(log)}")
     finally:
         for _, _, child, _ in started:
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
-    return {
-        name: [json.loads((folder / name / f"result-{p}.json").read_text()) for p in range(count)]
-        for name, (count, _) in runs.items()
-    }
+    runs: dict[str, list[dict] | str] = {}
+    for name, (count, _, codes) in RUNS.items():
+        if name in failed:
+            runs[name] = failed[name]
+            continue
+        runs[name] = [
+            json.loads((folder / name / f"result-{p}.json").read_text()) if codes[p] == 0 else {}
+            for p in range(count)
+        ]
+    return runs
+
+
+class Results:
+    """The runs' results; reading a run that went wrong fails the test."""
+
+    def __init__(self, runs: dict[str, list[dict] | str]):
+        self.runs = runs
+
+    def __getitem__(self, name: str) -> list[dict]:
+        run = self.runs[name]
+        if isinstance(run, str):
+            pytest.fail(run)
+        return run
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
-    return _launch(tmp_path_factory.mktemp("multihost"))
+def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
+    return Results(_launch(tmp_path_factory.mktemp("multihost")))
 
 
 @pytest.mark.slow
@@ -103,9 +136,13 @@ def test_two_processes_train_like_one(results):
         assert r["q_addressable_shards"] == 4 and single["q_addressable_shards"] == 8
         assert r["q_spec"] == single["q_spec"] == "P('data', 'model')"
         assert r["params_total"] == pytest.approx(single["params_total"], rel=1e-6)
-        # Only fingerprints crossed between the processes: a 2-word header and a
-        # table of 16 words per leaf (9 leaves), not the 48 KiB of parameters.
-        assert r["apply_gathered_bytes"] == (2 + 9 * 16) * 4 and r["params_bytes"] == 49280
+        # Only fingerprints crossed between the processes, not the 48 KiB of parameters:
+        # the trees agree, so no collective, and through JAX's key-value store a record
+        # of 10 words and the details a message would need (the specs' texts, the mesh).
+        assert r["apply_gathered_bytes"] == 0 and r["params_bytes"] == 49280
+        (details, details_bytes), (record, record_bytes) = r["apply_posted"]
+        assert record == f"shardrules/agree/0/record/{r['process']}" and record_bytes == 10 * 4
+        assert details == f"shardrules/agree/0/details/{r['process']}" and details_bytes < 512
         assert len(r["losses"]) == 4
         np.testing.assert_allclose(r["losses"], single["losses"], rtol=1e-5)
     assert single["apply_gathered_bytes"] == 0  # one process: nothing to compare
@@ -171,6 +208,8 @@ def test_processes_that_disagree_are_stopped_and_named(results):
     for me, other, r in ((0, 1, first), (1, 0, second)):
         values = r["mismatch_values"]
         assert values is not None, "different values on the two processes were not detected"
+        # The tables differ, so they are gathered: 18 words per leaf (9 leaves).
+        assert r["mismatch_gathered_bytes"] == 9 * 18 * 4
         assert values["code"] == "SR112" and values["type"] == "ProcessMismatchError"
         assert f"this is process {me} of 2" in values["message"]
         assert f"embed: values differ from those on process {other}" in values["message"]
@@ -240,6 +279,57 @@ def test_an_error_before_the_exchange_on_one_process_stops_the_others_with_sr112
 
 
 @pytest.mark.slow
+def test_rule_files_that_differ_between_processes_are_stopped_with_both_specs(results):
+    # "w$" -> (data, model) on process 0, (model, data) on process 1: the same tree,
+    # laid out two ways. Both processes stop, each naming the leaf, both specs and the other process.
+    specs = ("P('data', 'model')", "P('model', 'data')")
+    for me, r in enumerate(results["multi"]):
+        found = r["mismatch_rules"]
+        assert found is not None, "different rule files on the two processes were not detected"
+        assert found["code"] == "SR112" and found["type"] == "ProcessMismatchError" and found["path"] == "w"
+        assert f"this is process {me} of 2" in found["message"]
+        assert f"w: {specs[me]} here, {specs[1 - me]} on process {1 - me}" in found["message"]
+        assert "the same rule file" in found["message"]  # the hint
+
+
+@pytest.mark.slow
+def test_meshes_that_differ_between_processes_are_stopped_and_named(results):
+    # (4, 2) ("model", "data") on process 0, (2, 4) ("data", "model") on process 1.
+    meshes = ("model=4 × data=2", "data=2 × model=4")
+    for me, r in enumerate(results["multi"]):
+        found = r["mismatch_mesh"]
+        assert found is not None, "different meshes on the two processes were not detected"
+        assert found["code"] == "SR112" and found["type"] == "ProcessMismatchError"
+        assert f"this is process {me} of 2" in found["message"]
+        assert f"mesh: {meshes[me]} here, {meshes[1 - me]} on process {1 - me}" in found["message"]
+        assert "jax.make_mesh" in found["message"]  # the hint
+
+
+@pytest.mark.slow
+def test_a_bad_argument_on_one_process_still_joins_the_comparison(results):
+    first, second = results["multi"]
+    own = second["verify_bogus_on_one"]
+    assert own is not None and own["type"] == "ValueError" and "verify='bogus'" in own["message"]
+    theirs = first["verify_bogus_on_one"]
+    assert theirs is not None and theirs["code"] == "SR112", theirs
+    assert "process 1 stopped on errors that this process (process 0 of 2) did not find" in theirs["message"]
+    assert theirs["seconds"] < 10
+
+
+@pytest.mark.slow
+def test_a_process_that_died_is_named_before_jax_gives_up(results):
+    (survivor, _) = results["dead_peer"]
+    found = survivor["dead_peer"]
+    assert found is not None, "apply went on without the process that exited"
+    assert found["type"] == "ProcessMismatchError" and found["code"] == "SR114", found
+    assert "process 1 did not join" in found["message"] and "this is process 0 of 2" in found["message"]
+    assert "within 3 s" in found["message"] and "SHARDRULES_JOIN_TIMEOUT" in found["message"]
+    assert "crashed" in found["message"]  # the hint: read its log
+    # SHARDRULES_JOIN_TIMEOUT=3: well before gloo's 30 s and JAX's 100 s heartbeat.
+    assert 2.5 < found["seconds"] < 10, found["seconds"]
+
+
+@pytest.mark.slow
 def test_large_device_leaves_are_compared_by_a_sample_taken_on_the_devices(results):
     for me, r in enumerate(results["multi"]):
         # NumPy on process 0, a sharded jax.Array on process 1, the same values: they agree.
@@ -263,24 +353,24 @@ def test_mismatches_names_paths_shapes_and_processes():
     b = a.copy()
     b[2, 3] = -1
     mine = [
-        _agree.fingerprint("w", a.shape, a.dtype, _agree.data_hash(a, "sample")),
-        _agree.fingerprint("v", (4,), np.float32, None),
-        _agree.fingerprint("only/here", (2,), np.int32, None),
+        _fingerprint.fingerprint("w", a.shape, a.dtype, _fingerprint.data_hash(a, "sample")),
+        _fingerprint.fingerprint("v", (4,), np.float32, None),
+        _fingerprint.fingerprint("only/here", (2,), np.int32, None),
     ]
     theirs = [
-        _agree.fingerprint("w", b.shape, b.dtype, _agree.data_hash(b, "sample")),
-        _agree.fingerprint("v", (5,), np.float16, None),
-        _agree.fingerprint("only/there", (2,), np.int32, None),
-        _agree.fingerprint("also/there", (2,), np.int32, None),
+        _fingerprint.fingerprint("w", b.shape, b.dtype, _fingerprint.data_hash(b, "sample")),
+        _fingerprint.fingerprint("v", (5,), np.float16, None),
+        _fingerprint.fingerprint("only/there", (2,), np.int32, None),
+        _fingerprint.fingerprint("also/there", (2,), np.int32, None),
     ]
     headers = np.array([[3, 0], [4, 0]], np.uint32)
     tables = np.stack([_table(mine, 4), _table(theirs, 4)])
     found = _agree.mismatches(["w", "v", "only/here"], headers, tables, 0)
     assert found == [
-        ("w", "w: values differ from those on process 1"),
-        ("v", "v: (4,) float32 here, (5,) float16 on process 1"),
-        ("only/here", "only/here: only on this process, not on process 1"),
-        (None, "process 1 has 2 leaves that this process lacks (its error names them)"),
+        ("w", "w: values differ from those on process 1", "tree"),
+        ("v", "v: (4,) float32 here, (5,) float16 on process 1", "tree"),
+        ("only/here", "only/here: only on this process, not on process 1", "tree"),
+        (None, "process 1 has 2 leaves that this process lacks (its error names them)", "tree"),
     ]
     error = _agree.mismatch_error(found, 0, 2, "apply(group='params')", local=False)
     assert error.code == "SR112" and error.path == "w"
@@ -301,18 +391,19 @@ def test_mismatches_names_paths_shapes_and_processes():
 
 
 def test_sample_hash_reads_a_sample_and_full_reads_everything():
-    big = np.zeros(_agree.SAMPLE_BYTES // 4 * 3, np.float32)  # 3 MiB
+    big = np.zeros(_fingerprint.SAMPLE_BYTES // 4 * 3, np.float32)  # 3 MiB
     changed = big.copy()
     changed[5000] = 1.0  # bytes 20000-20003: between the first two sampled runs (0-4 KiB, 48-52 KiB)
-    assert _agree.data_hash(big, "sample") == _agree.data_hash(changed, "sample")
-    assert _agree.data_hash(big, "full") != _agree.data_hash(changed, "full")
+    assert _fingerprint.data_hash(big, "sample") == _fingerprint.data_hash(changed, "sample")
+    assert _fingerprint.data_hash(big, "full") != _fingerprint.data_hash(changed, "full")
     changed[-1] = 1.0  # the last bytes are always sampled
-    assert _agree.data_hash(big, "sample") != _agree.data_hash(changed, "sample")
+    assert _fingerprint.data_hash(big, "sample") != _fingerprint.data_hash(changed, "sample")
     strided = np.arange(4 << 20, dtype=np.float32).reshape(2048, 2048)[:, ::2]
-    assert _agree.data_hash(strided, "sample") != _agree.data_hash(strided + 1, "sample")
+    assert _fingerprint.data_hash(strided, "sample") != _fingerprint.data_hash(strided + 1, "sample")
     small = np.ones((4, 4), np.float32)
-    assert _agree.data_hash(small, "sample") == _agree.data_hash(small.copy(), "sample")
-    assert _agree.data_hash(small, "sample") != _agree.data_hash(small.astype(np.float64), "sample")
+    assert _fingerprint.data_hash(small, "sample") == _fingerprint.data_hash(small.copy(), "sample")
+    wider = small.astype(np.float64)
+    assert _fingerprint.data_hash(small, "sample") != _fingerprint.data_hash(wider, "sample")
 
 
 def test_sample_hash_of_a_device_array_copies_only_the_sample(monkeypatch, mesh42):
@@ -325,8 +416,8 @@ def test_sample_hash_of_a_device_array_copies_only_the_sample(monkeypatch, mesh4
     explicit = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     arrays.append(jax.device_put(values, jax.sharding.NamedSharding(explicit, P("data", "model"))))
     arrays.append(jax.device_put(values, jax.devices()[3]))  # one device
-    want = _agree.data_hash(values, "sample")
-    assert _agree.data_hash(np.asfortranarray(values), "sample") == want  # a strided copy: the same
+    want = _fingerprint.data_hash(values, "sample")
+    assert _fingerprint.data_hash(np.asfortranarray(values), "sample") == want  # a strided copy: the same
     copied: list[int] = []  # bytes copied from the devices to the host
     hashed: list[int] = []  # bytes the hasher reads
     array_type = type(arrays[0])
@@ -348,21 +439,21 @@ def test_sample_hash_of_a_device_array_copies_only_the_sample(monkeypatch, mesh4
             return self.inner.digest()
 
     monkeypatch.setattr(array_type, "__array__", counting_array)
-    monkeypatch.setattr(_agree, "hashlib", types.SimpleNamespace(blake2b=CountingHash))
+    monkeypatch.setattr(_fingerprint, "hashlib", types.SimpleNamespace(blake2b=CountingHash))
     sample = 65 * 4096  # 64 evenly spaced runs of 4 KiB and the last 4 KiB
     for x in arrays:
         copied.clear()
         hashed.clear()
         # The same hash as for the same values in NumPy (another process may pass those).
-        assert _agree.data_hash(x, "sample") == want
+        assert _fingerprint.data_hash(x, "sample") == want
         # One gather on the devices: only the sampled elements are copied to the host.
         assert sum(copied) <= sample, f"{sum(copied)} bytes copied to the host for a 4 MiB array"
         assert sum(hashed) <= sample + 100
     changed = values.copy()
     changed[-1, -1] += 1  # the last bytes are always sampled
     other = jax.device_put(changed, arrays[0].sharding)
-    assert _agree.data_hash(other, "sample") != want
-    assert _agree.data_hash(other, "sample") == _agree.data_hash(changed, "sample")
+    assert _fingerprint.data_hash(other, "sample") != want
+    assert _fingerprint.data_hash(other, "sample") == _fingerprint.data_hash(changed, "sample")
 
 
 def test_regions_are_computed_once_per_shape_and_spec(monkeypatch, mesh42):
@@ -377,15 +468,16 @@ def test_regions_are_computed_once_per_shape_and_spec(monkeypatch, mesh42):
         return real(self, shape)
 
     monkeypatch.setattr(jax.sharding.NamedSharding, "devices_indices_map", counting)
-    rows, same = _multihost._fingerprints(the_plan, leaves, mesh42, "sample", False, True)
+    rows, same, specs = _multihost._fingerprints(the_plan, leaves, mesh42, "sample", False, True)
     assert len(rows) == 4 and same == [[True]] * 4
+    assert sorted(specs.values()) == ["P('data', None)", "P(None, 'model')"]
     assert len(calls) == 2  # (8, 4) under (data, _) for a, b, c; under (_, model) for d
 
 
 def test_verify_modes_and_one_process(mesh42):
-    assert _agree.check_mode("sample") == "sample"
-    assert _agree.check_mode(False) == "off"
-    assert _agree.check_mode(True) == "sample"
+    assert _fingerprint.check_mode("sample") == "sample"
+    assert _fingerprint.check_mode(False) == "off"
+    assert _fingerprint.check_mode(True) == "sample"
     rules = sr.loads('mesh data, model\nrules inputs:\n  "x" -> (data, _)\n')
     with pytest.raises(ValueError, match="'sample', 'full', 'off'"):
         sr.apply({"x": np.ones((8, 2))}, rules, mesh42, group="inputs", verify="fast")
@@ -398,6 +490,168 @@ def test_verify_modes_and_one_process(mesh42):
     local = sr.apply({"x": x}, rules, mesh42, group="inputs", process_local=True)["x"]
     assert local.shape == (8, 2) and str(local.sharding.spec) == "P('data', None)"
     np.testing.assert_array_equal(np.asarray(local), x)
+
+
+def test_specs_and_meshes_that_differ_are_named():
+    P = jax.sharding.PartitionSpec
+    # What a spec means is hashed, not how it is written.
+    assert _fingerprint.spec_words(P("data"), 2) == _fingerprint.spec_words(P(("data",), None), 2)
+    assert _fingerprint.spec_words(P("data", "model"), 2) != _fingerprint.spec_words(P("model", "data"), 2)
+    mine = [_fingerprint.fingerprint("w", (8, 8), np.float32, None, P("data", "model"))]
+    theirs = [_fingerprint.fingerprint("w", (8, 8), np.float32, None, P("model", "data"))]
+    tables = np.stack([_table(mine, 1), _table(theirs, 1)])
+    texts = {0: "P('data', 'model')", 1: "P('model', 'data')"}
+    headers = np.array([[1, 0], [1, 0]], np.uint32)
+    found = _agree.mismatches(["w"], headers, tables, 0, spec_text=lambda q, words: texts[q])
+    assert found == [("w", "w: P('data', 'model') here, P('model', 'data') on process 1", "layout")]
+    error = _agree.mismatch_error(found, 0, 2, "apply(group='params')", local=False)
+    assert error.code == "SR112" and "the processes plan different layouts" in str(error)
+    assert "same rule file" in error.hint and "seed random" not in error.hint
+    # Without the other process's text (no key-value store), the line still says what differs.
+    (line,) = _agree.mismatches(["w"], headers, tables, 0)
+    assert line[1] == "w: another spec here, another spec on process 1"
+    # Meshes: the axes, else their types, else the order of the devices.
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    flipped = jax.make_mesh((4, 2), ("model", "data"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    explicit = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    reordered = jax.sharding.Mesh(np.array(jax.devices()[::-1]).reshape(2, 4), ("data", "model"))
+    reordered = jax.sharding.Mesh(reordered.devices, ("data", "model"), axis_types=mesh.axis_types)
+    words, here = _fingerprint.mesh_fingerprint(mesh)
+    others = {q: _fingerprint.mesh_fingerprint(m) for q, m in enumerate([flipped, explicit, reordered], 1)}
+    assert all(not np.array_equal(w, words) for w, _ in others.values())
+    assert np.array_equal(_fingerprint.mesh_fingerprint(mesh)[0], words)
+    lines = [line for _, line, _ in _agree.mesh_differences(here, {q: d for q, (_, d) in others.items()})]
+    assert lines == [
+        "mesh: data=2 × model=4 here, model=4 × data=2 on process 1",
+        "mesh axis types: (Auto, Auto) here, (Explicit, Explicit) on process 2",
+        "mesh devices: [0, 1, 2, 3, 4, 5, 6, 7] here, [7, 6, 5, 4, 3, 2, 1, 0] on process 3",
+    ]
+    error = _agree.mismatch_error(_agree.mesh_differences(here, {1: None}), 0, 2, "apply", local=False)
+    text = str(error)
+    assert "the processes do not use the same mesh" in text and "another mesh on process 1" in text
+    assert "jax.make_mesh" in error.hint
+
+
+class FakeStore:
+    """JAX's key-value store as a dict, with a clock of its own (`now`): a key
+    that is not there moves the clock on by the timeout and times out."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+        self.waits: list[tuple[str, int]] = []
+        self.now = 0.0
+
+    def key_value_set_bytes(self, key, value, allow_overwrite=False):
+        self.values[key] = bytes(value)
+
+    def blocking_key_value_get_bytes(self, key, timeout_in_ms):
+        if key in self.values:
+            return self.values[key]
+        self.waits.append((key, timeout_in_ms))
+        self.now += timeout_in_ms / 1000
+        raise RuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out with key: {key}")
+
+    def key_value_delete(self, key):
+        self.values.pop(key, None)
+
+    def key_value_increment(self, key, increment):
+        count = int(self.values.get(key, b"0")) + increment
+        self.values[key] = str(count).encode()
+        return count
+
+
+def test_processes_that_do_not_post_are_named_sr114(monkeypatch):
+    store = FakeStore()
+    record = np.arange(10, dtype=np.uint32)
+    store.values["shardrules/agree/0/record/1"] = (record + 1).tobytes()
+    store.values["shardrules/agree/0/details/1"] = b'{"specs": {"1,2": "P(\'data\')"}}'
+    monkeypatch.setattr(_exchange, "time", types.SimpleNamespace(monotonic=lambda: store.now))
+    with pytest.raises(sr.ProcessMismatchError) as caught:
+        _exchange._join(store, 0, 4, record, {}, "apply(group='params')", 2.0)
+    error = caught.value
+    assert error.code == "SR114" and "processes 2, 3 did not join" in str(error)
+    assert "within 2 s (this is process 0 of 4)" in str(error) and "SHARDRULES_JOIN_TIMEOUT" in error.hint
+    # One wait of the whole timeout for process 2, then none for process 3: 2 s in all.
+    (first, waited), (second, then) = store.waits
+    assert first.endswith("record/2") and waited == 2000 and second.endswith("record/3") and then == 1
+    # This process posted its record and details under round 0; the next call is round 1.
+    assert np.array_equal(np.frombuffer(store.values["shardrules/agree/0/record/0"], np.uint32), record)
+    for q in (2, 3):
+        store.values[f"shardrules/agree/1/record/{q}"] = record.tobytes()
+        store.values[f"shardrules/agree/1/details/{q}"] = b"{}"
+    store.values["shardrules/agree/1/record/1"] = record.tobytes()
+    store.values["shardrules/agree/1/details/1"] = b'{"specs": {"1,2": "P(\'data\')"}}'
+    records, read = _exchange._join(store, 0, 4, record, {"specs": {}}, "apply", 2.0)
+    assert records.shape == (4, 10) and (records == record).all()
+    assert read(1)["specs"] == {"1,2": "P('data')"} and read(0) == {"specs": {}}
+    # Round 1 complete: every process is past round 0, so this process's keys of it are gone.
+    assert not any(k.startswith("shardrules/agree/0/") and k.endswith("/0") for k in store.values)
+    # Another distributed client (jax.distributed initialised again): counting starts over.
+    other = FakeStore()
+    with pytest.raises(sr.ProcessMismatchError):
+        _exchange._join(other, 1, 2, record, {}, "apply", 0.01)
+    assert "shardrules/agree/0/record/1" in other.values
+
+
+def test_exchange_gathers_tables_only_when_they_differ(monkeypatch):
+    store = FakeStore()
+    monkeypatch.setattr(_exchange, "_client", lambda: store)
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    gathered: list[np.ndarray] = []
+    rows = [_fingerprint.fingerprint("w", (8,), np.float32, (1, 2))]
+    other_rows = [_fingerprint.fingerprint("w", (8,), np.float32, (3, 4))]
+
+    def post_other(n: int, rows: list[np.ndarray], mesh: np.ndarray) -> None:
+        # What process 1 posts in round n, as _exchange does.
+        table = np.stack(rows)
+        record = np.zeros(10, np.uint32)
+        record[0:2] = len(table), 0
+        record[2:6] = np.frombuffer(hashlib.blake2b(table.tobytes(), digest_size=16).digest(), np.uint32)
+        record[6:10] = mesh
+        store.values[f"shardrules/agree/{n}/record/1"] = record.tobytes()
+        store.values[f"shardrules/agree/{n}/details/1"] = b"{}"
+
+    def allgather(x):
+        gathered.append(x)
+        return np.stack([x, _table(other_rows, len(x))])
+
+    monkeypatch.setattr(_exchange, "_allgather", allgather)
+    mesh = np.array([1, 2, 3, 4], np.uint32)
+    post_other(0, rows, mesh)
+    got = _exchange.exchange(rows, False, what="apply", mesh=mesh)
+    assert gathered == [] and np.array_equal(got.tables[1], got.tables[0])  # the same: nothing gathered
+    post_other(1, other_rows, mesh)
+    got = _exchange.exchange(rows, False, what="apply", mesh=mesh)
+    assert len(gathered) == 1 and np.array_equal(got.tables[1][0], other_rows[0])
+    post_other(2, other_rows, mesh + 1)
+    got = _exchange.exchange(rows, False, what="apply", mesh=mesh)
+    assert len(gathered) == 1 and got.other_meshes(0) == [1]  # meshes differ: no tables gathered
+
+
+def test_the_join_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv("SHARDRULES_JOIN_TIMEOUT", raising=False)
+    assert _exchange.join_timeout() == 60
+    monkeypatch.setenv("SHARDRULES_JOIN_TIMEOUT", "2.5")
+    assert _exchange.join_timeout() == 2.5
+    for bad in ("soon", "0", "-1", "inf"):
+        monkeypatch.setenv("SHARDRULES_JOIN_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=f"SHARDRULES_JOIN_TIMEOUT='{bad}': give the seconds"):
+            _exchange.join_timeout()
+        assert _exchange.join_timeout(strict=False) == 60
+
+
+def test_a_process_that_fails_alone_raises_its_own_error_even_if_no_one_joins(monkeypatch):
+    store = FakeStore()
+    monkeypatch.setattr(_exchange, "_client", lambda: store)
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setenv("SHARDRULES_JOIN_TIMEOUT", "0.01")
+    with pytest.raises(KeyError, match="its own"), _multihost.joining_on_error(True, what="apply"):
+        raise KeyError("its own")
+    # It joined as failed, with no table.
+    record = np.frombuffer(store.values["shardrules/agree/0/record/0"], np.uint32)
+    assert list(record[0:2]) == [0, _agree.NO_TABLE]
 
 
 # ------------------------------------------------- bytes per host, without devices

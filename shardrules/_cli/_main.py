@@ -6,6 +6,7 @@ import argparse
 import difflib
 import fnmatch
 import re
+import stat
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ShardRulesError
+from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._version import __version__
 from . import _lint, _render
@@ -169,6 +171,11 @@ def _fmt(args: argparse.Namespace) -> int:
     changed = errors = 0
     for path in _shard_files(args.files, args.exclude):
         try:
+            mode = path.stat().st_mode
+            if not stat.S_ISREG(mode):  # a FIFO would block the read; a device never ends
+                raise OSError("not a regular file (a FIFO, a device or a socket)")
+            if path.stat().st_size > MAX_FILE_BYTES:
+                raise OSError(f"larger than {MAX_FILE_BYTES >> 20} MiB; rule files are small text files")
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             print(f"{path}: cannot read: {err}", file=sys.stderr)

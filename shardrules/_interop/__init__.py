@@ -6,5 +6,5 @@ NNX modules (named scopes, sharded creation). Frameworks are never imported
 here: only recognised when the user has imported them. Converters from other
 projects' rule formats belong here too.
 
-May import: `shardrules._language`, `shardrules._errors`.
+May import: `_language` and the base modules (`_errors`, `_version`, `_gcpause`).
 """

@@ -64,26 +64,24 @@ def build_rules(
 
 def check_pattern(line: RuleLine, errors: Findings) -> None:
     """Report a rule's pattern that is not a regular expression (SR002, with
-    the column of the mistake) or is one that could take exponential time
-    (SR017)."""
+    the column of the mistake) or that uses what the matcher does not have
+    (SR017: backreferences, lookarounds, ...; see `_regex`)."""
     assert line.pattern is not None
     try:
         try:
-            re.compile(line.pattern)
-        except (RecursionError, OverflowError, ValueError) as err:  # nesting or counts too large
-            raise re.error(f"too complex to compile ({type(err).__name__})") from None
-        try:
             _regex.check(line.pattern)
+        except (OverflowError, ValueError) as err:  # counts too large for Python's compiler
+            raise re.error(f"too complex to compile ({type(err).__name__})") from None
         except RecursionError:
-            raise _regex.UnsafePattern(
+            raise _regex.UnsupportedPattern(
                 "groups nested too deeply", "use fewer levels of parentheses"
             ) from None
-    except _regex.UnsafePattern as err:
+    except _regex.UnsupportedPattern as err:
         errors.error(
             "SR017",
-            f"unsafe regular expression: {err.reason}",
+            f"unsupported regular expression: {err.reason}",
             line.pattern_span,
-            f"{err.hint} (see docs/language.md#safe-patterns)",
+            f"{err.hint} (see docs/language.md#patterns)",
         )
     except re.error as err:
         span = line.pattern_span

@@ -1,12 +1,13 @@
-"""Reading rule files: a size limit, UTF-8, and errors that say what went
-wrong with the path (not found: where it looked and what is close; a folder;
-rule text passed where a path goes)."""
+"""Reading rule files: size limits, regular files only, UTF-8, and errors that
+say what went wrong with the path (not found: where it looked and what is
+close; a folder, a FIFO, a loop of links; rule text passed where a path goes)."""
 
 from __future__ import annotations
 
 import difflib
 import os
 import re
+import stat
 from pathlib import Path
 
 from .._errors import Diagnostic, ShardRulesError, Span, error_for
@@ -14,27 +15,35 @@ from .._errors import Diagnostic, ShardRulesError, Span, error_for
 MAX_FILE_BYTES = 1 << 20
 """The largest rule file read (1 MiB); rule files are a few kilobytes."""
 
+MAX_TOTAL_BYTES = 2 << 20
+"""The most bytes one load reads, over the file and all it includes (2 MiB)."""
 
-def read_rule_file(path: Path, display: str, span: Span | None, sources: dict[str, str] | None = None) -> str:
+
+def read_rule_file(
+    path: Path,
+    display: str,
+    span: Span | None,
+    sources: dict[str, str] | None = None,
+    limit: int = MAX_FILE_BYTES,
+) -> str:
     """The text of a rule file, or an SR009 (too large) or SR005 (cannot be read)
     error that says why and what to do; `span` is the `include` line that named
-    it (`None` for the top file), `display` the name to show."""
+    it (`None` for the top file), `display` the name to show, `limit` the bytes
+    it may hold (less than `MAX_FILE_BYTES` when other files of the same load
+    have used part of `MAX_TOTAL_BYTES`). Only regular files are read: a FIFO
+    or a device is refused without waiting on it."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
-            raise error_for(
-                [
-                    Diagnostic(
-                        "SR009",
-                        "error",
-                        f"`{display}` is larger than {MAX_FILE_BYTES >> 20} MiB; rule files are small text files",
-                        span,
-                        hint="check that this is the rule file you meant",
-                    )
-                ],
-                sources,
-            )
+        # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(path)
+            if not stat.S_ISREG(mode):
+                raise _NotRegular(_kind(mode))
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise error_for([_too_large(display, span, limit)], sources)
         return data.decode("utf-8")
     except ShardRulesError:  # SR009 above: a ValueError, not a path that cannot be read
         raise
@@ -48,20 +57,83 @@ def read_rule_file(path: Path, display: str, span: Span | None, sources: dict[st
             if inside
             else "name the rule file itself, e.g. `sharding/model.shard`"
         )
+    except _NotRegular as err:
+        message = f"`{display}` is {err.kind}, not a regular file"
+        hint = "rule files are read only from regular files; name the rule file itself"
     except UnicodeDecodeError as err:
         message, hint = f"`{display}` is not UTF-8 text ({err.reason})", "save the rule file as UTF-8"
+    except UnicodeEncodeError:
+        message = f"`{_shown(display)}` cannot be a file name (it holds a lone surrogate character)"
+        hint = "check how the path was built; file names are UTF-8 text"
     except (OSError, ValueError) as err:  # also a name too long for a path, or with a NUL in it
         if span is None and looks_like_rules(display):
             message, hint = _rule_text(display)
         else:
-            shown = display if len(display) <= 80 else display[:60] + "…"
-            message = f"cannot read `{shown}`: {err.strerror if isinstance(err, OSError) else err}"
+            message = f"cannot read `{_shown(display)}`: {err.strerror if isinstance(err, OSError) else err}"
             hint = (
                 "check that the file exists and that this user may read it"
                 if isinstance(err, OSError)
                 else "a path cannot hold a NUL character; check how it was built"
             )
     raise error_for([Diagnostic("SR005", "error", message, span, hint=hint)], sources)
+
+
+def resolved(path: Path, display: str, span: Span | None, sources: dict[str, str] | None = None) -> Path:
+    """`path` made absolute with every symbolic link followed, or an SR005 that
+    says why it cannot be (a loop of links, a name that cannot be encoded)."""
+    try:
+        return path.resolve()
+    except RuntimeError:  # pathlib: "Symlink loop from ..."
+        message = f"`{_shown(display)}` is a loop of symbolic links"
+        hint = "point the link at the rule file itself"
+    except UnicodeEncodeError:
+        message = f"`{_shown(display)}` cannot be a file name (it holds a lone surrogate character)"
+        hint = "check how the path was built; file names are UTF-8 text"
+    except (OSError, ValueError) as err:
+        message = f"cannot resolve `{_shown(display)}`: {err}"
+        hint = "check the path"
+    raise error_for([Diagnostic("SR005", "error", message, span, hint=hint)], sources)
+
+
+def _too_large(display: str, span: Span | None, limit: int) -> Diagnostic:
+    if limit < MAX_FILE_BYTES:
+        return Diagnostic(
+            "SR009",
+            "error",
+            f"`{display}` takes the rule files of this load over {MAX_TOTAL_BYTES >> 20} MiB in all",
+            span,
+            hint="rule files are small text files; check that the includes name the files you meant",
+        )
+    return Diagnostic(
+        "SR009",
+        "error",
+        f"`{display}` is larger than {MAX_FILE_BYTES >> 20} MiB; rule files are small text files",
+        span,
+        hint="check that this is the rule file you meant",
+    )
+
+
+class _NotRegular(Exception):
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.kind = kind
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _shown(display: str) -> str:
+    shown = display.encode("utf-8", "backslashreplace").decode("utf-8")
+    return shown if len(shown) <= 80 else shown[:60] + "…"
 
 
 def looks_like_rules(text: str) -> bool:

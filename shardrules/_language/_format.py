@@ -43,8 +43,10 @@ _UNITS = (
 
 
 def format_text(text: str, name: str = "<string>") -> str:
-    """Format rule-file text; raises `RuleSyntaxError` if it does not parse."""
-    return format_file(parse(text, name))
+    """Format rule-file `text` (`name`: the file name its errors show); raises
+    `RuleSyntaxError` if it does not parse. A leading UTF-8 byte-order mark is
+    dropped, as the loader drops it."""
+    return format_file(parse(text.removeprefix("\ufeff"), name))
 
 
 def format_file(rule_file: RuleFile) -> str:

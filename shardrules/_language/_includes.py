@@ -13,13 +13,19 @@ import dataclasses
 import os
 from pathlib import Path
 
-from .._errors import Findings, Span
-from ._files import read_rule_file
+from .._errors import Diagnostic, Findings, Span, error_for
+from ._files import MAX_FILE_BYTES, MAX_TOTAL_BYTES, read_rule_file, resolved
 from ._parse import parse
 from ._rules import Alias, Include, MeshDecl, RuleLine, RulesHeader
 
 MAX_INCLUDE_DEPTH = 16
 """How deep `include`s may nest."""
+
+MAX_RULES = 10_000
+"""The most rules one load may hold, over the file and all it includes."""
+
+MAX_LINES = 50_000
+"""The most lines one load may hold, blank and comment lines included."""
 
 
 @dataclasses.dataclass
@@ -74,9 +80,12 @@ class _Reader:
     found: Statements = dataclasses.field(default_factory=Statements)
     done: set[Path] = dataclasses.field(default_factory=set)
     stack: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+    lines: int = 0
+    rules: int = 0
 
-    def visit(self, text: str, name: str, real: Path) -> None:
+    def visit(self, text: str, name: str, real: Path, span: Span | None = None) -> None:
         text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the rules
+        self.count(text, name, span)
         self.found.sources[name] = text
         rule_file = parse(text, name)
         self.done.add(real)
@@ -121,7 +130,7 @@ class _Reader:
                 "include files by a path relative to the including file",
             )
             return
-        real = (parent_real.parent / target).resolve()
+        real = resolved(parent_real.parent / target, display, stmt.span, self.found.sources)
         if not real.is_relative_to(self.root):
             self.found.errors.error(
                 "SR006",
@@ -149,5 +158,31 @@ class _Reader:
                 "include the shared files from one top-level file instead of chaining them",
             )
             return
-        text = read_rule_file(real, display, stmt.span, self.found.sources)
-        self.visit(text, display, real)
+        text = read_rule_file(real, display, stmt.span, self.found.sources, limit=self.bytes_left())
+        self.visit(text, display, real, stmt.span)
+
+    def bytes_left(self) -> int:
+        used = sum(len(text.encode("utf-8", "surrogatepass")) for text in self.found.sources.values())
+        return max(0, min(MAX_FILE_BYTES, MAX_TOTAL_BYTES - used))
+
+    def count(self, text: str, name: str, span: Span | None) -> None:
+        """Refuse (SR009), before parsing it, a file that takes this load over
+        `MAX_LINES` lines or `MAX_RULES` rules (each rule has its `->`)."""
+        self.lines += text.count("\n") + 1
+        self.rules += text.count("->")
+        if self.lines <= MAX_LINES and self.rules <= MAX_RULES:
+            return
+        what = f"{MAX_RULES:,} rules" if self.rules > MAX_RULES else f"{MAX_LINES:,} lines"
+        whole = "" if span is None and len(self.found.sources) == 0 else " with the files it is included with"
+        raise error_for(
+            [
+                Diagnostic(
+                    "SR009",
+                    "error",
+                    f"`{name}` holds more than {what}{whole}; rule files are small text files",
+                    span,
+                    hint="check that this is the rule file you meant; a model needs tens of rules, not thousands",
+                )
+            ],
+            self.found.sources,
+        )

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._errors import Diagnostic, error_for
+from .._gcpause import paused
 from ._build import build_rules
-from ._files import MAX_FILE_BYTES, read_rule_file
+from ._files import MAX_FILE_BYTES, read_rule_file, resolved
 from ._includes import read_statements
 from ._names import check_mesh, resolve_aliases
 from ._rules import Rule, RuleSet
@@ -47,9 +48,9 @@ def load(path: str | os.PathLike[str], *, include_root: str | os.PathLike[str] |
     display = os.fspath(path)
     root = Path(include_root if include_root is not None else Path(display).parent or ".")
     text = read_rule_file(Path(display), display, None)
-    return _load(
-        text, display, Path(display).resolve(), root.resolve(), explicit_root=include_root is not None
-    )
+    real = resolved(Path(display), display, None)
+    top = resolved(root, os.fspath(root), None)
+    return _load(text, display, real, top, explicit_root=include_root is not None)
 
 
 def loads(
@@ -105,6 +106,11 @@ def loads(
 def _load(text: str, name: str, real: Path, root: Path, *, explicit_root: bool) -> RuleSet:
     """The `RuleSet` of rule text `text` (named `name`, at `real`), includes
     resolved under `root`; raises every problem found, together."""
+    with paused():  # a large file makes many objects, none in a cycle: see `_gcpause`
+        return _build_ruleset(text, name, real, root, explicit_root=explicit_root)
+
+
+def _build_ruleset(text: str, name: str, real: Path, root: Path, *, explicit_root: bool) -> RuleSet:
     found = read_statements(text, name, real, root, explicit_root=explicit_root)
     if found.errors:
         raise error_for(found.errors, found.sources)

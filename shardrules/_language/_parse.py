@@ -12,6 +12,7 @@ import lark
 import lark.exceptions
 
 from .._errors import Diagnostic, RuleSyntaxError, Span
+from .._gcpause import paused
 from . import _grammar, _hints
 from ._rules import (
     Alias,
@@ -73,11 +74,12 @@ def parse(text: str, name: str = "<string>") -> RuleFile:
     if not isinstance(text, str):
         raise TypeError(f"rule text must be str, not {type(text).__name__}")
     source = text if text.endswith("\n") else text + "\n"
-    try:
-        tree = _grammar.parser().parse(source)
-    except lark.exceptions.UnexpectedInput as err:
-        raise _syntax_error(err, text, name) from None
-    return RuleFile(tuple(_Builder(name, text).items(tree)), name=name, source=text)
+    with paused():  # a parse makes many objects and no cycles: see `_gcpause`
+        try:
+            tree = _grammar.parser().parse(source)
+        except lark.exceptions.UnexpectedInput as err:
+            raise _syntax_error(err, text, name) from None
+        return RuleFile(tuple(_Builder(name, text).items(tree)), name=name, source=text)
 
 
 # ------------------------------------------------------------------ errors

@@ -1,199 +1,219 @@
-"""Which regular expressions a rule file may use.
+"""Rule patterns: which regular expressions a rule file may use, and the engine
+that matches them.
 
-Rule files come from other people's repositories, and Python's `re` engine
-backtracks: a pattern such as `(x+)+y` takes exponential time on a path of
-`x`s that does not end in `y`. Rather than trust every pattern, the loader
-accepts the subset below, on which backtracking stays polynomial of low degree
-(and fast on paths of realistic length):
+Rule files come from other people's repositories, and a backtracking engine
+(Python's `re`) can take exponential time on a pattern such as `(a|aa)+$`. No
+analysis of a pattern can rule that out completely, so patterns are matched by
+RE2, whose time is linear in the length of the path whatever the pattern.
 
-- no backreferences (`\\1`, `(?P=name)`, `(?(1)...)`);
-- no repetition inside repetition (`(a+)+`, `(\\w+/)*`, `(ab{2,3})+`);
-- no repeated group whose alternatives can start with the same character
-  (`(a|ab)*`, `(\\d|x)+`; `(q|k|v)+` is fine);
-- at most two unbounded repeats of classes that also match `/`, the separator
-  of paths (`.*`, `[^x]+`, `\\S*`); `[^/]+`, `\\d+`, `\\w+` and `[a-z]+` stop
-  at `/` and are not counted.
-
-Everything else of Python's syntax is accepted and means what it means to
-`re.search`.
+A pattern is written in Python's syntax, and must mean the same to RE2 as to
+Python's `re` (with `re.ASCII`: `\\d`, `\\w`, `\\s` and `\\b` are ASCII). That
+leaves out what RE2 lacks (backreferences, lookarounds, atomic groups,
+possessive repeats, conditionals, `\\Z`, verbose mode) and the few spellings
+the two read differently (`x{,3}`, `[[:alpha:]]`, `\\B`); each gets an SR017 that names
+the construct and says what to write instead. One difference remains, and is
+documented: `$` is the end of the path (Python also allows a final newline
+before it).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import re
+import warnings
+from collections.abc import Callable
 from typing import Any
+
+import re2
 
 # Python's own regex parser (the one `re.compile` uses); private, so untyped.
 _p: Any = importlib.import_module("re._parser")
 _c: Any = importlib.import_module("re._constants")
 
-MAX_BROAD_REPEATS = 2
+MAX_REPEAT = 1000  # RE2's largest repeat count
+_MAX_MEM = 8 << 20  # RE2's memory budget for one compiled pattern (its default)
+MAX_PROGRAM = 10_000
+"""The largest compiled pattern accepted, in RE2 instructions. Matching takes
+time proportional to the path's length times at most this; realistic patterns
+take under 200 (`"e" + ".{0,30}" * 10` takes 2,706)."""
 
-_REPEATS = {_c.MAX_REPEAT, _c.MIN_REPEAT, getattr(_c, "POSSESSIVE_REPEAT", _c.MAX_REPEAT)}
-_ANY = "any"
+_REPEATS = {_c.MAX_REPEAT, _c.MIN_REPEAT, getattr(_c, "POSSESSIVE_REPEAT", None)} - {None}
+
+Search = Callable[[bytes], Any]
+"""A compiled pattern's `search`: a match (not `None`) where it occurs in a
+path given as UTF-8 bytes."""
 
 
-class UnsafePattern(Exception):
-    """Why a pattern is outside the supported subset, with a suggestion."""
+class UnsupportedPattern(Exception):
+    """Why a valid Python pattern cannot be used in a rule file, and what to write instead."""
 
     def __init__(self, reason: str, hint: str):
         super().__init__(reason)
         self.reason, self.hint = reason, hint
 
 
+def _options() -> Any:
+    options = re2.Options()
+    options.log_errors = False  # errors are ours to report, not RE2's to print
+    options.never_capture = True
+    options.max_mem = _MAX_MEM
+    return options
+
+
 def check(pattern: str) -> None:
-    """Raise `UnsafePattern` if `pattern` (already known to compile) is outside the subset."""
-    items = _p.parse(pattern)
-    _walk(list(items), in_repeat=False)
-    broad = _count_broad(list(items))
-    if broad > MAX_BROAD_REPEATS:
-        raise UnsafePattern(
-            f"{broad} unbounded repeats of classes that match `/`, such as `.*` or `[^x]*`; at most "
-            f"{MAX_BROAD_REPEATS} are allowed, as each one multiplies the time a non-matching path takes",
-            "patterns are searched anywhere in the path, so a leading or trailing `.*` is never "
-            "needed; spell out the fixed parts (e.g. `layers/\\d+/attn` rather than `.*layers.*attn.*`)",
+    """Raise `re.error` if `pattern` is not a Python regular expression, and
+    `UnsupportedPattern` if RE2 cannot match it or would read it otherwise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        try:
+            parsed = _p.parse(pattern)
+        except FutureWarning as warning:  # `[[`, `--`, `&&`...: a set that RE2 reads otherwise
+            raise UnsupportedPattern(
+                f"a character class that Python and RE2 read differently ({str(warning).lower()})",
+                "escape `[`, `-`, `&`, `~` and `|` inside a class with `\\`, and write POSIX classes "
+                "as ranges: `[a-z]` rather than `[[:lower:]]`",
+            ) from None
+    _constructs(_items(parsed))  # what is left to Python's compiler (lookbehind width) is refused here
+    if parsed.state.flags & re.VERBOSE:
+        raise UnsupportedPattern(
+            "verbose mode `(?x)`",
+            "write the pattern without spaces and comments; put comments after the rule",
+        )
+    _upper_bound_only(pattern)
+    try:
+        size = re2.compile(pattern.encode("utf-8", "surrogatepass"), _options()).programsize
+    except re2.error as err:
+        raise _re2_error(err) from None
+    if size > MAX_PROGRAM:
+        raise _too_large(f"{size:,} instructions compiled, over the {MAX_PROGRAM:,} allowed")
+
+
+_ASSERTIONS = {
+    (True, True): "a lookahead `(?=...)`",
+    (True, False): "a lookbehind `(?<=...)`",
+    (False, True): "a negative lookahead `(?!...)`",
+    (False, False): "a negative lookbehind `(?<!...)`",
+}
+
+
+_PLAIN = {_c.LITERAL, _c.NOT_LITERAL, _c.IN, _c.ANY, _c.CATEGORY}
+_ATOMIC = {getattr(_c, name) for name in ("ATOMIC_GROUP", "POSSESSIVE_REPEAT") if hasattr(_c, name)}
+_NO_BOUNDARY = {
+    getattr(_c, name)
+    for name in ("AT_NON_BOUNDARY", "AT_LOC_NON_BOUNDARY", "AT_UNI_NON_BOUNDARY")
+    if hasattr(_c, name)
+}
+
+
+def _items(sub: Any) -> list[Any]:
+    """The items of a parsed (sub)pattern, as a list (its `data`, when it has one)."""
+    return sub.data if hasattr(sub, "data") else list(sub)
+
+
+def _constructs(items: list[Any]) -> None:
+    """Raise `UnsupportedPattern` for the first construct RE2 lacks."""
+    for op, av in items:
+        if op in _PLAIN:
+            continue
+        if op == _c.GROUPREF:
+            raise UnsupportedPattern(
+                "a backreference (`\\1`, `(?P=name)`)", "match the text itself; RE2 has no backreferences"
+            )
+        if op == _c.GROUPREF_EXISTS:
+            raise UnsupportedPattern("a conditional group `(?(1)...|...)`", "write one rule for each case")
+        if op in (_c.ASSERT, _c.ASSERT_NOT):
+            raise UnsupportedPattern(
+                _ASSERTIONS[op == _c.ASSERT, av[0] >= 0],
+                "match the text itself; to leave some paths out, put a rule for them earlier in the "
+                "group (the first matching rule wins)",
+            )
+        if op in _ATOMIC:
+            raise UnsupportedPattern(
+                "an atomic group `(?>...)` or possessive repeat (`a*+`, `a++`)",
+                "drop the `?>` or the second `+`: RE2 never backtracks, so `(?>a+)` and `a++` mean `a+`",
+            )
+        if op == _c.AT and av == _c.AT_END_STRING:
+            raise UnsupportedPattern("`\\Z`", "write `$`: in a rule pattern it is the end of the path")
+        if op == _c.AT and av in _NO_BOUNDARY:
+            raise UnsupportedPattern(
+                "`\\B`, which engines read differently next to non-ASCII characters and in an empty path",
+                "say what stands on each side instead, e.g. a `\\w` on the side that must be a letter",
+            )
+        if op in _REPEATS:
+            low, high, sub = av
+            if low > MAX_REPEAT or (high != _c.MAXREPEAT and high > MAX_REPEAT):
+                raise UnsupportedPattern(
+                    f"a repeat count over {MAX_REPEAT}", "paths are short: use `+` or `*`, or a smaller count"
+                )
+            _constructs(_items(sub))
+        elif op == _c.SUBPATTERN:
+            _constructs(_items(av[-1]))
+        elif op == _c.BRANCH:
+            for branch in av[1]:
+                _constructs(_items(branch))
+
+
+# `{,n}`, outside a class and not escaped: a repeat to Python, literal text to RE2.
+_UPPER_ONLY = re.compile(r"(?:^|[^\\])(?:\\\\)*(\{,\d*\})")
+
+
+def _upper_bound_only(pattern: str) -> None:
+    outside = re.sub(r"\\.|\[(?:\\.|[^\]\\])*\]", lambda m: "_" * len(m.group()), pattern)
+    found = _UPPER_ONLY.search(outside)
+    if found is not None:
+        written = found.group(1)
+        raise UnsupportedPattern(
+            f"`{written}`, which RE2 reads as literal text", f"write `{{0{written[1:]}` for up to that many"
         )
 
 
-def _walk(items: list[Any], in_repeat: bool) -> None:
-    for op, av in items:
-        if op in (_c.GROUPREF, _c.GROUPREF_EXISTS):
-            raise UnsafePattern(
-                "backreferences are not supported", "match the text itself, not a reference to a group"
-            )
-        if op in _REPEATS:
-            _low, high, sub = av
-            repeating = high == _c.MAXREPEAT or high > 1
-            if repeating and in_repeat:
-                raise UnsafePattern(
-                    "a repeat inside a repeat (such as `(a+)+`) can take exponential time",
-                    "repeat a character class instead, e.g. `[\\w/]+` rather than `(\\w+/)+`",
-                )
-            if repeating and _ambiguous_branch(list(sub)):
-                raise UnsafePattern(
-                    "a repeated group whose alternatives can start alike (such as `(a|ab)*`) "
-                    "can take exponential time",
-                    "make the alternatives start with different characters, or use a character class",
-                )
-            _walk(list(sub), in_repeat or repeating)
-        elif op == _c.SUBPATTERN:
-            _walk(list(av[-1]), in_repeat)
-        elif op == _c.BRANCH:
-            for branch in av[1]:
-                _walk(list(branch), in_repeat)
-        elif op in (_c.ASSERT, _c.ASSERT_NOT):
-            _walk(list(av[1]), in_repeat)
-        elif op == getattr(_c, "ATOMIC_GROUP", None):
-            _walk(list(av), in_repeat)
+def _re2_error(err: Exception) -> UnsupportedPattern:
+    message = (
+        err.args[0].decode("utf-8", "replace") if err.args and isinstance(err.args[0], bytes) else str(err)
+    )
+    if "escape sequence" in message:
+        escape = message.rpartition(": ")[2]
+        return UnsupportedPattern(
+            f"the escape `{escape}`, which RE2 does not have",
+            "write the character itself, or `\\xHH` for an ASCII one (`[\\b]` is `\\x08`)",
+        )
+    if "too large" in message or "out of memory" in message:
+        return _too_large("over RE2's memory budget")
+    if "perl operator" in message or "flag" in message:
+        operator = message.rpartition(": ")[2]
+        operator += ")" if len(operator) == 3 else "...)"
+        return UnsupportedPattern(
+            f"the group or flag `{operator}`, which RE2 does not have",
+            "remove it: `(?i)`, `(?m)` and `(?s)` are the flags RE2 knows; `\\d`, `\\w` and `\\s` are "
+            "always ASCII",
+        )
+    return UnsupportedPattern(f"RE2 cannot compile it ({message})", "simplify the pattern")
 
 
-def _first(items: list[Any]) -> tuple[set[int] | str, bool]:
-    """The characters a sequence can start with (`_ANY` for "too many to list"),
-    and whether it can match the empty string."""
-    out: set[int] = set()
-    for op, av in items:
-        first, nullable = _first_one(op, av)
-        if first == _ANY:
-            return _ANY, False
-        out |= first  # type: ignore[arg-type]
-        if not nullable:
-            return out, False
-    return out, True
+def _too_large(detail: str) -> UnsupportedPattern:
+    return UnsupportedPattern(
+        f"too large to match quickly ({detail})",
+        "use `.*` or `+` rather than large or many `{m,n}` counts, or split the pattern over several rules",
+    )
 
 
-def _first_one(op: Any, av: Any) -> tuple[set[int] | str, bool]:
-    if op == _c.LITERAL:
-        return {av}, False
-    if op == _c.IN:
-        chars: set[int] = set()
-        for kind, value in av:
-            if kind == _c.LITERAL:
-                chars.add(value)
-            elif kind == _c.RANGE and value[1] - value[0] < 64:
-                chars.update(range(value[0], value[1] + 1))
-            else:
-                return _ANY, False
-        return chars, False
-    if op in (_c.ANY, _c.NOT_LITERAL, _c.CATEGORY):
-        return _ANY, False
-    if op == _c.SUBPATTERN:
-        return _first(list(av[-1]))
-    if op == _c.BRANCH:
-        union: set[int] = set()
-        nullable = False
-        for branch in av[1]:
-            first, empty = _first(list(branch))
-            if first == _ANY:
-                return _ANY, False
-            union |= first  # type: ignore[arg-type]
-            nullable = nullable or empty
-        return union, nullable
-    if op in _REPEATS:
-        first, empty = _first(list(av[2]))
-        return first, empty or av[0] == 0
-    return set(), True  # anchors, lookarounds: match no character
+@functools.lru_cache(maxsize=4096)
+def compiled(pattern: str) -> Any:
+    """RE2's compiled `pattern` (checked before), matching `str` or UTF-8 `bytes`."""
+    return re2.compile(pattern.encode("utf-8", "surrogatepass"), _options())
 
 
-def _ambiguous_branch(items: list[Any]) -> bool:
-    """Whether an alternation in `items` has two alternatives that can start alike."""
-    for op, av in items:
-        if op == _c.SUBPATTERN and _ambiguous_branch(list(av[-1])):
-            return True
-        if op == _c.BRANCH:
-            seen: set[int] = set()
-            empty_seen = False
-            for branch in av[1]:
-                first, empty = _first(list(branch))
-                if first == _ANY or seen & first or (empty and empty_seen):  # type: ignore[operator]
-                    return True
-                seen |= first  # type: ignore[arg-type]
-                empty_seen = empty_seen or empty
-    return False
+def searcher(pattern: str) -> Search:
+    """`pattern`'s search over a path's UTF-8 bytes (`path_bytes(path)`)."""
+    return compiled(pattern).search
 
 
-_SLASH = ord("/")
-_NOT_CATEGORIES = ("CATEGORY_NOT_DIGIT", "CATEGORY_NOT_WORD", "CATEGORY_NOT_SPACE")
+def path_bytes(path: str) -> bytes:
+    """A path as the bytes patterns are searched in (lone surrogates kept)."""
+    return path.encode("utf-8", "surrogatepass")
 
 
-def _matches_slash(kind: Any, value: Any) -> bool:
-    if kind == _c.LITERAL:
-        return value == _SLASH
-    if kind == _c.RANGE:
-        return value[0] <= _SLASH <= value[1]
-    if kind == _c.CATEGORY:
-        return str(value) in _NOT_CATEGORIES
-    return False
-
-
-def _spans_separators(items: list[Any]) -> bool:
-    """Whether a repeated item also matches `/`, so that repeats of it can
-    split a path across its segments in many ways (`.`, `[^x]`, `\\S`, ...).
-    `[^/]`, `\\d`, `\\w` and `[a-z]` stop at `/` and are not counted."""
-    if len(items) != 1:
-        return False
-    op, av = items[0]
-    if op == _c.ANY:
-        return True
-    if op == _c.NOT_LITERAL:
-        return av != _SLASH
-    if op == _c.IN:
-        negated = any(kind == _c.NEGATE for kind, _ in av)
-        hit = any(_matches_slash(kind, value) for kind, value in av if kind != _c.NEGATE)
-        return hit != negated
-    return False
-
-
-def _count_broad(items: list[Any]) -> int:
-    count = 0
-    for op, av in items:
-        if op in _REPEATS:
-            if av[1] == _c.MAXREPEAT and _spans_separators(list(av[2])):
-                count += 1
-            count += _count_broad(list(av[2]))
-        elif op == _c.SUBPATTERN:
-            count += _count_broad(list(av[-1]))
-        elif op == _c.BRANCH:
-            count += max((_count_broad(list(b)) for b in av[1]), default=0)
-        elif op in (_c.ASSERT, _c.ASSERT_NOT):
-            count += _count_broad(list(av[1]))
-    return count
+def search(pattern: str, path: str) -> bool:
+    """Whether `pattern` occurs anywhere in `path`, as rules match."""
+    return compiled(pattern).search(path_bytes(path)) is not None

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from .._errors import Diagnostic, Span, did_you_mean, error_for
+from . import _regex
 
 
 def _span() -> Any:
@@ -236,9 +236,11 @@ class Rule:
         return self.pattern is None
 
     @property
-    def regex(self) -> re.Pattern[str] | None:
-        """The compiled `pattern`, or `None` for a `default` rule."""
-        return None if self.pattern is None else re.compile(self.pattern)
+    def regex(self) -> Any:
+        """The compiled `pattern`, or `None` for a `default` rule: an RE2 pattern,
+        the engine rules are matched with, with `re.Pattern`'s `search`,
+        `match` and `fullmatch` (`rule.regex.search(path) is not None`)."""
+        return None if self.pattern is None else _regex.compiled(self.pattern)
 
     @property
     def location(self) -> str:

@@ -22,7 +22,8 @@ from .._planning._api import RulesLike, as_rules
 from .._planning._compile import compile_leaves
 from .._planning._plan import LeafPlan, Plan
 from . import _multihost
-from ._agree import check_mode
+from ._exchange import join_timeout
+from ._fingerprint import check_mode
 
 
 def apply(
@@ -61,18 +62,23 @@ def apply(
       are assembled from the slices (`jax.make_array_from_process_local_data`);
       by default every process passes the whole tree. One process: no effect.
     - `verify`: in a multi-process run, how the processes check that they
-      pass the same tree before anything moves (SR112): `"sample"` (or `True`)
-      hashes every byte of a leaf up to 1 MiB, and of a larger one 64 evenly
-      spaced runs of 4 KiB plus its last 4 KiB (260 KiB, taken on the devices
-      for a `jax.Array`); `"full"` every byte; `"off"` (or `False`) skips the
-      check. See docs/multihost.md.
+      pass the same tree, plan the same specs and use the same mesh before
+      anything moves (SR112): `"sample"` (or `True`) hashes every byte of a
+      leaf up to 1 MiB, and of a larger one 64 evenly spaced runs of 4 KiB
+      plus its last 4 KiB (260 KiB, taken on the devices for a `jax.Array`);
+      `"full"` every byte; `"off"` (or `False`) skips the check. Each process
+      waits at most `SHARDRULES_JOIN_TIMEOUT` seconds (environment variable,
+      read at each call; default 60) for the others to join it. See
+      docs/multihost.md.
 
     **Returns:** a pytree like `tree` whose arrays are sharded `jax.Array`s.
 
     **Raises:** `PlanError`, `MeshError`, `PlacementError`; `TypeError` for a
-    mesh without devices; `ValueError` for another `verify`; in a multi-process
-    run, `ProcessMismatchError` (SR112) when the processes' trees differ or
-    another process stopped on an error of its own. Nothing has moved.
+    mesh without devices; `ValueError` for another `verify` (or a bad
+    `SHARDRULES_JOIN_TIMEOUT`); in a multi-process run,
+    `ProcessMismatchError`: SR112 when the processes' meshes, specs or trees
+    differ or another process stopped on an error of its own, SR114 when
+    another process did not join in time. Nothing has moved.
 
     ```python
     rules = shardrules.load("sharding/mlp.shard")
@@ -80,10 +86,14 @@ def apply(
     params = shardrules.apply(params, rules, mesh)
     ```
     """
-    mode = check_mode(verify)
     if jax.process_count() > 1:  # each process puts its own shards: see _multihost
-        # Whatever fails on this process before the exchange, the others hear of it.
-        with _multihost.joining_on_error(exchanging=mode != "off"):
+        # Whatever fails on this process before the exchange (a bad argument too),
+        # the others hear of it.
+        exchanging = not (verify is False or verify == "off")
+        with _multihost.joining_on_error(exchanging, what=f"apply(group={group!r})"):
+            mode = check_mode(verify)
+            if mode != "off":
+                join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is an error of this process
             ruleset = as_rules(rules)
             resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
             assert isinstance(resolved, jax.sharding.Mesh)
@@ -97,6 +107,7 @@ def apply(
             prepared.plan, prepared.leaves, resolved, ruleset, make=_multihost.from_host(process_local)
         )
         return restore(placed) if restore is not None else placed
+    check_mode(verify)
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
     assert isinstance(resolved, jax.sharding.Mesh)

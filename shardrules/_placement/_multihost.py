@@ -5,10 +5,11 @@ Each process puts only the shards of its own devices, with
 `jax.make_array_from_process_local_data` (each process holds its slice of the
 inputs, `process_local=True`); no tensor data travels between hosts. Before
 anything moves, the processes compare fingerprints of their trees
-(`shardrules._placement._agree`) and their checks' outcome, so that all of them stop on
-the same error instead of building arrays from copies that disagree. A process
-that fails before the comparison still takes part in it (`joining_on_error`),
-so the others stop at once and every process's collectives stay paired.
+(`shardrules._placement._agree`), their meshes and their checks' outcome, so
+that all of them stop on the same error instead of building arrays from copies
+or plans that disagree. A process that fails before the comparison still takes
+part in it (`joining_on_error`), so the others stop at once and every
+process's collectives stay paired; one that never comes is named (SR114).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import numpy as np
 from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .._errors import Diagnostic, error_for
+from .._errors import Diagnostic, ShardRulesError, error_for
 from .._language._rules import RuleSet
 from .._planning import _check, _mesh
 from .._planning._compile import compile_leaves
 from .._planning._plan import LeafPlan, Plan
-from . import _agree
+from . import _agree, _exchange, _fingerprint
 
 
 def _is_host(leaf: Any) -> bool:
@@ -151,17 +152,18 @@ def _held(shape: tuple[int, ...], sharding: NamedSharding, processes: int) -> li
 
 
 @contextlib.contextmanager
-def joining_on_error(exchanging: bool) -> Iterator[None]:
+def joining_on_error(exchanging: bool, what: str) -> Iterator[None]:
     """Around what a process does on its own before the processes exchange
     their tables: if it raises, the process still joins the exchange (as one
     that failed, with no table), so that the others stop at once with SR112
-    naming it instead of waiting for it, then its own error goes on. The
-    exchange itself must come after the block."""
+    naming it instead of waiting for it, then its own error goes on (also if
+    some other process did not join). The exchange itself must come after the block."""
     try:
         yield
     except Exception:
         if exchanging and jax.process_count() > 1:
-            _agree.exchange(None, failed=True)
+            with contextlib.suppress(ShardRulesError):
+                _exchange.exchange(None, failed=True, what=what)
         raise
 
 
@@ -176,6 +178,8 @@ class Prepared:
     same: list[list[bool]]
     what: str
     local: bool
+    specs: dict[str, str]  # the text of each spec hash in `rows`
+    mesh: tuple[np.ndarray, dict[str, Any]] | None  # the mesh's digest and description
 
 
 def prepare(
@@ -206,42 +210,63 @@ def prepare(
             problems += _check.memory_diagnostics(the_plan, budget)
     rows: list[np.ndarray] | None = None
     same: list[list[bool]] = []
+    specs: dict[str, str] = {}
     if verify != "off":
-        rows, same = _fingerprints(the_plan, leaves, mesh, verify, bool(problems), process_local)
-    return Prepared(the_plan, leaves, problems, rows, same, f"apply(group={group!r})", process_local)
+        rows, same, specs = _fingerprints(the_plan, leaves, mesh, verify, bool(problems), process_local)
+    what = f"apply(group={group!r})"
+    the_mesh = _fingerprint.mesh_fingerprint(mesh) if verify != "off" else None
+    return Prepared(the_plan, leaves, problems, rows, same, what, process_local, specs, the_mesh)
 
 
 def _fingerprints(
     the_plan: Plan, leaves: Sequence[Any], mesh: Mesh, mode: str, failed: bool, local: bool
-) -> tuple[list[np.ndarray], list[list[bool]]]:
-    """This process's table, and per leaf which processes must hold the same values."""
+) -> tuple[list[np.ndarray], list[list[bool]], dict[str, str]]:
+    """This process's table, per leaf which processes must hold the same
+    values, and the text of each spec hashed in the table."""
     me, processes = jax.process_index(), jax.process_count()
     rows, same = [], []
+    specs: dict[str, str] = {}
     cache: dict[Any, list[Any]] = {}
     for lp, leaf in zip(the_plan.leaves, leaves, strict=True):
         data = None
         if lp.shape is not None and _is_host(leaf) and not failed:
-            data = _agree.data_hash(leaf, mode)
-        rows.append(_agree.fingerprint(lp.path, lp.shape, lp.dtype, data))
+            data = _fingerprint.data_hash(leaf, mode)
+        row = _fingerprint.fingerprint(lp.path, lp.shape, lp.dtype, data, lp.spec)
+        rows.append(row)
+        if row[_fingerprint.SPEC].any():
+            specs.setdefault(_fingerprint.spec_key(row[_fingerprint.SPEC]), str(lp.spec))
         if local and lp.spec is not None and lp.shape is not None and not failed:
             regions = _regions(lp, mesh, processes, cache)
             same.append([regions[q] == regions[me] for q in range(processes)])
         else:
             same.append([True] * processes)
-    return rows, same
+    return rows, same, specs
 
 
 def agree(prepared: Prepared, ruleset: RuleSet) -> None:
     """Exchange fingerprints with the other processes (unless verify="off"),
-    then raise SR112 if they differ, or this process's own problems."""
+    then raise SR114 if one did not join, SR112 if their meshes, plans or
+    trees differ, or this process's own problems."""
     if prepared.rows is not None:
+        assert prepared.mesh is not None
         me, processes = jax.process_index(), jax.process_count()
-        headers, tables = _agree.exchange(prepared.rows, bool(prepared.problems))
+        mesh_words, mesh_described = prepared.mesh
+        got = _exchange.exchange(
+            prepared.rows,
+            bool(prepared.problems),
+            what=prepared.what,
+            details={"specs": prepared.specs, "mesh": mesh_described},
+            mesh=mesh_words,
+        )
+        others = got.other_meshes(me)
+        if others:
+            found = _agree.mesh_differences(mesh_described, {q: got.details(q).get("mesh") for q in others})
+            raise _agree.mismatch_error(found, me, processes, prepared.what, prepared.local)
         paths = [lp.path for lp in prepared.plan.leaves]
-        found = _agree.mismatches(paths, headers, tables, me, prepared.same)
+        found = _agree.mismatches(paths, got.headers, got.tables, me, prepared.same, got.spec_text)
         if found:
             raise _agree.mismatch_error(found, me, processes, prepared.what, prepared.local)
-        elsewhere = _agree.failed_elsewhere(headers, me)
+        elsewhere = _agree.failed_elsewhere(got.headers, me)
         if elsewhere and not prepared.problems:
             raise _agree.failed_elsewhere_error(elsewhere, me, processes, prepared.what)
     if prepared.problems:
@@ -274,18 +299,34 @@ def agree_on_shapes(
     Every process must call it, also one that failed before it (`failed=True`,
     with the shapes it read, or `None` if it read none): then this returns
     after the exchange, unless the shapes differ, and the caller raises its own
-    error, while the processes that did not fail raise SR112 naming it."""
+    error, while the processes that did not fail raise SR112 naming it. A
+    process that did not join is SR114 (except for one that failed: its own
+    error matters more)."""
     if jax.process_count() == 1:
         return
     me, processes = jax.process_index(), jax.process_count()
     names = list(shapes) if shapes is not None else []
     rows = (
-        [_agree.fingerprint(n, tuple(shapes[n].shape), shapes[n].dtype, None) for n in names]
+        [_fingerprint.fingerprint(n, tuple(shapes[n].shape), shapes[n].dtype, None) for n in names]
         if shapes is not None
         else None
     )
-    headers, tables = _agree.exchange(rows, failed=failed)
-    found = _agree.mismatches(names, headers, tables, me)
+    bad = None
+    if not failed:
+        try:  # a bad SHARDRULES_JOIN_TIMEOUT is this process's own error, raised after joining
+            _exchange.join_timeout()
+        except ValueError as error:
+            bad = error
+    try:
+        got = _exchange.exchange(rows, failed=failed or bad is not None, what=what)
+    except ShardRulesError:
+        if failed:
+            return
+        raise
+    if bad is not None:
+        raise bad
+    headers = got.headers
+    found = _agree.mismatches(names, headers, got.tables, me)
     if found and rows is not None:
         raise _agree.mismatch_error(
             found,

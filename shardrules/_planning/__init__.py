@@ -5,5 +5,6 @@ Which mesh a call uses, matching paths to rules, resolving specs (`?`, `auto`,
 live), bytes per host, shape sources for lint, and the entry points that plan
 without moving anything (`plan`, `check`, `specs`, `shardings`).
 
-May import: `shardrules._interop`, `shardrules._language`, `shardrules._errors`.
+May import: `_interop`, `_language` and the base modules (`_errors`, `_version`,
+`_gcpause`).
 """

@@ -3,7 +3,8 @@ the per-device memory budget, and where input arrays already live.
 
 Codes (catalogue: docs/diagnostics.md):
 
-- SR106/SR107 (error): inputs committed elsewhere, or with no data to move.
+- SR106/SR107 (error): inputs committed elsewhere, or with no data to move
+  (a dtype JAX cannot hold, SR115, is found when compiling: `_dtypes`).
 - SR110 (error): bytes per device over the memory budget.
 - SR111 (error): arrays to be used together live on different devices.
 - SR201 (warning): a rule that matches no leaf.
@@ -189,17 +190,12 @@ def memory_diagnostics(plan: Plan, budget: int) -> list[Diagnostic]:
 
 
 def _unplaceable(leaf: Any) -> str:
-    """Why `jax.device_put` would refuse `leaf`, or `""`."""
+    """Why `jax.device_put` would refuse `leaf`, or `""`. (A dtype JAX cannot
+    hold is an error of the plan, SR115: such a leaf has no spec.)"""
     if isinstance(leaf, np.ma.MaskedArray):
         return "masked arrays are not supported"
     if not isinstance(leaf, (np.ndarray, np.generic)):
         return "only NumPy arrays and jax.Arrays can be moved"
-    try:
-        jax.dtypes.canonicalize_dtype(leaf.dtype)
-    except TypeError:
-        return f"dtype {leaf.dtype} is not a JAX dtype"
-    if leaf.dtype.kind in "OSUMm":
-        return f"dtype {leaf.dtype} is not a JAX dtype"
     return ""
 
 

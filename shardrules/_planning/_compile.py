@@ -15,11 +15,12 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from .._errors import Diagnostic, Span, did_you_mean
+from .._gcpause import paused
 from .._interop._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
 from . import _logical
-from ._gcpause import paused
+from ._dtypes import jax_holds, unholdable
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
 from ._plan import LeafPlans, Plan, Why
@@ -135,6 +136,9 @@ def _compile(
     kind_of: dict[tuple[int, tuple[int, ...], np.dtype], int] = {}
     kinds: list[int] = []
     unmatched: list[LeafInfo] = []
+    # SR115: leaves of a dtype JAX cannot hold, by dtype and rule
+    unheld: dict[tuple[np.dtype, int], tuple[Rule | None, list[LeafInfo]]] = {}
+    listed: dict[int, list[LeafInfo]] = {}  # kinds whose every leaf is listed in one finding
     reported: set[tuple[str, str, Span | None]] = set()
     for path, signature in zip(paths, signatures, strict=True):
         if signature is None:
@@ -145,22 +149,31 @@ def _compile(
         key = (id(rule), shape, dtype)
         kind = kind_of.get(key)
         if kind is None:
+            kind = len(parts)
+            if not jax_holds(dtype):  # before anything else: no layout makes it placeable
+                parts.append((shape, dtype, rule, None, 0, "error"))
+                kind_of[key] = kind
+                listed[kind] = unheld.setdefault((dtype, id(rule)), (rule, []))[1]
+                listed[kind].append(LeafInfo(path, shape, dtype))
+                kinds.append(kind)
+                continue
             done = _plan_one(rule, path, shape, dtype, sizes, rules, broken, diagnostics, reported)
             if done is None:
                 unmatched.append(LeafInfo(path, shape, dtype))
                 part: tuple[Any, ...] = (shape, dtype, None, None, 0, "unmatched")
+                listed[kind] = unmatched
             else:
                 spec, per_device, why = done
                 part = (shape, dtype, rule, spec, per_device, why)
-            kind = len(parts)
             parts.append(part)
             # errors name their leaf: one diagnostic each (a `logical` rule's has none yet)
             if done is None or done[2] != "error" or rule.spec.kind == "logical":  # type: ignore[union-attr]
                 kind_of[key] = kind
-        elif parts[kind][5] == "unmatched":
-            unmatched.append(LeafInfo(path, shape, dtype))
+        elif kind in listed:
+            listed[kind].append(LeafInfo(path, shape, dtype))
         kinds.append(kind)
 
+    diagnostics.extend(unholdable(found, None if r is None else r.span) for r, found in unheld.values())
     if unmatched:
         diagnostics.append(_unmatched(unmatched, rules, group))
     return Plan(LeafPlans(paths, kinds, parts), treedef, tuple(diagnostics), group, rules, mesh)

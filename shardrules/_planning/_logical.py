@@ -29,6 +29,7 @@ from .._errors import Diagnostic
 from .._interop._paths import LeafInfo, box_types
 from .._language._load import iter_rules
 from .._language._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule, RuleSet
+from ._dtypes import jax_holds
 from ._mesh import MeshLike, sizes_of
 from ._plan import LeafPlan, Plan, plural
 from ._spec import LeafError, leaf_spec, shard_bytes
@@ -128,7 +129,7 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
         rule = lp.rule
         if rule is None or rule.spec.kind != "logical" or lp.shape is None or lp.dtype is None:
             continue
-        if lp.why in ("scalar", "size-1"):
+        if lp.why in ("scalar", "size-1") or not jax_holds(lp.dtype):  # SR115 reported it
             continue
         leaf = names[i] if names is not None else None
         if leaf is None:

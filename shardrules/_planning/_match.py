@@ -1,8 +1,8 @@
 """Finding the first rule whose pattern matches a path, fast.
 
-Semantics are those of the obvious loop — for each rule in order, `re.search`
-its pattern in the path; the first hit wins — but almost all of that work is
-shared between paths.
+Semantics are those of the obvious loop — for each rule in order, search its
+pattern in the path (with RE2: `_language._regex`); the first hit wins — but
+almost all of that work is shared between paths.
 
 Large trees repeat one shape of path many times over with other numbers in it
 (`layers_17/moe/experts/203/up_proj/kernel`). A path's *key* is the path with
@@ -24,10 +24,10 @@ most trees that list is one rule, known to match.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._language._regex import _c, _p
+from .._language._regex import Search, _c, _p, path_bytes, searcher
 from .._language._rules import Rule
 
 # Path → key: every ASCII digit becomes 0. Keys are UTF-8 bytes, whose `translate`
@@ -38,12 +38,10 @@ _DIGITS = range(ord("0"), ord("9") + 1)
 # Keys remembered per matcher; past this, paths are still matched, just not remembered.
 _MAX_KEYS = 1 << 17
 
-_Search = Callable[[str], Any]
-
 
 def path_key(path: str) -> bytes:
     """A path's key: its UTF-8 bytes with every ASCII digit written as `0`."""
-    return path.encode("utf-8", "surrogatepass").translate(_KEY)
+    return path_bytes(path).translate(_KEY)
 
 
 def required_literal(pattern: str) -> str:
@@ -144,7 +142,7 @@ def _in_class(items: Any, code: int) -> bool | None:
 
 class Matcher:
     """First match wins over a group's pattern rules, in order. Each pattern is
-    a Python regex searched (`re.search`) anywhere in the path."""
+    searched anywhere in the path."""
 
     def __init__(self, rules: Sequence[Rule]):
         self.rules = tuple(r for r in rules if r.pattern is not None)
@@ -152,34 +150,37 @@ class Matcher:
         for rule in self.rules:
             assert rule.pattern is not None
             literal, blind = _facts(rule.pattern)
-            entries.append((path_key(literal), literal, re.compile(rule.pattern).search, blind, rule))
+            literal_bytes = path_bytes(literal)
+            entries.append(
+                (literal_bytes.translate(_KEY), literal_bytes, searcher(rule.pattern), blind, rule)
+            )
         self._entries = tuple(entries)
         # key → the rules still to try for paths with that key: (search, literal, rule),
         # with search None for a rule known to match.
-        self._by_key: dict[bytes, tuple[tuple[_Search | None, str, Rule], ...]] = {}
+        self._by_key: dict[bytes, tuple[tuple[Search | None, bytes, Rule], ...]] = {}
 
     def first(self, path: str) -> Rule | None:
         """The first rule matching `path`, or `None`."""
-        key = path_key(path)
+        text = path_bytes(path)
+        key = text.translate(_KEY)
         todo = self._by_key.get(key)
         if todo is None:
             todo = self._todo(key)
             if len(self._by_key) < _MAX_KEYS:
                 self._by_key[key] = todo
         for search, literal, rule in todo:
-            if search is None or (literal in path and search(path) is not None):
+            if search is None or (literal in text and search(text) is not None):
                 return rule
         return None
 
-    def _todo(self, key: bytes) -> tuple[tuple[_Search | None, str, Rule], ...]:
-        todo: list[tuple[_Search | None, str, Rule]] = []
-        text = key.decode("utf-8", "surrogatepass")
+    def _todo(self, key: bytes) -> tuple[tuple[Search | None, bytes, Rule], ...]:
+        todo: list[tuple[Search | None, bytes, Rule]] = []
         for key_literal, literal, search, blind, rule in self._entries:
             if key_literal not in key:
                 continue  # its literal text is not in any path with this key
             if not blind:
                 todo.append((search, literal, rule))
-            elif search(text) is not None:
+            elif search(key) is not None:
                 todo.append((None, literal, rule))
                 break  # every path with this key matches it: later rules never win
         return tuple(todo)
@@ -194,19 +195,23 @@ def by_key(paths: Iterable[str]) -> dict[bytes, list[int]]:
 
 
 def search_all(pattern: str, paths: Sequence[str], groups: dict[bytes, list[int]]) -> list[int]:
-    """The positions of the `paths` that `pattern` `re.search`es, in order;
+    """The positions of the `paths` that `pattern` occurs in, in order;
     `groups` is `by_key(paths)`. A digit-blind pattern is tried once per key."""
     literal, blind = _facts(pattern)
-    key_literal = path_key(literal)
-    search = re.compile(pattern).search
+    literal_bytes = path_bytes(literal)
+    key_literal = literal_bytes.translate(_KEY)
+    search = searcher(pattern)
     found: list[int] = []
     for key, members in groups.items():
         if key_literal not in key:
             continue
         if blind:
-            if search(key.decode("utf-8", "surrogatepass")) is not None:
+            if search(key) is not None:
                 found.extend(members)
         else:
-            found.extend(i for i in members if literal in paths[i] and search(paths[i]) is not None)
+            for i in members:
+                text = path_bytes(paths[i])
+                if literal_bytes in text and search(text) is not None:
+                    found.append(i)
     found.sort()
     return found

@@ -13,8 +13,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._errors import Diagnostic, Span, error_for
+from .._gcpause import paused
 from .._language._rules import Rule, RuleSet
-from ._gcpause import paused
 from ._mesh import MeshLike, sizes_of
 
 Why = Literal["rule", "default", "scalar", "size-1", "not an array", "unmatched", "error"]
