@@ -161,7 +161,7 @@ class Matcher:
 
     def first(self, path: str) -> Rule | None:
         """The first rule matching `path`, or `None`."""
-        text = path_bytes(path)
+        text = path.encode("utf-8", "surrogatepass")  # `path_bytes`, inline: once per leaf
         key = text.translate(_KEY)
         todo = self._by_key.get(key)
         if todo is None:
