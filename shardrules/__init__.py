@@ -18,6 +18,7 @@ from ._errors import ProcessMismatchError as ProcessMismatchError
 from ._errors import RuleDefinitionError as RuleDefinitionError
 from ._errors import RuleSyntaxError as RuleSyntaxError
 from ._errors import ShardRulesError as ShardRulesError
+from ._errors import ShardRulesWarning as ShardRulesWarning
 from ._errors import Span as Span
 from ._errors import TreeError as TreeError
 from ._language._format import format_text as format_text
@@ -33,7 +34,7 @@ from ._planning._api import check as check
 from ._planning._api import plan as plan
 from ._planning._api import shardings as shardings
 from ._planning._api import specs as specs
-from ._planning._check import check_devices as check_devices
+from ._planning._inputs import check_devices as check_devices
 from ._planning._plan import LeafPlan as LeafPlan
 from ._planning._plan import Plan as Plan
 from ._planning._shapes import load_shapes as load_shapes
@@ -57,6 +58,7 @@ __all__ = [
     "RuleSet",
     "RuleSyntaxError",
     "ShardRulesError",
+    "ShardRulesWarning",
     "Span",
     "TreeError",
     "apply",

@@ -14,8 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 Severity = Literal["error", "warning", "note"]
+Shape = tuple[int, ...]
 
 _MAX_SHOWN = 12
+EXAMPLES = 3  # leaves named after a grouped finding's own (more: `render(examples=None)`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +45,15 @@ class Diagnostic:
       lint`: a check it could not run, and how to make it run).
     - `message`: what is wrong, in one sentence.
     - `span`: where in a rule file, or `None`.
-    - `path`: the leaf path concerned, or `None`.
+    - `path`: the leaf path concerned (the first, for a finding about several
+      leaves), or `None`.
     - `hint`: how to fix it, or `""`.
+    - `paths`: `(path, shape)` of every leaf the finding is about, `path`'s
+      first (shape `None` where unknown); `()` for a finding about no leaf.
+    - `cause`: the message without its leaf, when the producer knows it
+      (`""`: the message with the leaf's path left out); findings with the
+      same code, severity, span and cause are one finding (`group`).
+    - `count` (a property): how many leaves the finding is about, at least 1.
     """
 
     code: str
@@ -53,16 +62,50 @@ class Diagnostic:
     span: Span | None = None
     path: str | None = None
     hint: str = ""
+    paths: tuple[tuple[str, Shape | None], ...] = ()
+    cause: str = ""
 
-    def render(self, sources: Mapping[str, str] | None = None) -> str:
-        """`FILE:LINE:COL: CODE message`, the source line with a caret, the hint."""
+    @property
+    def count(self) -> int:
+        """How many leaves the finding is about (1 for a finding about none)."""
+        return len(self.paths) or 1
+
+    def render(self, sources: Mapping[str, str] | None = None, *, examples: int | None = EXAMPLES) -> str:
+        """`FILE:LINE:COL: CODE message`, the source line with a caret, the other
+        leaves of a grouped finding (`examples` of them, `None`: every one), the hint."""
         where = f"{self.span}: " if self.span is not None else ""
         lines = [f"{where}{self.code} {self.message}"]
         if self.span is not None and sources and self.span.file in sources:
             lines.extend(_excerpt(sources[self.span.file], self.span))
+        lines.extend(self.more_leaves(examples))
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         return "\n".join(lines)
+
+    def more_leaves(self, examples: int | None = EXAMPLES) -> list[str]:
+        """The lines naming the leaves after the first: `(and N more leaves like
+        it: ...)` with `examples` of them, or (`None`) every one, a line each."""
+        others = self.paths[1:]
+        if not others:
+            return []
+        noun = "leaf" if len(others) == 1 else "leaves"
+        if examples is None:
+            width = max(len(_leaf_name(p)) for p, _ in others)
+            listed = [
+                f"    {_leaf_name(p).ljust(width)}  {'' if s is None else s}".rstrip() for p, s in others
+            ]
+            return [f"  and {len(others)} more {noun} like it:", *listed]
+        shown = ", ".join(_leaf_text(p, s) for p, s in others[:examples])
+        etc = ", ..." if len(others) > examples else ""
+        return [f"  (and {len(others)} more {noun} like it: {shown}{etc})"]
+
+
+def _leaf_name(path: str) -> str:
+    return path or "(a lone array: no path)"
+
+
+def _leaf_text(path: str, shape: Shape | None) -> str:
+    return f"`{path}`" + ("" if shape is None else f" {shape}")
 
 
 _WIDTH = 100  # longest source excerpt shown; longer lines are cut around the span
@@ -174,6 +217,22 @@ class PlacementError(ShardRulesError, ValueError):
     """Inputs cannot be moved as planned: committed elsewhere, deleted, or abstract."""
 
 
+class ShardRulesWarning(ShardRulesError, UserWarning):
+    """A plan that works but is probably not what was meant, warned about (not
+    raised) by `apply` and `jit` with `warnings.warn`: a rule that matches no
+    leaf of the tree (SR201), or more of the plan's bytes fully replicated than
+    the tolerance allows (SR116). Python's warning filters control it; turned
+    into an error (`-W error`, `filterwarnings("error")`) it is caught by
+    `except ShardRulesError` like any of ours. `code`, `diagnostics` and the
+    rest are those of `ShardRulesError`.
+
+    ```python
+    import warnings
+    warnings.filterwarnings("error", category=shardrules.ShardRulesWarning)  # make them fail
+    ```
+    """
+
+
 class ProcessMismatchError(ShardRulesError, ValueError):
     """In a multi-process run, the processes passed trees that differ (paths,
     shapes, dtypes or values) where they must be the same, or one of them
@@ -251,11 +310,58 @@ def _position(d: Diagnostic) -> tuple[int, str, int, int, str]:
 
 def error_for(diagnostics: Sequence[Diagnostic], sources: Mapping[str, str] | None = None) -> ShardRulesError:
     """The exception for these diagnostics, listed in the order of `ordered`
-    (as `shardrules lint` prints them) and typed by the first one's code.
+    (as `shardrules lint` prints them), one per cause (`group`), and typed by
+    the first one's code.
 
     Codes SR0xx not listed above are `RuleDefinitionError`s; SR1xx are `PlanError`s.
     """
-    diagnostics = ordered(diagnostics)
+    diagnostics = group(ordered(diagnostics))
     code = diagnostics[0].code
     default = RuleDefinitionError if code < "SR100" else PlanError
     return _CLASSES.get(code, default)(diagnostics, sources)
+
+
+def group(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """One finding per cause: the findings about leaves that have the same code,
+    severity, span and cause (`Diagnostic.cause`, else the message and hint with
+    the leaf's path left out) become the first of them, with every leaf in
+    `paths`. Findings about no leaf are kept as they are. The order is that of
+    each group's first finding; give `ordered` findings for the order lint prints.
+
+    **Arguments:**
+
+    - `diagnostics`: findings, e.g. `plan.diagnostics` (one per leaf).
+
+    **Returns:** a new list, one finding per cause.
+
+    ```python
+    group(ordered(plan.diagnostics))  # what `shardrules lint` and `check` show
+    ```
+    """
+    groups: dict[object, list[Diagnostic]] = {}
+    for d in diagnostics:
+        groups.setdefault(_cause_key(d), []).append(d)
+    return [_merge(members) for members in groups.values()]
+
+
+def _cause_key(d: Diagnostic) -> object:
+    if d.path is None and not d.paths:
+        return id(d)  # about no leaf: never merged
+    path = d.path if d.path is not None else d.paths[0][0]
+    cause = d.cause or _without(d.message, path)
+    return (d.code, d.severity, d.span, cause, _without(d.hint, path))
+
+
+def _without(text: str, path: str) -> str:
+    return text.replace(f"`{path}`", "`\0`")
+
+
+def _merge(members: list[Diagnostic]) -> Diagnostic:
+    first = members[0]
+    if len(members) == 1:
+        return first
+    paths: dict[tuple[str, Shape | None], None] = {}
+    for d in members:
+        for leaf in d.paths or ((d.path or "", None),):
+            paths[leaf] = None
+    return dataclasses.replace(first, paths=tuple(paths))

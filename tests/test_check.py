@@ -230,8 +230,11 @@ def test_leaves_of_one_dtype_and_rule_are_one_finding_with_their_paths():
     found = sr.plan(tree, rules, SIZES).errors
     assert [(d.code, d.span.line if d.span else None) for d in found] == [("SR115", 2), ("SR115", 3)]
     many = found[0]
-    assert many.message.startswith(f"25 array leaves have dtype {record}, which JAX cannot hold")
-    assert "    l0/w   (8, 1)\n" in many.message and "... and 5 more" in many.message
+    assert many.message.startswith(f"`l0/w` (shape (8, 1), dtype {record}) has a dtype JAX cannot hold")
+    assert many.count == 25 and many.paths[:2] == (("l0/w", (8, 1)), ("l1/w", (8, 2)))  # in tree order
+    assert (
+        "(and 24 more leaves like it: `l1/w` (8, 2), `l10/w` (8, 11), `l11/w` (8, 12), ...)" in many.render()
+    )
     assert many.path == "l0/w"
     assert found[1].path == "x" and "`x` (shape (4,)" in found[1].message
 

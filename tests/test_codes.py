@@ -128,6 +128,21 @@ LINT_CASES = {
         "drop it",
     ),
     "SR301": ('mesh fsdp, model\nrules params:\n  "w" -> (fsdp)\n', None, None, (1, 1), "--mesh fsdp=SIZE"),
+    # Rules written for slashed paths, a tree with dotted ones: everything falls to `default`.
+    "SR116": (
+        'rules params:\n  "layers/\\d+/w" -> (_, model)\n  default -> replicated\n',
+        {"model.layers.0.w": S(8192, 8192), "model.embed": S(32000, 4096)},
+        SIZES,
+        (1, 1),
+        "--replicated-tolerance",
+    ),
+    "SR302": (
+        'alias embed = fsdpp\nmesh data, fsdp, model\nrules params:\n  "q" -> (embed)\n  "w" -> (fsdp)\n',
+        {"q": S(8), "w": S(8)},
+        SIZES,
+        (4, 3),
+        "the rest of the file was checked",
+    ),
 }
 GROUPS = {"SR018": "parms"}
 BUDGETS = {"SR110": 1 << 20}

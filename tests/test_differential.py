@@ -198,7 +198,7 @@ def test_the_dtypes_we_refuse_are_those_device_put_refuses(x64):
     with jax.enable_x64(x64):
         for dtype, value in _dtypes_numpy_can_make():
             try:
-                jax.device_put(value, jax.devices()[0]).block_until_ready()
+                jax.block_until_ready(jax.device_put(value, jax.devices()[0]))  # float0 comes back as it went
                 jax_holds = True
             except Exception:  # TypeError for most; the runtime's error for float6
                 jax_holds = False

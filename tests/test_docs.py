@@ -10,6 +10,8 @@ How a page is read: its fenced blocks are taken in order.
   above, else by the page's default (diagnostics.md: `model.shard` and
   `shapes.json`, as its introduction says). Every json block must be a shapes
   file that `sr.load_shapes` reads.
+- ```toml blocks named by "saved as `NAME`" (a `pyproject.toml` with settings)
+  are written the same way; others are illustrations and are not read.
 - ```console blocks: each `$ shardrules ARGS` runs in-process
   (`shardrules._cli._main.main`), stdout and stderr together; `$ echo $?` prints the
   status of the command before it. The lines under a command are its output.
@@ -309,6 +311,9 @@ class PageRun:
         except sr.ShardRulesError as err:
             return str(err)
         return f"(sr.load({name!r}) raised nothing)"
+
+    def block_toml(self, block: Block) -> None:
+        self.write(block)
 
     def block_json(self, block: Block) -> None:
         path = self.write(block)

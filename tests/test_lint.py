@@ -304,7 +304,10 @@ def test_lint_text_output_is_ruff_style(bad_project, capsys):
     assert code == 1 and err == ""
     assert "m.shard:6:13: SR104 dimension 0 of `emb` (shape (12, 64)) has size 12" in out
     assert '  6 |   "emb" -> (model, _)\n' in out
-    assert "m.shard:3:1: SR105 1 array leaf matches no rule in group `params`" in out
+    assert (
+        "m.shard:3:1: SR105 array leaf `extra` (shape (8, 8), float32) matches no rule in group `params`"
+        in out
+    )
     assert "m.shard:5:3: SR202 rule `q/kernel` never applies" in out
     assert "m.shard:1:6: SR205 mesh axis `data` is used by no rule" in out
     assert out.rstrip().endswith("Found 2 errors and 2 warnings.")
@@ -332,6 +335,8 @@ def test_lint_json_is_a_stable_list(bad_project, capsys):
             "message",
             "hint",
             "path",
+            "count",
+            "paths",
         ]
     sr104 = findings[1]
     assert (sr104["severity"], sr104["file"], sr104["line"], sr104["col"], sr104["path"]) == (
@@ -342,6 +347,8 @@ def test_lint_json_is_a_stable_list(bad_project, capsys):
         "emb",
     )
     assert "model?" in sr104["hint"]
+    assert (sr104["count"], sr104["paths"]) == (1, [{"path": "emb", "shape": [12, 64]}])
+    assert (findings[2]["count"], findings[2]["paths"]) == (1, [])  # SR205: about no leaf
 
 
 def test_lint_github_annotations(bad_project, capsys):
@@ -527,7 +534,9 @@ def test_unmatched_leaves_are_listed_in_columns():
     )
     (d,) = plan.errors
     assert d.code == "SR105" and d.span is not None and (d.span.line, d.span.col) == (1, 1)
-    assert "\n    a          (8, 8)  float32\n    long/name  (4,)    int8" in d.message
+    assert d.message == "array leaf `a` (shape (8, 8), float32) matches no rule in group `params` of r.shard"
+    assert (d.count, d.paths) == (2, (("a", (8, 8)), ("long/name", (4,))))
+    assert d.more_leaves(None) == ["  and 1 more leaf like it:", "    long/name  (4,)"]
 
 
 def test_check_does_not_flag_abstract_trees(mesh222):

@@ -139,3 +139,27 @@ def test_fmt_refuses_a_fifo_without_blocking(tmp_path, capsys):
     assert not thread.is_alive(), "fmt blocked on a FIFO"
     assert outcome["code"] == 2
     assert "not a regular file" in capsys.readouterr().err
+
+
+def test_loads_counts_bytes_not_characters():
+    text = (
+        "# " + "\U0001f600" * 300_000 + "\nrules params:\n  default -> replicated\n"
+    )  # 1.2 MB, 300k characters
+    with pytest.raises(sr.ShardRulesError) as info:
+        sr.loads(text)
+    assert info.value.code == "SR009"
+
+
+def test_a_top_level_loop_of_links_says_so(tmp_path):
+    (tmp_path / "a.shard").symlink_to(tmp_path / "b.shard")
+    (tmp_path / "b.shard").symlink_to(tmp_path / "a.shard")
+    with pytest.raises(sr.ShardRulesError) as info:
+        sr.load(tmp_path / "a.shard")
+    assert info.value.code == "SR005" and "loop of symbolic links" in str(info.value)
+
+
+def test_the_rule_count_says_it_counts_arrows():
+    text = "rules params:\n  default -> replicated\n" + "# a -> b\n" * MAX_RULES
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.loads(text)
+    assert "lines with `->`" in str(info.value)

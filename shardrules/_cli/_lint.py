@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, ordered
-from .._language._load import iter_rules, load
+from .._language._load import iter_rules, load_partial
 from .._language._rules import RuleSet
 from .._planning import _check
 from .._planning._compile import compile_plan
@@ -24,19 +24,19 @@ class UsageError(Exception):
     """A mistake in how the command was called, or a file it cannot read (exit 2)."""
 
 
-def parse_mesh(text: str) -> dict[str, int]:
-    """`"fsdp=32,model=8"` → `{"fsdp": 32, "model": 8}`."""
+def parse_mesh(text: str, where: str = "--mesh") -> dict[str, int]:
+    """`"fsdp=32,model=8"` → `{"fsdp": 32, "model": 8}`; errors name `where`
+    (the flag, or the config key) and the text."""
     sizes: dict[str, int] = {}
+    what = f"{where} {text!r}"
     for part in text.split(","):
         name, eq, size = part.strip().partition("=")
         if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name.strip()) or not size.strip().isdigit():
-            raise UsageError(
-                f"--mesh {text!r}: write axis sizes as NAME=SIZE,NAME=SIZE, e.g. --mesh fsdp=32,model=8"
-            )
+            raise UsageError(f"{what}: write axis sizes as NAME=SIZE,NAME=SIZE, e.g. --mesh fsdp=32,model=8")
         if int(size) < 1:
-            raise UsageError(f"--mesh {text!r}: axis `{name.strip()}` needs a size of at least 1")
+            raise UsageError(f"{what}: axis `{name.strip()}` needs a size of at least 1")
         if name.strip() in sizes:
-            raise UsageError(f"--mesh {text!r}: axis `{name.strip()}` is given twice")
+            raise UsageError(f"{what}: axis `{name.strip()}` is given twice")
         sizes[name.strip()] = int(size)
     return sizes
 
@@ -56,17 +56,19 @@ class Result:
         return sum(d.severity == "error" for d in self.diagnostics)
 
 
-def _load(path: str) -> RuleSet | Result:
+def _load(path: str) -> tuple[RuleSet, list[Diagnostic]] | Result:
+    """The rules lint can plan, with every load finding (a rule with an error
+    stands aside and the rest are planned: see `load_partial`), or the Result
+    of a file that cannot be read or parsed."""
     if not Path(path).is_file():
         raise UsageError(f"{path}: no such rule file")
     try:
-        return load(path)
-    except IncludeNotFoundError as err:
-        if err.span is None:
-            raise UsageError(str(err)) from None
-        return Result(path, list(err.diagnostics), getattr(err, "_sources", {}))
-    except ShardRulesError as err:
-        return Result(path, list(err.diagnostics), getattr(err, "_sources", {}))
+        rules, found, sources = load_partial(path)
+    except IncludeNotFoundError as err:  # the file itself
+        raise UsageError(str(err)) from None
+    if rules is None:
+        return Result(path, found, sources)
+    return rules, found
 
 
 def _sizes(rules: RuleSet, mesh: Mapping[str, int] | None) -> dict[str, int] | None:
@@ -86,21 +88,24 @@ def lint_file(
     device_memory: int | None = None,
     replicated_threshold: int = _check.DEFAULT_REPLICATED_THRESHOLD,
     hosts: int | None = None,
+    replicated_tolerance: float = _check.DEFAULT_REPLICATED_TOLERANCE,
 ) -> Result:
     """Every finding for one rule file: loading, every group's rules on the mesh,
     and, given `tree`, the plan of `group` (default `params`) for it. `hosts`:
-    the mesh's devices are spread over this many hosts (for bytes per host)."""
+    the mesh's devices are spread over this many hosts (for bytes per host).
+    `replicated_tolerance`: the largest share of the plan's bytes that may be
+    fully replicated in a group whose rules shard something (SR116)."""
     loaded = _load(path)
     if isinstance(loaded, Result):
         return loaded
-    rules = loaded
+    rules, load_found = loaded
     sizes = _sizes(rules, mesh)
     if hosts is not None:
         try:
             check_hosts(sizes, hosts)
         except HostsError as err:
             raise UsageError(f"{path}: {err}") from None
-    found: list[Diagnostic] = []
+    found: list[Diagnostic] = list(load_found)  # every stage in one run: load errors, then the plan
     the_plan: Plan | None = None
     if tree is None and group is not None:
         try:
@@ -118,6 +123,7 @@ def lint_file(
                 found += _check.memory_diagnostics(the_plan, device_memory)
             found += _check.rule_warnings(the_plan)
             found += _check.replication_warnings(the_plan, replicated_threshold)
+            found += _check.tolerance_diagnostics(the_plan, replicated_tolerance, replicated_threshold)
     # Rule-level checks (axes, aliases) for every group, with or without shapes.
     empty: Plan | None = None
     for name in rules.group_names:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import fnmatch
 import re
 import stat
 import sys
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from .._errors import ShardRulesError
 from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._version import __version__
-from . import _lint, _render
+from . import _config, _discover, _lint, _render
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -49,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
         help="skip files and folders matching GLOB when searching folders (repeatable); "
         "also read from [tool.shardrules] exclude in pyproject.toml",
     )
+    fmt.add_argument(
+        "--force-exclude",
+        action="store_true",
+        help="skip excluded files even when named (for pre-commit, which names every changed file)",
+    )
     fmt.set_defaults(run=_fmt)
 
     lint = commands.add_parser(
@@ -57,13 +60,48 @@ def _parser() -> argparse.ArgumentParser:
         description="Check rule files: syntax, names and axes for every group; given --shapes, the plan "
         "for --group (ranks, divisibility, unmatched leaves, memory, dead or shadowed rules).",
     )
-    lint.add_argument("rules", nargs="+", metavar="RULES", help="rule files (.shard)")
+    lint.add_argument(
+        "rules",
+        nargs="+",
+        metavar="RULES",
+        help="rule files (.shard), or folders to search for top-level *.shard files "
+        "(a file that another rule file includes is checked through it)",
+    )
     _plan_options(lint)
+    lint.add_argument(
+        "--strict",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="warnings fail the run too: exit 1 on any warning (notes never fail it)",
+    )
+    lint.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip files and folders matching GLOB when searching folders (repeatable); "
+        "also read from [tool.shardrules] exclude in pyproject.toml",
+    )
+    lint.add_argument(
+        "--force-exclude",
+        action="store_true",
+        help="skip excluded files even when named (for pre-commit, which names every changed file)",
+    )
     lint.add_argument(
         "--format",
         choices=("text", "json", "github"),
         default="text",
         help="text (default), json (a list of findings) or github (workflow annotations)",
+    )
+    lint.add_argument(
+        "--all-leaves",
+        action="store_true",
+        help="list every leaf of a finding about many leaves (default: the first few, and how many more)",
+    )
+    lint.add_argument(
+        "--statistics",
+        action="store_true",
+        help="print how many findings (and leaves) each code has instead of the findings (text or json)",
     )
     lint.set_defaults(run=_lint_command)
 
@@ -73,13 +111,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Show how the rules lay out the shapes on the mesh, leaf by leaf, with totals.",
     )
     explain.add_argument("rules", metavar="RULES", help="the rule file (.shard)")
-    _plan_options(explain, shapes_required=True)
+    _plan_options(explain)
     explain.add_argument("--path", metavar="REGEX", help="show only leaves whose path this regex matches")
     explain.set_defaults(run=_explain_command)
     return parser
 
 
-def _plan_options(parser: argparse.ArgumentParser, shapes_required: bool = False) -> None:
+def _plan_options(parser: argparse.ArgumentParser) -> None:
+    """The options that say what to plan for; each may also be set in
+    `[tool.shardrules]` (see `_config`), which is why none has a default here."""
     parser.add_argument(
         "--mesh",
         metavar="AXIS=SIZE,...",
@@ -88,7 +128,6 @@ def _plan_options(parser: argparse.ArgumentParser, shapes_required: bool = False
     parser.add_argument(
         "--shapes",
         metavar="SOURCE",
-        required=shapes_required,
         help="module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
         "or a .json file of {path: [shape, dtype]}; only headers are read",
     )
@@ -106,58 +145,23 @@ def _plan_options(parser: argparse.ArgumentParser, shapes_required: bool = False
     parser.add_argument(
         "--replicated-threshold",
         metavar="SIZE",
-        default="64MiB",
         help="warn about fully replicated arrays this large or larger (default: 64MiB)",
+    )
+    parser.add_argument(
+        "--replicated-tolerance",
+        metavar="FRACTION",
+        help="the largest share of the planned bytes that may be fully replicated, e.g. 0.25 or 25%% "
+        "(default: 25%%); more is an error (SR116)",
     )
 
 
-# Folders never searched when a folder is given (name it to search it anyway).
-_SKIPPED = {"node_modules", "site-packages", "__pycache__"}
-
-
-def _shard_files(paths: Sequence[Path], exclude: Sequence[str] = ()) -> list[Path]:
-    """The files named, and every `*.shard` under the folders named, skipping
-    hidden folders (`.git`, `.venv`, ...), installed packages, and what
-    `--exclude` or `[tool.shardrules] exclude` in the pyproject.toml nearest to
-    the folder name."""
-    out: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            patterns = [str(Path(g).resolve()) for g in exclude] + _configured_excludes(path.resolve())
-            found = (p for p in path.rglob("*.shard") if p.is_file())
-            out.extend(
-                sorted(
-                    p
-                    for p in found
-                    if not any(
-                        part.startswith(".") or part in _SKIPPED for part in p.relative_to(path).parts[:-1]
-                    )
-                    and not _excluded(p.resolve(), patterns)
-                )
-            )
-        else:
-            out.append(path)
-    return out
-
-
-def _configured_excludes(start: Path) -> list[str]:
-    """`[tool.shardrules] exclude` of the nearest pyproject.toml at or above
-    `start`, as absolute paths (globs allowed)."""
-    for folder in (start, *start.parents):
-        config = folder / "pyproject.toml"
-        if config.is_file():
-            try:
-                data = tomllib.loads(config.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-                return []
-            globs = data.get("tool", {}).get("shardrules", {}).get("exclude", [])
-            return [str(folder / g) for g in globs if isinstance(g, str)]
-    return []
-
-
-def _excluded(path: Path, patterns: Sequence[str]) -> bool:
-    """Whether `path` (absolute) or one of its folders matches a pattern."""
-    return any(fnmatch.fnmatch(str(c), p) for c in (path, *path.parents) for p in patterns)
+def _shard_files(
+    paths: Sequence[Path], exclude: Sequence[str] = (), force_exclude: bool = False
+) -> list[Path]:
+    """The files named and every `*.shard` under the folders named (see
+    `_discover.shard_files`: hidden folders, installed packages, `--exclude`
+    and `[tool.shardrules] exclude` are skipped)."""
+    return _discover.shard_files(paths, exclude, force_exclude)
 
 
 def _lines(text: str) -> list[str]:
@@ -169,7 +173,7 @@ def _lines(text: str) -> list[str]:
 
 def _fmt(args: argparse.Namespace) -> int:
     changed = errors = 0
-    for path in _shard_files(args.files, args.exclude):
+    for path in _shard_files(args.files, args.exclude, args.force_exclude):
         try:
             mode = path.stat().st_mode
             if not stat.S_ISREG(mode):  # a FIFO would block the read; a device never ends
@@ -213,39 +217,57 @@ def _fmt(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_Inputs = tuple[Any, dict[str, int] | None, int | None, int]
+_Inputs = tuple[Any, dict[str, int] | None, int | None, int, float]
+
+
+def _origin(args: argparse.Namespace, option: str, flag: str) -> str:
+    """Where an option's value came from, for messages: the flag, or the config key."""
+    return getattr(args, "origins", {}).get(option, flag)
 
 
 def _inputs(args: argparse.Namespace) -> _Inputs:
-    """The shapes tree, mesh sizes, memory budget and replication threshold asked for."""
+    """The shapes tree, mesh sizes, memory budget, replication threshold and
+    replicated tolerance asked for (on the command line, else in the config)."""
     from .._language._parse import byte_size
+    from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
     from .._planning._shapes import ShapeSourceError, load_shapes
 
-    mesh = _lint.parse_mesh(args.mesh) if args.mesh else None
+    if isinstance(args.mesh, dict):  # from the config, checked there
+        mesh: dict[str, int] | None = args.mesh
+    else:
+        mesh = _lint.parse_mesh(args.mesh) if args.mesh else None
     try:
-        budget = byte_size(args.device_memory) if args.device_memory else None
+        budget = byte_size(args.device_memory) if args.device_memory is not None else None
     except ValueError as err:
-        raise _lint.UsageError(f"--device-memory: {err}") from None
+        raise _lint.UsageError(f"{_origin(args, 'device_memory', '--device-memory')}: {err}") from None
     try:
-        threshold = byte_size(args.replicated_threshold)
+        threshold = byte_size(args.replicated_threshold if args.replicated_threshold is not None else "64MiB")
     except ValueError as err:
-        raise _lint.UsageError(f"--replicated-threshold: {err}") from None
+        raise _lint.UsageError(
+            f"{_origin(args, 'replicated_threshold', '--replicated-threshold')}: {err}"
+        ) from None
+    tolerance = args.replicated_tolerance
+    if tolerance is None:
+        tolerance = DEFAULT_REPLICATED_TOLERANCE
+    elif isinstance(tolerance, str):  # the flag; the config's is checked already
+        tolerance = _config.parse_tolerance(tolerance)
     tree = None
     if args.shapes:
+        where = _origin(args, "shapes", "--shapes")
         try:
             tree = load_shapes(args.shapes)
         except FileNotFoundError as err:
             missing = err.filename or args.shapes
             detail = "" if err.filename else f" ({err})"
-            raise _lint.UsageError(f"--shapes: {missing}: no such file{detail}") from None
+            raise _lint.UsageError(f"{where}: {missing}: no such file{detail}") from None
         except (ShapeSourceError, OSError) as err:
-            raise _lint.UsageError(f"--shapes: {err}") from None
-    return tree, mesh, budget, threshold
+            raise _lint.UsageError(f"{where}: {err}") from None
+    return tree, mesh, budget, threshold, tolerance
 
 
 def _lint_one(path: str, args: argparse.Namespace, inputs: _Inputs) -> _lint.Result:
     """`lint_file` of one rule file with the command line's shapes, mesh and options."""
-    tree, mesh, budget, threshold = inputs
+    tree, mesh, budget, threshold, tolerance = inputs
     return _lint.lint_file(
         path,
         tree,
@@ -254,19 +276,33 @@ def _lint_one(path: str, args: argparse.Namespace, inputs: _Inputs) -> _lint.Res
         device_memory=budget,
         replicated_threshold=threshold,
         hosts=args.hosts,
+        replicated_tolerance=tolerance,
     )
 
 
 def _lint_command(args: argparse.Namespace) -> int:
+    config = _config.for_paths(args.rules)
+    _config.apply(args, config)  # flags win; what they leave out comes from [tool.shardrules]
+    lint_included = bool(config is not None and config.values.get("lint-included", False))
+    files = _discover.lint_files(
+        args.rules, args.exclude, lint_included=lint_included, force_exclude=args.force_exclude
+    )
+    if not files and not args.force_exclude:
+        raise _lint.UsageError(f"no rule files (*.shard) in {', '.join(args.rules)}")
     inputs = _inputs(args)  # shapes are read once for all the files
-    results = [_lint_one(path, args, inputs) for path in args.rules]
-    if args.format == "json":
-        _render.dump_json(results, sys.stdout)
+    results = [_lint_one(path, args, inputs) for path in files]
+    if args.statistics and args.format == "json":
+        _render.dump_json_statistics(results, sys.stdout)
+    elif args.statistics:
+        _render.write_statistics(results, sys.stdout)
+    elif args.format == "json":
+        _render.dump_json(results, sys.stdout, all_leaves=args.all_leaves)
     elif args.format == "github":
-        _render.write_github(results, sys.stdout)
+        _render.write_github(results, sys.stdout, all_leaves=args.all_leaves)
     else:
-        _render.write_text(results, sys.stdout)
-    return EXIT_FINDINGS if any(r.errors for r in results) else EXIT_OK
+        _render.write_text(results, sys.stdout, all_leaves=args.all_leaves)
+    warned = args.strict and any(d.severity == "warning" for r in results for d in r.diagnostics)
+    return EXIT_FINDINGS if any(r.errors for r in results) or warned else EXIT_OK
 
 
 def _explain_command(args: argparse.Namespace) -> int:
@@ -275,6 +311,9 @@ def _explain_command(args: argparse.Namespace) -> int:
             re.compile(args.path)
         except re.error as err:
             raise _lint.UsageError(f"--path {args.path!r}: not a regular expression: {err}") from None
+    _config.apply(args, _config.for_paths([args.rules]))
+    if not args.shapes:
+        raise _lint.UsageError("give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules]")
     result = _lint_one(args.rules, args, _inputs(args))
     if result.plan is not None:
         rows = _render.explain_rows(result.plan, args.path, args.hosts)

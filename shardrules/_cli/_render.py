@@ -1,5 +1,8 @@
 """How `shardrules lint` and `shardrules explain` print: findings as text, JSON
-or GitHub annotations; a plan as a table (rich on a terminal) with totals."""
+or GitHub annotations, one per cause (`_errors.group`: a rule wrong for 160
+leaves is one finding naming a few of them, or every one with `all_leaves`),
+or counts per code (`--statistics`); a plan as a table (rich on a terminal)
+with totals."""
 
 from __future__ import annotations
 
@@ -10,22 +13,36 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from .._errors import EXAMPLES, Diagnostic, group
 from .._planning._hosts import host_bytes, leaf_host_bytes
 from .._planning._plan import Plan, format_bytes, plural, spec_str
 from ._lint import Result
 
 
-def write_text(results: Sequence[Result], out: TextIO) -> None:
-    for result in results:
-        for d in result.diagnostics:
-            text = d.render(result.sources)
+def findings(result: Result) -> list[Diagnostic]:
+    """The findings of one file as printed: one per cause, in `ordered` order."""
+    return group(result.diagnostics)
+
+
+def write_text(results: Sequence[Result], out: TextIO, *, all_leaves: bool = False) -> None:
+    """Each finding as `FILE:LINE:COL: CODE message`, its source line, the other
+    leaves of its cause (a few; every one with `all_leaves`) and its hint; then
+    the counts of findings."""
+    grouped = [findings(r) for r in results]
+    for result, found in zip(results, grouped, strict=True):
+        for d in found:
+            text = d.render(result.sources, examples=None if all_leaves else EXAMPLES)
             out.write((text if d.span is not None else f"{result.file}: {text}") + "\n")
         if result.hosts is not None and result.plan is not None and isinstance(result.plan.mesh, Mapping):
             out.write(f"{result.file}: {format_bytes(result.plan.bytes_per_device)} per device; ")
             out.write(host_line(result.plan, result.hosts) + "\n")
-    errors = sum(r.errors for r in results)
-    notes = sum(d.severity == "note" for r in results for d in r.diagnostics)
-    warnings = sum(len(r.diagnostics) for r in results) - errors - notes
+    _summary(results, grouped, out)
+
+
+def _summary(results: Sequence[Result], grouped: Sequence[list[Diagnostic]], out: TextIO) -> None:
+    errors = sum(d.severity == "error" for found in grouped for d in found)
+    notes = sum(d.severity == "note" for found in grouped for d in found)
+    warnings = sum(len(found) for found in grouped) - errors - notes
     unchecked = f"not every check ran: see the {'note' if notes == 1 else 'notes'} above"
     if errors or warnings:
         out.write(f"Found {plural(errors, 'error')} and {plural(warnings, 'warning')}")
@@ -36,8 +53,12 @@ def write_text(results: Sequence[Result], out: TextIO) -> None:
         out.write(f"All checks passed ({plural(len(results), 'file')}).\n")
 
 
-def as_json(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """The stable JSON form: one object per finding."""
+def as_json(results: Sequence[Result], *, all_leaves: bool = False) -> list[dict[str, Any]]:
+    """The stable JSON form: one object per finding (one per cause), with
+    `count` (its leaves; 1 for a finding about none) and `paths` (`{"path",
+    "shape"}` of its first leaves, as many as the text shows; every one with
+    `all_leaves`)."""
+    shown = None if all_leaves else 1 + EXAMPLES
     return [
         {
             "code": d.code,
@@ -50,10 +71,41 @@ def as_json(results: Sequence[Result]) -> list[dict[str, Any]]:
             "message": d.message,
             "hint": d.hint,
             "path": d.path,
+            "count": d.count,
+            "paths": [
+                {"path": path, "shape": None if shape is None else list(shape)}
+                for path, shape in d.paths[:shown]
+            ],
         }
         for r in results
-        for d in r.diagnostics
+        for d in findings(r)
     ]
+
+
+def statistics(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """Per code (in the order of the first finding of each): its severity, how
+    many findings and how many leaves they are about (`--statistics`)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for r in results:
+        for d in findings(r):
+            row = rows.setdefault(d.code, {"code": d.code, "severity": d.severity, "count": 0, "leaves": 0})
+            row["count"] += 1
+            row["leaves"] += len(d.paths)
+    return list(rows.values())
+
+
+def write_statistics(results: Sequence[Result], out: TextIO) -> None:
+    """`COUNT  CODE  SEVERITY  (N leaves)` a line per code, most findings
+    first, then the counts of findings (as `write_text` ends)."""
+    rows = sorted(statistics(results), key=lambda row: -row["count"])
+    width = max((len(str(row["count"])) for row in rows), default=1)
+    for row in rows:
+        leaves = f"  ({plural(row['leaves'], 'leaf', 'leaves')})" if row["leaves"] else ""
+        out.write(
+            f"{str(row['count']).rjust(width)}  {row['code']}  {row['severity'].ljust(7)}{leaves}".rstrip()
+        )
+        out.write("\n")
+    _summary(results, [findings(r) for r in results], out)
 
 
 def _escape(text: str, prop: bool = False) -> str:
@@ -61,10 +113,10 @@ def _escape(text: str, prop: bool = False) -> str:
     return text.replace(":", "%3A").replace(",", "%2C") if prop else text
 
 
-def write_github(results: Sequence[Result], out: TextIO) -> None:
-    """GitHub Actions workflow commands: an annotation per finding."""
+def write_github(results: Sequence[Result], out: TextIO, *, all_leaves: bool = False) -> None:
+    """GitHub Actions workflow commands: an annotation per finding (one per cause)."""
     for r in results:
-        for d in r.diagnostics:
+        for d in findings(r):
             props = [f"file={_escape(d.span.file if d.span else r.file, True)}"]
             if d.span is not None:
                 props += [
@@ -74,7 +126,8 @@ def write_github(results: Sequence[Result], out: TextIO) -> None:
                     f"endColumn={d.span.end_col}",
                 ]
             props.append(f"title={_escape(d.code, True)}")
-            message = d.message + (f"\nhint: {d.hint}" if d.hint else "")
+            more = [line.strip() for line in d.more_leaves(None if all_leaves else EXAMPLES)]
+            message = "\n".join([d.message, *more]) + (f"\nhint: {d.hint}" if d.hint else "")
             command = "notice" if d.severity == "note" else d.severity
             out.write(f"::{command} {','.join(props)}::{_escape(message)}\n")
 
@@ -219,6 +272,12 @@ def use_rich(out: TextIO) -> bool:
     return True
 
 
-def dump_json(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
-    json.dump(as_json(results), out, indent=2)
+def dump_json(results: Sequence[Result], out: TextIO = sys.stdout, *, all_leaves: bool = False) -> None:
+    json.dump(as_json(results, all_leaves=all_leaves), out, indent=2)
+    out.write("\n")
+
+
+def dump_json_statistics(results: Sequence[Result], out: TextIO = sys.stdout) -> None:
+    """`--statistics --format json`: a list of `{"code", "severity", "count", "leaves"}`."""
+    json.dump(statistics(results), out, indent=2)
     out.write("\n")

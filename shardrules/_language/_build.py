@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .._errors import Findings, Span, did_you_mean
+from .._errors import Diagnostic, Findings, Span, did_you_mean
 from . import _regex
 from ._includes import Statements
 from ._names import unknown_name
@@ -17,9 +17,18 @@ from ._rules import AxisGroup, Entry, MeshDecl, ResolvedEntry, ResolvedSpec, Rul
 
 _AUTO_OPTIONS = ("min_bytes",)
 
+MAX_TOTAL_PROGRAM = 200_000
+"""The most RE2 instructions the patterns of one load may compile to (each
+pattern at most `_regex.MAX_PROGRAM`): this bounds memory and matching time.
+Realistic files: tens of patterns of under 200 each."""
+
 
 def build_rules(
-    found: Statements, mesh: MeshDecl | None, aliases: dict[str, tuple[str, ...]]
+    found: Statements,
+    mesh: MeshDecl | None,
+    aliases: dict[str, tuple[str, ...]],
+    *,
+    partial: list[Diagnostic] | None = None,
 ) -> tuple[dict[str, tuple[Rule, ...]], dict[str, Rule]]:
     """Each group's rules in file order, and each group's `default`.
 
@@ -30,21 +39,55 @@ def build_rules(
     - `mesh`: the file's checked `mesh` line, or `None`.
     - `aliases`: the resolved aliases (`resolve_aliases`).
 
-    **Returns:** `(groups, defaults)`; a rule with an error is left out.
-    Every `rules GROUP:` header makes its group, even one with no rules.
+    - `partial`: for `shardrules lint`, which plans what it can of a file with
+      errors: a rule whose spec has an error is kept with an `"unresolved"`
+      spec (so that the rules after it match as they will once it is fixed),
+      and a note (SR302) saying why it is not planned is added here.
+
+    **Returns:** `(groups, defaults)`; a rule with an error is left out (but see
+    `partial`). Every `rules GROUP:` header makes its group, even one with no rules.
     """
     specs = _Specs(mesh, aliases, {a.name for a in found.alias_decls}, found.errors)
     groups: dict[str, list[Rule]] = {}
     defaults: dict[str, Rule] = {}
     counts: dict[str, int] = {}
+    program = 0  # RE2 instructions of the patterns so far
     for group, line in found.rule_lines:
         index = counts.get(group, 0)
         counts[group] = index + 1
+        before = len(found.errors)
         if line.pattern is not None:
-            check_pattern(line, found.errors)
+            if program > MAX_TOTAL_PROGRAM:
+                continue  # reported once, below: no more patterns are compiled
+            program += check_pattern(line, found.errors)
+            if program > MAX_TOTAL_PROGRAM:
+                found.errors.error(
+                    "SR009",
+                    f"the patterns of this load compile to more than {MAX_TOTAL_PROGRAM:,} RE2 instructions; "
+                    "rule files hold tens of short patterns",
+                    line.pattern_span,
+                    "check that this is the rule file you meant; use fewer, simpler patterns",
+                )
+            if len(found.errors) > before:
+                if partial is not None:
+                    reason = "its pattern has an error, so the rules after it plan the leaves it would take"
+                    partial.append(_not_planned(line, reason, found.errors[before]))
+                continue  # a pattern that cannot be matched takes no leaf
         spec = specs.resolve(line.spec)
         if spec is None:
-            continue
+            if partial is None:
+                continue
+            why = found.errors[before] if len(found.errors) > before else None
+            refs = [*line.spec.entries, *([line.spec.auto_axes] if line.spec.auto_axes else [])]
+            broken = [r.name for e in refs for r in e.axes if r.name in specs.failed_aliases]
+            defined = {a.name: a.span for a in found.alias_decls}
+            reason = (
+                f"it uses alias `{broken[0]}`, whose definition at {defined[broken[0]]} has an error"
+                if broken
+                else "its spec has an error"
+            )
+            partial.append(_not_planned(line, reason, why))
+            spec = ResolvedSpec("unresolved", span=line.spec.span)
         rule = Rule(group, line.pattern, spec, line.spec, index, line.span, line.pattern_span)
         if line.pattern is None:
             if group in defaults:
@@ -62,14 +105,27 @@ def build_rules(
     return {g: tuple(groups.get(g, ())) for g in found.headers if g in groups or g not in defaults}, defaults
 
 
-def check_pattern(line: RuleLine, errors: Findings) -> None:
+def _not_planned(line: RuleLine, reason: str, cause: Diagnostic | None) -> Diagnostic:
+    where = f" ({cause.code} at {cause.span})" if cause is not None and cause.span is not None else ""
+    unchecked = "" if "rules after it" in reason else "; the leaves it would take are not checked"
+    return Diagnostic(
+        "SR302",
+        "note",
+        f"rule not planned: {reason}{where}{unchecked}",
+        line.span,
+        hint="fix the error above; the rest of the file was checked",
+    )
+
+
+def check_pattern(line: RuleLine, errors: Findings) -> int:
     """Report a rule's pattern that is not a regular expression (SR002, with
     the column of the mistake) or that uses what the matcher does not have
-    (SR017: backreferences, lookarounds, ...; see `_regex`)."""
+    (SR017: backreferences, lookarounds, ...; see `_regex`). Returns the size
+    of its compiled program (0 for a pattern with an error)."""
     assert line.pattern is not None
     try:
         try:
-            _regex.check(line.pattern)
+            return _regex.check(line.pattern)
         except (OverflowError, ValueError) as err:  # counts too large for Python's compiler
             raise re.error(f"too complex to compile ({type(err).__name__})") from None
         except RecursionError:
@@ -94,6 +150,7 @@ def check_pattern(line: RuleLine, errors: Findings) -> None:
             span,
             "patterns are Python regular expressions; escape special characters with `\\`",
         )
+    return 0
 
 
 @dataclasses.dataclass
@@ -104,6 +161,11 @@ class _Specs:
     aliases: dict[str, tuple[str, ...]]
     declared: set[str]  # every alias name defined, including those that failed to resolve
     errors: Findings
+
+    @property
+    def failed_aliases(self) -> set[str]:
+        """Aliases defined but not resolved (their definition has an error)."""
+        return self.declared - set(self.aliases)
 
     def resolve(self, spec: Spec) -> ResolvedSpec | None:
         """`spec` with every name resolved to mesh axes, or `None` (and errors)."""
@@ -156,7 +218,7 @@ class _Specs:
                 "`...` stands for all the dimensions not written out",
             )
         done = [e for e in entries if e is not None]
-        if len(self.errors) > before:
+        if len(self.errors) > before or len(done) < len(entries):  # an entry failed (or its alias did)
             return None
         return ResolvedSpec("entries", tuple(done), span=spec.span)
 

@@ -5,6 +5,7 @@ close; a folder, a FIFO, a loop of links; rule text passed where a path goes).""
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
 import stat
@@ -68,6 +69,9 @@ def read_rule_file(
     except (OSError, ValueError) as err:  # also a name too long for a path, or with a NUL in it
         if span is None and looks_like_rules(display):
             message, hint = _rule_text(display)
+        elif isinstance(err, OSError) and err.errno == errno.ELOOP:
+            message = f"`{_shown(display)}` is a loop of symbolic links"
+            hint = "point the link at the rule file itself"
         else:
             message = f"cannot read `{_shown(display)}`: {err.strerror if isinstance(err, OSError) else err}"
             hint = (

@@ -3,6 +3,7 @@ the text around it, how the line should be written (the `hint:` of SR001)."""
 
 from __future__ import annotations
 
+import ast
 import re
 import unicodedata
 
@@ -138,3 +139,41 @@ def expected_hint(expected: set[str]) -> str:
         'a line is one of: `mesh AXES`, `include "FILE"`, `alias NAME = AXES`, `rules GROUP:`, '
         '`"PATTERN" -> SPEC` or `default -> SPEC`, optionally followed by a `#` comment'
     )
+
+
+_PYTHON_SPEC = re.compile(r"^\s*(?:jax\s*\.\s*sharding\s*\.\s*)?(?:P|PartitionSpec)\s*\((.*)\)\s*(?:#.*)?$")
+
+
+def python_spec_hint(after_arrow: str) -> str:
+    """A hint for a spec written as Python (`P(None, 'model')`,
+    `PartitionSpec('data', None)`, `None`, `(None, 'model')`), in the rule
+    language's spelling (`(_, model)`); `""` if `after_arrow` is not one."""
+    text = after_arrow.split("#", 1)[0].strip()
+    if text == "None":
+        return "a spec is not Python: write `replicated` for an array no dimension of which is sharded"
+    found = _PYTHON_SPEC.match(text)
+    inner = found.group(1) if found else text[1:-1] if text.startswith("(") and text.endswith(")") else None
+    if inner is None or not (found or re.search(r"None|['\"]", inner)):
+        return ""
+    try:
+        entries = ast.literal_eval(f"({inner},)") if inner.strip() else ()
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return ""
+    written = [_entry_text(e) for e in entries]
+    if not all(written):
+        return ""
+    spec = "(" + ", ".join(written) + ")" if written else "replicated"
+    return (
+        f"a spec is not Python: write `{spec}` (`_` for None, names without quotes, a tuple for several axes)"
+    )
+
+
+def _entry_text(entry: object) -> str:
+    if entry is None:
+        return "_"
+    if isinstance(entry, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", entry):
+        return entry
+    if isinstance(entry, tuple) and entry and all(isinstance(e, str) for e in entry):
+        names = [_entry_text(e) for e in entry]
+        return "(" + ", ".join(names) + ")" if all(names) else ""
+    return ""

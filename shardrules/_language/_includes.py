@@ -80,8 +80,9 @@ class _Reader:
     found: Statements = dataclasses.field(default_factory=Statements)
     done: set[Path] = dataclasses.field(default_factory=set)
     stack: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+    bytes: int = 0
     lines: int = 0
-    rules: int = 0
+    rules: int = 0  # counted as arrows before parsing: an upper bound
 
     def visit(self, text: str, name: str, real: Path, span: Span | None = None) -> None:
         text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the rules
@@ -162,17 +163,17 @@ class _Reader:
         self.visit(text, display, real, stmt.span)
 
     def bytes_left(self) -> int:
-        used = sum(len(text.encode("utf-8", "surrogatepass")) for text in self.found.sources.values())
-        return max(0, min(MAX_FILE_BYTES, MAX_TOTAL_BYTES - used))
+        return max(0, min(MAX_FILE_BYTES, MAX_TOTAL_BYTES - self.bytes))
 
     def count(self, text: str, name: str, span: Span | None) -> None:
         """Refuse (SR009), before parsing it, a file that takes this load over
         `MAX_LINES` lines or `MAX_RULES` rules (each rule has its `->`)."""
+        self.bytes += len(text.encode("utf-8", "surrogatepass"))
         self.lines += text.count("\n") + 1
         self.rules += text.count("->")
         if self.lines <= MAX_LINES and self.rules <= MAX_RULES:
             return
-        what = f"{MAX_RULES:,} rules" if self.rules > MAX_RULES else f"{MAX_LINES:,} lines"
+        what = f"{MAX_RULES:,} rules (lines with `->`)" if self.rules > MAX_RULES else f"{MAX_LINES:,} lines"
         whole = "" if span is None and len(self.found.sources) == 0 else " with the files it is included with"
         raise error_for(
             [

@@ -18,13 +18,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._errors import Diagnostic, error_for
+from .._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, error_for
 from .._gcpause import paused
 from ._build import build_rules
 from ._files import MAX_FILE_BYTES, read_rule_file, resolved
-from ._includes import read_statements
+from ._includes import Statements, read_statements
 from ._names import check_mesh, resolve_aliases
-from ._rules import Rule, RuleSet
+from ._rules import MeshDecl, Rule, RuleSet
 
 
 def load(path: str | os.PathLike[str], *, include_root: str | os.PathLike[str] | None = None) -> RuleSet:
@@ -89,7 +89,7 @@ def loads(
             ) from None
     if not isinstance(text, str):
         raise TypeError(f"rule text must be str or bytes, not {type(text).__name__}")
-    if len(text) > MAX_FILE_BYTES:
+    if len(text) > MAX_FILE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
         raise error_for(
             [
                 Diagnostic(
@@ -119,6 +119,17 @@ def _build_ruleset(text: str, name: str, real: Path, root: Path, *, explicit_roo
     groups, defaults = build_rules(found, mesh, aliases)
     if found.errors:
         raise error_for(found.errors, found.sources)
+    return _ruleset(name, found, mesh, aliases, groups, defaults)
+
+
+def _ruleset(
+    name: str,
+    found: Statements,
+    mesh: MeshDecl | None,
+    aliases: dict[str, tuple[str, ...]],
+    groups: dict[str, tuple[Rule, ...]],
+    defaults: dict[str, Rule],
+) -> RuleSet:
     return RuleSet(
         name=name,
         mesh=mesh,
@@ -129,6 +140,33 @@ def _build_ruleset(text: str, name: str, real: Path, root: Path, *, explicit_roo
         default_items=tuple(defaults.items()),
         source_items=tuple(found.sources.items()),
     )
+
+
+def load_partial(path: str) -> tuple[RuleSet | None, list[Diagnostic], dict[str, str]]:
+    """For `shardrules lint`: what can be planned of a rule file that has
+    errors, and every finding of loading it. A file that cannot be read or
+    parsed gives `(None, [its error])`; otherwise the `RuleSet` holds every
+    rule it could build (a rule whose spec has an error keeps its place with an
+    `"unresolved"` spec, and an SR302 note says so), and the findings list every
+    load error, as `load` would raise them, plus those notes."""
+    display = os.fspath(path)
+    root = Path(display).parent or Path(".")
+    try:
+        text = read_rule_file(Path(display), display, None)
+        real = resolved(Path(display), display, None)
+        top = resolved(root, os.fspath(root), None)
+        with paused():
+            found = read_statements(text, display, real, top, explicit_root=False)
+            mesh = check_mesh(found.meshes, found.errors)
+            aliases = resolve_aliases(found.alias_decls, mesh, found.errors)
+            notes: list[Diagnostic] = []
+            groups, defaults = build_rules(found, mesh, aliases, partial=notes)
+    except ShardRulesError as err:  # unreadable, or a syntax error: nothing to plan
+        if isinstance(err, IncludeNotFoundError) and err.span is None:
+            raise  # the file itself is missing: the caller's usage error
+        return None, list(err.diagnostics), dict(getattr(err, "_sources", {}))
+    rules = _ruleset(display, found, mesh, aliases, groups, defaults)
+    return rules, [*found.errors, *notes] if found.errors else [], dict(found.sources)
 
 
 def iter_rules(rules: RuleSet, group: str) -> Iterator[Rule]:

@@ -144,6 +144,10 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
     else:  # UnexpectedEOF
         expected = set(getattr(err, "expected", ()) or ())
         found, width = "end of file", 1
+    line_text = text.split("\n")[line - 1] if line <= text.count("\n") + 1 else ""
+    arrow = line_text.find("->")
+    if 0 <= arrow < col - 1:  # in a spec: one written as Python gets its translation
+        hint = _hints.python_spec_hint(line_text[arrow + 2 :]) or hint
     if not hint and found not in ("end of line", "end of file"):
         source = text.split("\n")[line - 1] if line <= text.count("\n") + 1 else ""
         hint = _hints.layout_hint(source[: col - 1], source[col - 1 :], expected) if source[col - 1 :] else ""

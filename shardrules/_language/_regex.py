@@ -61,9 +61,10 @@ def _options() -> Any:
     return options
 
 
-def check(pattern: str) -> None:
+def check(pattern: str) -> int:
     """Raise `re.error` if `pattern` is not a Python regular expression, and
-    `UnsupportedPattern` if RE2 cannot match it or would read it otherwise."""
+    `UnsupportedPattern` if RE2 cannot match it or would read it otherwise;
+    else return the size of its compiled program (RE2 instructions)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         try:
@@ -80,13 +81,14 @@ def check(pattern: str) -> None:
             "verbose mode `(?x)`",
             "write the pattern without spaces and comments; put comments after the rule",
         )
-    _upper_bound_only(pattern)
+    _counts(pattern)
     try:
-        size = re2.compile(pattern.encode("utf-8", "surrogatepass"), _options()).programsize
+        size = compiled(pattern).programsize
     except re2.error as err:
         raise _re2_error(err) from None
     if size > MAX_PROGRAM:
         raise _too_large(f"{size:,} instructions compiled, over the {MAX_PROGRAM:,} allowed")
+    return size
 
 
 _ASSERTIONS = {
@@ -154,18 +156,66 @@ def _constructs(items: list[Any]) -> None:
                 _constructs(_items(branch))
 
 
-# `{,n}`, outside a class and not escaped: a repeat to Python, literal text to RE2.
-_UPPER_ONLY = re.compile(r"(?:^|[^\\])(?:\\\\)*(\{,\d*\})")
+# A repeat count `{m}`, `{m,}`, `{m,n}` or `{,n}` (outside classes, not escaped).
+_COUNT = re.compile(r"\{(\d*)(?:(,)(\d*))?\}")
 
 
-def _upper_bound_only(pattern: str) -> None:
-    outside = re.sub(r"\\.|\[(?:\\.|[^\]\\])*\]", lambda m: "_" * len(m.group()), pattern)
-    found = _UPPER_ONLY.search(outside)
-    if found is not None:
-        written = found.group(1)
-        raise UnsupportedPattern(
-            f"`{written}`, which RE2 reads as literal text", f"write `{{0{written[1:]}` for up to that many"
-        )
+def _outside_classes(pattern: str) -> str:
+    """`pattern` with every escape and character class blanked out."""
+    return re.sub(r"\\.|\[\^?\]?(?:\\.|[^\]\\])*\]", lambda m: "_" * len(m.group()), pattern, flags=re.S)
+
+
+def _counts(pattern: str) -> None:
+    """Refuse repeat counts that RE2 reads as literal text: `{,n}` (Python: 0
+    to n) and counts with a leading zero (`{01}`)."""
+    for found in _COUNT.finditer(_outside_classes(pattern)):
+        low, comma, high = found.groups()
+        written = found.group()
+        if not low and comma and high:
+            raise UnsupportedPattern(
+                f"`{written}`, which RE2 reads as literal text",
+                f"write `{{0{written[1:]}` for up to that many",
+            )
+        if any(len(n) > 1 and n.startswith("0") for n in (low, high or "")):
+            fixed = "{" + str(int(low or 0)) + (comma or "") + (str(int(high)) if high else "") + "}"
+            raise UnsupportedPattern(
+                f"`{written}`: a count with a leading zero, which RE2 reads as literal text",
+                f"write `{fixed}`",
+            )
+
+
+def _for_re2(pattern: str) -> str:
+    """`pattern` as RE2 must read it to mean what it means to Python with
+    `re.ASCII`: `\\s` (and `\\S`) also take the vertical tab, as Python's do."""
+    if "\\s" not in pattern and "\\S" not in pattern:
+        return pattern
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            pair = pattern[i : i + 2]
+            if pair in ("\\s", "\\S"):
+                name = "[:space:]" if pair == "\\s" else "[:^space:]"
+                out.append(name if in_class else f"[{name}]")
+            else:
+                out.append(pair)
+            i += 2
+            continue
+        if char == "[" and not in_class:
+            in_class = True
+            out.append(char)
+            i += 1
+            for lead in ("^", "]"):  # `[^]...]`, `[]...]`: a leading `]` is a character
+                if pattern.startswith(lead, i):
+                    out.append(lead)
+                    i += 1
+            continue
+        if char == "]" and in_class:
+            in_class = False
+        out.append(char)
+        i += 1
+    return "".join(out)
 
 
 def _re2_error(err: Exception) -> UnsupportedPattern:
@@ -198,10 +248,10 @@ def _too_large(detail: str) -> UnsupportedPattern:
     )
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=16384)
 def compiled(pattern: str) -> Any:
     """RE2's compiled `pattern` (checked before), matching `str` or UTF-8 `bytes`."""
-    return re2.compile(pattern.encode("utf-8", "surrogatepass"), _options())
+    return re2.compile(_for_re2(pattern).encode("utf-8", "surrogatepass"), _options())
 
 
 def searcher(pattern: str) -> Search:

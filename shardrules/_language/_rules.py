@@ -182,9 +182,12 @@ class ResolvedEntry:
 @dataclasses.dataclass(frozen=True)
 class ResolvedSpec:
     """A spec with aliases resolved; `kind` as in `Spec`. A `"logical"` spec has
-    no entries here: they come from each leaf's metadata when it is compiled."""
+    no entries here: they come from each leaf's metadata when it is compiled.
+    An `"unresolved"` spec stands in, only in `shardrules lint`'s partial load,
+    for a rule whose spec has an error: it keeps the rule's place in match
+    order, and the leaves it takes are not planned."""
 
-    kind: Literal["entries", "replicated", "auto", "logical"]
+    kind: Literal["entries", "replicated", "auto", "logical", "unresolved"]
     entries: tuple[ResolvedEntry, ...] = ()
     auto_axes: tuple[str, ...] = ()
     min_bytes: int = 0

@@ -17,8 +17,9 @@ from .._errors import error_for
 from .._interop._torchax import to_jax
 from .._language._parse import byte_size
 from .._language._rules import RuleSet
-from .._planning import _check, _mesh
+from .._planning import _check, _inputs, _mesh
 from .._planning._api import RulesLike, as_rules
+from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
 from .._planning._compile import compile_leaves
 from .._planning._plan import LeafPlan, Plan
 from . import _multihost
@@ -35,6 +36,7 @@ def apply(
     device_memory: int | str | None = None,
     process_local: bool = False,
     verify: str | bool = "sample",
+    replicated_tolerance: float = DEFAULT_REPLICATED_TOLERANCE,
 ) -> Any:
     """Lay a pytree out on the mesh as the rules say.
 
@@ -70,6 +72,15 @@ def apply(
       waits at most `SHARDRULES_JOIN_TIMEOUT` seconds (environment variable,
       read at each call; default 60) for the others to join it. See
       docs/multihost.md.
+    - `replicated_tolerance`: the share of the plan's bytes (0 to 1) that may
+      be fully replicated, every device holding them whole, before a
+      `ShardRulesWarning` (SR116) says so; default 0.25. A group whose rules
+      shard nothing (pure data parallelism) is replicated on purpose and never
+      warned about.
+
+    After placing, a `ShardRulesWarning` (a `UserWarning`: Python's warning
+    filters control it) also names each rule of the group that matches no leaf
+    of the tree (SR201): a pattern written for other paths.
 
     **Returns:** a pytree like `tree` whose arrays are sharded `jax.Array`s.
 
@@ -106,6 +117,7 @@ def apply(
         placed = place(
             prepared.plan, prepared.leaves, resolved, ruleset, make=_multihost.from_host(process_local)
         )
+        _check.warn_about(prepared.plan, replicated_tolerance)
         return restore(placed) if restore is not None else placed
     check_mode(verify)
     ruleset = as_rules(rules)
@@ -115,12 +127,13 @@ def apply(
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     the_plan.raise_for_errors()
     budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
-    problems = _check.placement_diagnostics(the_plan, leaves, resolved)
+    problems = _inputs.placement_diagnostics(the_plan, leaves, resolved)
     if budget is not None:
         problems += _check.memory_diagnostics(the_plan, budget)
     if problems:
         raise error_for(problems, ruleset.sources)
     result = place(the_plan, leaves, resolved, ruleset)
+    _check.warn_about(the_plan, replicated_tolerance)
     return restore(result) if restore is not None else result
 
 

@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._errors import Diagnostic, ShardRulesError, error_for
 from .._language._rules import RuleSet
-from .._planning import _check, _mesh
+from .._planning import _check, _inputs, _mesh
 from .._planning._compile import compile_leaves
 from .._planning._plan import LeafPlan, Plan
 from . import _agree, _exchange, _fingerprint
@@ -205,7 +205,7 @@ def prepare(
     if budget is None:  # the limit the devices of this process report (others' cannot be asked)
         budget = _mesh.memory_limit(mesh.local_mesh)
     if not problems:
-        problems += _check.placement_diagnostics(the_plan, leaves, mesh)
+        problems += _inputs.placement_diagnostics(the_plan, leaves, mesh)
         if budget is not None:
             problems += _check.memory_diagnostics(the_plan, budget)
     rows: list[np.ndarray] | None = None

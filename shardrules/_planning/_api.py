@@ -13,13 +13,14 @@ from typing import Any
 import jax
 
 from .._errors import Diagnostic, ordered
+from .._errors import group as group_findings
 from .._interop._paths import flatten
 from .._interop._torchax import to_jax
 from .._language._load import load
 from .._language._parse import byte_size
 from .._language._rules import RuleSet
-from . import _check, _mesh
-from ._check import DEFAULT_REPLICATED_THRESHOLD
+from . import _check, _inputs, _mesh
+from ._check import DEFAULT_REPLICATED_THRESHOLD, DEFAULT_REPLICATED_TOLERANCE
 from ._compile import compile_plan
 from ._mesh import MeshLike
 from ._plan import Plan
@@ -47,6 +48,7 @@ def plan(
     group: str = "params",
     device_memory: int | str | None = None,
     replicated_threshold: int | str = DEFAULT_REPLICATED_THRESHOLD,
+    replicated_tolerance: float = DEFAULT_REPLICATED_TOLERANCE,
 ) -> Plan:
     """Compile the rules for a tree, reporting problems instead of raising them.
 
@@ -64,6 +66,9 @@ def plan(
       `"80GiB"`); a plan over it gets an SR110 error.
     - `replicated_threshold`: fully replicated arrays at least this large get
       an SR204 warning (default 64 MiB).
+    - `replicated_tolerance`: the share of the plan's bytes (0 to 1) that may
+      be fully replicated; over it, an SR116 error (default 0.25). A group
+      whose rules shard nothing (pure data parallelism) is never reported.
 
     **Returns:** a `Plan`: per leaf its path, shape, dtype, rule, spec and bytes
     per device, and `plan.diagnostics`: the errors (SR1xx) and the warnings
@@ -80,6 +85,9 @@ def plan(
     tree = to_jax(tree)[0]
     compiled = compile_plan(tree, ruleset, _mesh.resolve(mesh, ruleset, concrete=False, what="plan"), group)
     extra = _check.all_warnings(compiled, byte_size(replicated_threshold))
+    extra = (
+        _check.tolerance_diagnostics(compiled, replicated_tolerance, byte_size(replicated_threshold)) + extra
+    )
     if device_memory is not None:
         extra = _check.memory_diagnostics(compiled, byte_size(device_memory)) + extra
     return dataclasses.replace(compiled, diagnostics=(*compiled.diagnostics, *extra))
@@ -93,6 +101,7 @@ def check(
     group: str = "params",
     device_memory: int | str | None = None,
     replicated_threshold: int | str = DEFAULT_REPLICATED_THRESHOLD,
+    replicated_tolerance: float = DEFAULT_REPLICATED_TOLERANCE,
 ) -> list[Diagnostic]:
     """Every finding about laying `tree` out with these rules, as a list.
 
@@ -105,11 +114,14 @@ def check(
     - `tree`: the pytree to check.
     - `rules`: a `RuleSet`, the path of a rule file, or a `Plan` already made
       for `tree` (its mesh and group are used).
-    - `mesh`, `group`, `device_memory`, `replicated_threshold`: as for
-      `shardrules.plan`.
+    - `mesh`, `group`, `device_memory`, `replicated_threshold`,
+      `replicated_tolerance`: as for `shardrules.plan`.
 
     **Returns:** a list of `Diagnostic`s in the order `shardrules lint` prints them (errors,
-    then warnings; each by file, line and column); empty when all is well.
+    then warnings; each by file, line and column), one per cause: a rule that is
+    wrong the same way for 160 leaves is one finding naming the first, with
+    every leaf in its `paths` and `count` 160 (`plan(...).diagnostics` has one
+    per leaf); empty when all is well.
 
     ```python
     for d in shardrules.check(params, rules, mesh, device_memory="80GiB"):
@@ -130,6 +142,7 @@ def check(
             group=group,
             device_memory=device_memory,
             replicated_threshold=replicated_threshold,
+            replicated_tolerance=replicated_tolerance,
         )
         found = list(the_plan.diagnostics)
     keyed, _ = flatten(tree)
@@ -137,8 +150,8 @@ def check(
         raise TypeError(f"the plan has {len(the_plan.leaves)} leaves but the tree has {len(keyed)}")
     if isinstance(the_plan.mesh, jax.sharding.Mesh):
         leaves = [leaf for _, leaf in keyed]
-        found += _check.placement_diagnostics(the_plan, leaves, the_plan.mesh, abstract_ok=True)
-    return ordered(dict.fromkeys(found))  # as `shardrules lint` prints them
+        found += _inputs.placement_diagnostics(the_plan, leaves, the_plan.mesh, abstract_ok=True)
+    return group_findings(ordered(dict.fromkeys(found)))  # as `shardrules lint` prints them
 
 
 def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: str = "params") -> Any:

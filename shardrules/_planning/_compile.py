@@ -26,8 +26,6 @@ from ._mesh import MeshLike, sizes_of
 from ._plan import LeafPlans, Plan, Why
 from ._spec import LeafError, leaf_spec, shard_bytes
 
-_MAX_LISTED = 500
-
 
 def compile_plan(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -> Plan:
     """Compile `rules[group]` for `tree` on `mesh` (sizes only are used; `None`
@@ -207,7 +205,11 @@ def _plan_one(
     except LeafError as err:
         if (err.code, err.message, err.span) not in reported:  # e.g. SR108: once per rule
             reported.add((err.code, err.message, err.span))
-            diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, info.path, err.hint))
+            diagnostics.append(
+                Diagnostic(
+                    err.code, "error", err.message, err.span, info.path, err.hint, ((path, shape),), err.cause
+                )
+            )
         return None, 0, "error"
     return spec, shard_bytes(info, spec, sizes), "default" if rule.is_default else "rule"
 
@@ -221,7 +223,13 @@ def _check_rules(
 ) -> set[int]:
     """Rule-level checks that need no leaf; returns the ids of broken rules."""
     broken: set[int] = set()
+    # Axes of the file's `mesh` line that this mesh lacks: one finding about the
+    # two meshes, not one per rule naming them (the rules are right; the mesh is not).
+    lacking = _mesh_mismatch(group_rules, rules, sizes, out)
     for rule in group_rules:
+        if rule.spec.kind == "unresolved":  # lint's partial load: its error is reported already
+            broken.add(id(rule))
+            continue
         axes = rule.spec.axes
         twice = sorted({a for a in axes if axes.count(a) > 1})
         if twice:
@@ -242,12 +250,14 @@ def _check_rules(
             for g in entry.groups:
                 for axis in g.axes:
                     if axis not in sizes:
-                        out.append(_unknown_axis(axis, g.span or rule.spec.span, g.written, sizes))
+                        if axis not in lacking:
+                            out.append(_unknown_axis(axis, g.span or rule.spec.span, g.written, sizes))
                         broken.add(id(rule))
         if rule.spec.kind == "auto":
             for axis in rule.spec.auto_axes:
                 if axis not in sizes:
-                    out.append(_unknown_axis(axis, rule.spec.span, axis, sizes))
+                    if axis not in lacking:
+                        out.append(_unknown_axis(axis, rule.spec.span, axis, sizes))
                     broken.add(id(rule))
     for name in rules.aliases:
         if sizes is not None and name in sizes:
@@ -264,6 +274,40 @@ def _check_rules(
     return broken
 
 
+def _mesh_mismatch(
+    group_rules: list[Rule], rules: RuleSet, sizes: dict[str, int] | None, out: list[Diagnostic]
+) -> set[str]:
+    """SR101 once, at the file's `mesh` line, when the mesh lacks axes that line
+    declares and the rules use; returns those axes (the rules naming them are
+    then not reported one by one)."""
+    if sizes is None or rules.mesh is None:
+        return set()
+    used = {axis for rule in group_rules for axis in rule.spec.axes}
+    lacking = [axis for axis in rules.mesh.names if axis not in sizes and axis in used]
+    if not lacking:  # what the rules use is all there
+        return set()
+    given = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    extra = [axis for axis in sizes if axis not in rules.mesh.names]
+    meant = {m: a for a in extra for m in lacking if did_you_mean(a, [m])}  # model → modle
+    renames = [f"`{a}` for `{m}`" for m, a in meant.items()]
+    names = ", ".join(f"`{a}`" for a in lacking)
+    fixed = ",".join(f"{a}={sizes.get(a, sizes.get(meant.get(a, ''), 'SIZE'))}" for a in rules.mesh.names)
+    hint = (
+        f"the file's axes are right and the mesh is not: {'; '.join(renames)}? " if renames else ""
+    ) + f"give the mesh the file's axes (in lint: --mesh {fixed}; in Python: a mesh with these axis names)"
+    out.append(
+        Diagnostic(
+            "SR101",
+            "error",
+            f"the mesh ({given}) lacks {names} of the file's `mesh` line ({', '.join(rules.mesh.names)}); "
+            "the rules that use it are not checked",
+            rules.mesh.span,
+            hint=hint,
+        )
+    )
+    return set(lacking)
+
+
 def _unknown_axis(axis: str, span: Span | None, written: str, sizes: dict[str, int]) -> Diagnostic:
     via = f" (through alias `{written}`)" if written and written != axis else ""
     mesh = ", ".join(f"{k}={v}" for k, v in sizes.items())
@@ -274,22 +318,18 @@ def _unknown_axis(axis: str, span: Span | None, written: str, sizes: dict[str, i
 
 
 def _unmatched(leaves: list[LeafInfo], rules: RuleSet, group: str) -> Diagnostic:
-    listed = leaves[:_MAX_LISTED]
-    names = [leaf.path or "(a lone array: no path)" for leaf in listed]
-    width = max(len(n) for n in names)
-    shape_width = max(len(str(leaf.shape)) for leaf in listed)
-    shown = [
-        f"    {n.ljust(width)}  {str(leaf.shape).ljust(shape_width)}  {leaf.dtype}"
-        for n, leaf in zip(names, listed, strict=True)
-    ]
-    if len(leaves) > _MAX_LISTED:
-        shown.append(f"    ... and {len(leaves) - _MAX_LISTED} more")
-    noun = "array leaf matches" if len(leaves) == 1 else "array leaves match"
+    """SR105: one finding for every unmatched leaf, naming the first; the
+    others are in its `paths` (rendered as `(and N more leaves like it: ...)`)."""
+    first = leaves[0]
+    name = f"`{first.path}`" if first.path else "a lone array (no path)"
+    cause = f"matches no rule in group `{group}` of {rules.name}"
     return Diagnostic(
         "SR105",
         "error",
-        f"{len(leaves)} {noun} no rule in group `{group}` of {rules.name}:\n" + "\n".join(shown),
+        f"array leaf {name} (shape {first.shape}, {first.dtype}) {cause}",
         dict(rules.group_span_items).get(group),
-        leaves[0].path,
+        first.path,
         f"add rules for these paths, or a fallback such as `default -> replicated` under `rules {group}:`",
+        tuple((leaf.path, leaf.shape) for leaf in leaves),
+        cause,
     )

@@ -23,8 +23,6 @@ try:  # the runtime's NumPy → XLA type conversion, without a backend
 except ImportError:  # pragma: no cover - a jaxlib without it: JAX's own list decides alone
     _XlaShape = None
 
-_MAX_LISTED = 20
-
 
 @functools.lru_cache(maxsize=256)
 def jax_holds(dtype: np.dtype) -> bool:
@@ -32,6 +30,10 @@ def jax_holds(dtype: np.dtype) -> bool:
     before moving a NumPy array (the dtype is one of JAX's, and the runtime
     can convert it), for any JAX configuration (`float64` is held, as
     `float32` without `jax_enable_x64`)."""
+    if (
+        dtype == jax.dtypes.float0
+    ):  # the gradient of an integer (`allow_int=True`): device_put passes it through
+        return True
     try:
         jax.typeof(np.zeros((), dtype))  # JAX's own list of dtypes
     except (TypeError, ValueError):
@@ -91,23 +93,14 @@ def _why_and_fix(dtype: np.dtype) -> tuple[str, str]:
 
 
 def unholdable(leaves: list[LeafInfo], span: Span | None) -> Diagnostic:
-    """SR115 for array leaves of one dtype (that one rule matched, written at `span`)."""
+    """SR115 for array leaves of one dtype (that one rule matched, written at
+    `span`): one finding naming the first, every leaf in its `paths`."""
     dtype = leaves[0].dtype
     assert dtype is not None
     why, fix = _why_and_fix(dtype)
     first = leaves[0]
     name = first.path or "(a lone array: no path)"
-    if len(leaves) == 1:
-        message = f"`{name}` (shape {first.shape}, dtype {dtype}) has a dtype JAX cannot hold: {why}"
-    else:
-        listed = leaves[:_MAX_LISTED]
-        names = [leaf.path or "(a lone array: no path)" for leaf in listed]
-        width = max(len(n) for n in names)
-        shown = [f"    {n.ljust(width)}  {leaf.shape}" for n, leaf in zip(names, listed, strict=True)]
-        if len(leaves) > _MAX_LISTED:
-            shown.append(f"    ... and {len(leaves) - _MAX_LISTED} more")
-        message = (
-            f"{len(leaves)} array leaves have dtype {dtype}, which JAX cannot hold ({why}):\n"
-            + "\n".join(shown)
-        )
-    return Diagnostic("SR115", "error", message, span, first.path, fix)
+    cause = f"has a dtype JAX cannot hold ({dtype}): {why}"
+    message = f"`{name}` (shape {first.shape}, dtype {dtype}) has a dtype JAX cannot hold: {why}"
+    paths = tuple((leaf.path, leaf.shape) for leaf in leaves)
+    return Diagnostic("SR115", "error", message, span, first.path, fix, paths, cause)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -41,9 +40,6 @@ class MeshAxisNames(tuple):
     """Names that are mesh axes already (linen's `nn.with_partitioning`): each
     stands for the mesh axis of that name (SR101 if the mesh has none), where a
     logical name that is not an alias must be an axis of the known mesh."""
-
-
-_MAX_LISTED = 20
 
 
 def box_names(box: Any) -> Names | None:
@@ -144,7 +140,18 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
                 memo[key] = spec, missing, shard_bytes(info, spec, sizes)
             except LeafError as err:
                 memo[key] = None
-                diagnostics.append(Diagnostic(err.code, "error", err.message, err.span, lp.path, err.hint))
+                diagnostics.append(
+                    Diagnostic(
+                        err.code,
+                        "error",
+                        err.message,
+                        err.span,
+                        lp.path,
+                        err.hint,
+                        ((lp.path, lp.shape),),
+                        err.cause,
+                    )
+                )
         if memo[key] is None:
             leaves[i] = dataclasses.replace(lp, spec=None, bytes_per_device=0, why="error")
             continue
@@ -179,6 +186,7 @@ def _leaf_spec(
             span,
             "give the parameter one logical name per dimension where the model creates it, "
             "or add an earlier rule that matches this path",
+            f"{len(info.shape)} dimensions but logical axis names {shown}",
         )
     mesh_axes = set(sizes) if sizes is not None else set(rules.mesh.names) if rules.mesh else None
     entries: list[ResolvedEntry] = []
@@ -206,6 +214,7 @@ def _leaf_spec(
                         f"is not in the mesh ({mesh})",
                         span,
                         f"point `alias {name}` at axes of this mesh",
+                        f"mesh axis `{axis}` (from {via}) is not in the mesh ({mesh})",
                     )
                 if axis in used:
                     raise LeafError(
@@ -215,6 +224,7 @@ def _leaf_spec(
                         span,
                         "a mesh axis can shard only one dimension of an array; "
                         "point one of these aliases at another axis",
+                        f"mesh axis `{axis}` used twice by {shown} (`{used[axis]}`, `{name}`)",
                     )
                 used[axis] = name
             if axes:
@@ -238,33 +248,22 @@ def _show(name: Any) -> str:
     return str(name) if isinstance(name, str) else "_"
 
 
-def _listing(found: Sequence[LeafPlan]) -> str:
-    listed = list(found[:_MAX_LISTED])
-    width = max(len(lp.path) for lp in listed)
-    lines = [f"    {lp.path.ljust(width)}  {lp.shape}" for lp in listed]
-    if len(found) > _MAX_LISTED:
-        lines.append(f"    ... and {len(found) - _MAX_LISTED} more")
-    return "\n".join(lines)
-
-
 def _nameless(found: list[LeafPlan]) -> Diagnostic:
+    """SR113 for the leaves one `logical` rule matched that carry no names: one
+    finding naming the first, every leaf in its `paths`."""
     first = found[0]
     assert first.rule is not None
-    what = (
-        f"`{first.path}` (shape {first.shape}) has" if len(found) == 1 else f"{len(found)} array leaves have"
-    )
-    message = f"{what} no logical axis names for `logical` to use"
-    if len(found) > 1:
-        message += ":\n" + _listing(found)
     return Diagnostic(
         "SR113",
         "error",
-        message,
+        f"`{first.path}` (shape {first.shape}) has no logical axis names for `logical` to use",
         first.rule.spec.span,
         first.path,
         "name the dimensions where the model creates the parameter "
         '(linen: `nn.with_logical_partitioning(init, ("embed", "mlp"))`; NNX: `out_sharding` metadata), '
         f'or add a rule above this one for these paths, e.g. `"{first.path}$" -> replicated`',
+        tuple((lp.path, lp.shape) for lp in found),
+        "no logical axis names",
     )
 
 

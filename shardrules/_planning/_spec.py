@@ -24,8 +24,12 @@ SpecEntry = Any  # None | str | tuple[str, ...]
 
 
 class LeafError(Exception):
-    def __init__(self, code: str, message: str, span: Span | None, hint: str = ""):
+    """A problem with one leaf. `cause`: the message without the leaf (its path
+    and shape), the same for every leaf with this problem (default: `message`)."""
+
+    def __init__(self, code: str, message: str, span: Span | None, hint: str = "", cause: str = ""):
         self.code, self.message, self.span, self.hint = code, message, span, hint
+        self.cause = cause or message
 
 
 def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: RuleSet) -> PartitionSpec:
@@ -41,6 +45,7 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
             f"`{info.path}` (shape {shape}) has no logical axis names for `logical` to use",
             spec.span,
             "add a rule above this one for this path",
+            "no logical axis names",
         )
     if spec.needs_sizes and sizes is None:
         raise LeafError(
@@ -64,6 +69,7 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
             spec.span,
             "write one entry per dimension, start the spec with `...` to leave leading dimensions "
             "unsharded, or add an earlier rule that matches this path",
+            f"{len(written)} entries for {len(shape)} dimensions",
         )
     if has_ellipsis:
         at = next(i for i, e in enumerate(entries) if e.kind == "ellipsis")
@@ -126,6 +132,7 @@ def _not_divisible(
         span,
         f"{options}write `{written}?` to leave the dimension unsharded where it does not divide, "
         f"or pad it to a multiple of {by}",
+        f"dimension {index} of size {dim} does not divide by {by} ({product})",
     )
 
 

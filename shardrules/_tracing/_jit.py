@@ -12,8 +12,9 @@ import jax
 from jax.sharding import Mesh
 
 from .._language._rules import RuleSet
-from .._planning import _mesh
+from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules, shardings
+from .._planning._compile import compile_plan
 from ._constrain import auto_constrain
 
 Groups = str | None | Sequence["Groups"]
@@ -141,6 +142,11 @@ class RuleJit:
             self.body, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=self.donate
         )
         self._compiled[key] = found
+        for arg, group in zip(args, self.in_groups or (), strict=False):  # once per signature
+            leaves = jax.tree.leaves(arg)
+            if isinstance(group, str) and not (len(leaves) == 1 and leaves[0] is arg):
+                # a rule matching nothing (SR201), a mostly replicated plan (SR116): ShardRulesWarning
+                _check.warn_about(compile_plan(arg, self.rules, mesh, group), stacklevel=4)
         return found
 
     def _names(self, n: int) -> list[str]:
