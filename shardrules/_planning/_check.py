@@ -25,7 +25,7 @@ from .._language._load import iter_rules
 from .._language._rules import Rule
 from . import _mesh
 from ._match import by_key, search_all
-from ._plan import LeafPlan, Plan, format_bytes, plural
+from ._plan import LeafPlan, LeafPlans, Plan, format_bytes, plural
 
 DEFAULT_REPLICATED_THRESHOLD = 64 * 2**20
 """Arrays at least this large (bytes) draw SR204 when fully replicated."""
@@ -111,12 +111,21 @@ def replicated_share(plan: Plan) -> tuple[float, int, int]:
     if plan.mesh is None or math.prod(_mesh.sizes_of(plan.mesh).values()) <= 1:
         return 0.0, 0, 0
     total = replicated = 0
-    for leaf in plan.leaves:
-        if leaf.spec is None or not leaf.shape:
+    leaves = plan.leaves
+    kinds = (
+        leaves.kind_counts()
+        if isinstance(leaves, LeafPlans)
+        else [((leaf.shape, leaf.dtype, leaf.rule, leaf.spec, 0, leaf.why), 1) for leaf in leaves]
+    )
+    for (shape, dtype, _rule, spec, _per_device, why), count in kinds:
+        if spec is None or not shape:
             continue
-        total += leaf.nbytes
-        if leaf.why != "size-1" and all(entry is None for entry in leaf.spec):
-            replicated += leaf.nbytes
+        if dtype is None:
+            continue
+        nbytes = math.prod(shape) * dtype.itemsize * count
+        total += nbytes
+        if why != "size-1" and all(entry is None for entry in spec):
+            replicated += nbytes
     return (replicated / total if total else 0.0), replicated, total
 
 

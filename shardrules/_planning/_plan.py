@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -101,6 +102,12 @@ class LeafPlans(Sequence[LeafPlan]):
                 )
             self._made = made
         return made
+
+    def kind_counts(self) -> list[tuple[tuple[Any, ...], int]]:
+        """Each kind of leaf `(shape, dtype, rule, spec, bytes_per_device, why)`
+        with how many leaves are of it, without making the `LeafPlan`s."""
+        counts = collections.Counter(self._kinds)
+        return [(self._parts[kind], n) for kind, n in counts.items()]
 
     def specs(self) -> list[PartitionSpec | None]:
         """Every leaf's spec, without making the `LeafPlan`s."""
