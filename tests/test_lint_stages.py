@@ -249,3 +249,29 @@ def test_jit_warns_once_per_signature(mesh42):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         step(params)  # compiled already: no second warning
+
+
+def test_no_unused_axis_noise_from_a_broken_rule_or_a_misspelt_mesh(tmp_path):
+    path = tmp_path / "model.shard"
+    path.write_text('mesh data, model\nrules params:\n  "w" -> (None, model)\n')
+    result = _lint.lint_file(str(path), None, {"data": 1, "model": 8})
+    assert [d.code for d in result.diagnostics if d.severity != "note"] == ["SR010"]  # no SR205 for `model`
+    path.write_text('mesh fsdp, model\nrules params:\n  "w" -> (fsdp, model)\n')
+    result = _lint.lint_file(str(path), None, {"fsdp": 4, "modle": 8})
+    assert [d.code for d in result.diagnostics] == ["SR101"]  # not also SR205 for `modle`
+
+
+def test_lint_command_line_details(tmp_path, capsys, monkeypatch):
+    from shardrules._cli import main
+
+    (tmp_path / "pyproject.toml").write_text('[tool.shardrules]\nmesh = "fsdp=4"\n')
+    (tmp_path / "m.shard").write_text('mesh fsdp\nrules params:\n  "w" -> (fsdp)\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["lint"]) == 0  # no RULES: the current folder, as `shardrules lint .`
+    assert "(1 file)" in capsys.readouterr().out
+    assert main(["lint", "--statistics", "--format", "github"]) == 2
+    assert "not GitHub annotations" in capsys.readouterr().err
+    (tmp_path / "m.shard").write_text('mesh fsdp\nrules params:\n  "w" -> (fsdp)\n  "gone" -> (fsdp)\n')
+    (tmp_path / "shapes.json").write_text('{"w": [[8], "float32"]}')
+    assert main(["lint", "--shapes", "shapes.json", "--strict"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("--strict: warnings fail the run.")

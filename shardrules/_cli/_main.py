@@ -62,10 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     lint.add_argument(
         "rules",
-        nargs="+",
+        nargs="*",
         metavar="RULES",
         help="rule files (.shard), or folders to search for top-level *.shard files "
-        "(a file that another rule file includes is checked through it)",
+        "(a file that another rule file includes is checked through it); default: the current folder",
     )
     _plan_options(lint)
     lint.add_argument(
@@ -281,6 +281,7 @@ def _lint_one(path: str, args: argparse.Namespace, inputs: _Inputs) -> _lint.Res
 
 
 def _lint_command(args: argparse.Namespace) -> int:
+    args.rules = args.rules or ["."]  # as ruff: the project in the current folder
     config = _config.for_paths(args.rules)
     _config.apply(args, config)  # flags win; what they leave out comes from [tool.shardrules]
     lint_included = bool(config is not None and config.values.get("lint-included", False))
@@ -289,6 +290,8 @@ def _lint_command(args: argparse.Namespace) -> int:
     )
     if not files and not args.force_exclude:
         raise _lint.UsageError(f"no rule files (*.shard) in {', '.join(args.rules)}")
+    if args.statistics and args.format == "github":
+        raise _lint.UsageError("--statistics prints a table (text) or a list (json), not GitHub annotations")
     inputs = _inputs(args)  # shapes are read once for all the files
     results = [_lint_one(path, args, inputs) for path in files]
     if args.statistics and args.format == "json":
@@ -302,6 +305,8 @@ def _lint_command(args: argparse.Namespace) -> int:
     else:
         _render.write_text(results, sys.stdout, all_leaves=args.all_leaves)
     warned = args.strict and any(d.severity == "warning" for r in results for d in r.diagnostics)
+    if warned and not any(r.errors for r in results) and args.format == "text":
+        print("--strict: warnings fail the run.")
     return EXIT_FINDINGS if any(r.errors for r in results) or warned else EXIT_OK
 
 

@@ -55,7 +55,7 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
                 Diagnostic(
                     "SR201",
                     "warning",
-                    f"rule `{rule.pattern}` matches no leaf of this tree ({plural(len(arrays), 'array')})",
+                    f"rule `{rule.pattern}` matches no leaf of this tree (none of its {plural(len(arrays), 'array')})",
                     rule.pattern_span or rule.span,
                     hint="check the pattern against the paths `shardrules explain` lists"
                     f"{example}; or delete the rule",
@@ -164,7 +164,8 @@ def tolerance_diagnostics(
             None,
             "check that the sharding rules match these paths (lint's SR201 lists rules that match "
             "nothing; paths may be dotted, `model.layers.0`, rather than slashed); or allow it with "
-            "--replicated-tolerance (replicated_tolerance=), e.g. 1.0 for data parallelism",
+            "--replicated-tolerance (`replicated-tolerance` in [tool.shardrules]; `replicated_tolerance=` "
+            "in Python), e.g. 1.0 for data parallelism",
         )
     ]
 
@@ -206,7 +207,8 @@ def replication_warnings(plan: Plan, threshold: int = DEFAULT_REPLICATED_THRESHO
                     leaf.path,
                     f"shard one of its dimensions, e.g. with a rule `-> auto({biggest})`; this warning "
                     f"is for replicated arrays of {format_bytes(threshold)} or more "
-                    "(set with --replicated-threshold, or replicated_threshold=)",
+                    "(set with --replicated-threshold, `replicated-threshold` in [tool.shardrules], or "
+                    "`replicated_threshold=` in Python)",
                 )
             )
     return out
@@ -221,8 +223,12 @@ def unused_axis_warnings(plan: Plan) -> list[Diagnostic]:
         axes = {name: 0 for name in rules.mesh.names}
     else:
         return []
-    used = {a for group in rules.group_names for rule in iter_rules(rules, group) for a in rule.spec.axes}
+    used = {a for group in rules.group_names for rule in iter_rules(rules, group) for a in _names_used(rule)}
     spans = {a.name: a.span for a in rules.mesh.axes} if rules.mesh is not None else {}
+    if rules.mesh is not None and any(a not in axes for a in rules.mesh.names if a in used):
+        # The mesh lacks axes the file uses (SR101 says so, once): its extra axes are
+        # the misspelt ones, not unused ones.
+        axes = {name: size for name, size in axes.items() if name in rules.mesh.names}
     return [
         Diagnostic(
             "SR205",
@@ -235,6 +241,15 @@ def unused_axis_warnings(plan: Plan) -> list[Diagnostic]:
         for name, size in axes.items()
         if size != 1 and name not in used
     ]
+
+
+def _names_used(rule: Rule) -> tuple[str, ...]:
+    """The mesh axes a rule uses; for a rule lint could not resolve (an error in
+    its spec), every name written in it, so that its axes do not look unused."""
+    if rule.spec.kind != "unresolved" or rule.written is None:
+        return rule.spec.axes
+    refs = [*rule.written.entries, *([rule.written.auto_axes] if rule.written.auto_axes else [])]
+    return tuple(r.name for entry in refs for r in entry.axes)
 
 
 def memory_diagnostics(plan: Plan, budget: int) -> list[Diagnostic]:
