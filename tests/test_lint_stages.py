@@ -275,3 +275,10 @@ def test_lint_command_line_details(tmp_path, capsys, monkeypatch):
     (tmp_path / "shapes.json").write_text('{"w": [[8], "float32"]}')
     assert main(["lint", "--shapes", "shapes.json", "--strict"]) == 1
     assert capsys.readouterr().out.rstrip().endswith("--strict: warnings fail the run.")
+
+
+def test_a_division_hint_offers_no_axis_the_spec_already_uses():
+    rules = sr.loads('mesh fsdp, model\nalias embed = fsdp\nrules params:\n  "w" -> (embed, model)\n')
+    (err,) = sr.plan({"w": S(8192, 1024)}, rules, {"fsdp": 32, "model": 6}).errors
+    assert err.code == "SR104" and "`fsdp`" not in err.hint.split(";")[0], err.hint
+    assert "write `model?`" in err.hint

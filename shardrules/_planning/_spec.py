@@ -75,13 +75,19 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
         at = next(i for i, e in enumerate(entries) if e.kind == "ellipsis")
         filler = [ResolvedEntry("unsharded")] * (len(shape) - len(written))
         entries = entries[:at] + filler + entries[at + 1 :]
+    taken = spec.axes  # an axis another entry uses is no way out of a division that fails
     return PartitionSpec(
-        *(_dim(e, dim, d, info, sizes) for d, (e, dim) in enumerate(zip(entries, shape, strict=True)))
+        *(_dim(e, dim, d, info, sizes, taken) for d, (e, dim) in enumerate(zip(entries, shape, strict=True)))
     )
 
 
 def _dim(
-    entry: ResolvedEntry, dim: int, index: int, info: LeafInfo, sizes: dict[str, int] | None
+    entry: ResolvedEntry,
+    dim: int,
+    index: int,
+    info: LeafInfo,
+    sizes: dict[str, int] | None,
+    taken: tuple[str, ...] = (),
 ) -> SpecEntry:
     if entry.kind != "axes":
         return None
@@ -104,6 +110,7 @@ def _dim(
                 info,
                 [*kept, *group.axes],
                 sizes,
+                [a for a in taken if a not in entry.axes],
             )
     if not kept:
         return None
@@ -118,9 +125,13 @@ def _not_divisible(
     info: LeafInfo,
     axes: list[str],
     sizes: dict[str, int],
+    elsewhere: list[str] | None = None,
 ) -> LeafError:
     by = math.prod(sizes[a] for a in axes)
-    dividing = [f"`{a}`={s}" for a, s in sizes.items() if s > 1 and dim % s == 0]
+    # Axes other entries of the spec use are not offered: one axis shards one dimension.
+    dividing = [
+        f"`{a}`={s}" for a, s in sizes.items() if s > 1 and dim % s == 0 and a not in (elsewhere or ())
+    ]
     options = f"{dim} divides by {', '.join(dividing)}; " if dividing else ""
     product = " × ".join(f"`{a}`={sizes[a]}" for a in axes)
     if written not in axes and not written.startswith("("):  # an alias: say what it stands for
