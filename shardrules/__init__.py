@@ -29,11 +29,13 @@ from ._language._rules import RuleSet as RuleSet
 from ._placement._apply import apply as apply
 from ._placement._checkpoint import load_checkpoint as load_checkpoint
 from ._placement._orbax import load_orbax as load_orbax
+from ._placement._reshard import reshard as reshard
 from ._placement._sharded_init import init as init
 from ._planning._api import check as check
 from ._planning._api import plan as plan
 from ._planning._api import shardings as shardings
 from ._planning._api import specs as specs
+from ._planning._golden import assert_plan_matches as assert_plan_matches
 from ._planning._inputs import check_devices as check_devices
 from ._planning._plan import LeafPlan as LeafPlan
 from ._planning._plan import Plan as Plan
@@ -62,6 +64,7 @@ __all__ = [
     "Span",
     "TreeError",
     "apply",
+    "assert_plan_matches",
     "auto_constrain",
     "check",
     "check_devices",
@@ -75,6 +78,7 @@ __all__ = [
     "load_shapes",
     "loads",
     "plan",
+    "reshard",
     "shardings",
     "specs",
 ]

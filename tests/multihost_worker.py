@@ -252,6 +252,36 @@ def main() -> None:
         losses.append(float(loss))
     result["losses"] = losses
 
+    # Reshard the trained parameters onto another mesh over the same 8 devices
+    # (other shape, other axis names): JAX moves the pieces across processes.
+    rollout = sr.loads(
+        'mesh replica, tensor\nrules params:\n  "embed|kernel$" -> (replica, tensor)\n  "scale$" -> replicated\n'
+    )
+    rollout_mesh = jax.make_mesh((4, 2), ("replica", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    trained = jax.tree.map(jnp.copy, params)
+    moved = sr.reshard(trained, rollout, rollout_mesh, donate=True)
+    result["reshard_total"] = total(moved)
+    result["reshard_matches"] = bool(
+        jax.jit(
+            lambda a, b: jnp.all(
+                jnp.stack(
+                    [
+                        jnp.array_equal(x, y)
+                        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+                    ]
+                )
+            )
+        )(params, jax.device_put(moved, jax.tree.map(lambda x: x.sharding, params)))
+    )
+    result["reshard_spec"] = str(moved["attn"]["q"]["kernel"].sharding.spec)
+    result["reshard_donated"] = all(x.is_deleted() for x in jax.tree.leaves(trained))
+    if PROCESSES > 1:  # onto the devices of process 0 only: refused on both, before anything moves
+        mine = [d for d in jax.devices() if d.process_index == 0]
+        half = jax.make_mesh(
+            (2, 2), ("replica", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=mine
+        )
+        expect_error("reshard_other_devices", lambda: sr.reshard(params, rollout, half))
+
     # Sharded initialisation: each process computes only its own shards.
     def make(key):
         k1, k2 = jax.random.split(key)

@@ -169,6 +169,19 @@ def test_process_local_rows_over_two_axes(results):
 
 
 @pytest.mark.slow
+def test_reshard_across_processes(results):
+    (single,) = results["single"]
+    assert single["reshard_matches"] is True and single["reshard_donated"] is True
+    for r in results["multi"]:
+        # The global arrays moved onto a 4×2 (replica, tensor) mesh of the same devices, values exact.
+        assert r["reshard_spec"] == single["reshard_spec"] == "P('replica', 'tensor')"
+        assert r["reshard_matches"] is True and r["reshard_donated"] is True
+        assert r["reshard_total"] == pytest.approx(single["reshard_total"], rel=1e-6)
+        # A target over one process's devices only: JAX cannot move global arrays there (SR106 on both).
+        assert r["reshard_other_devices"]["code"] == "SR106"
+
+
+@pytest.mark.slow
 def test_sharded_init_matches_one_process(results):
     (single,) = results["single"]
     for r in results["multi"]:

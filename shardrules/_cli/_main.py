@@ -15,7 +15,7 @@ from .._errors import ShardRulesError
 from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._version import __version__
-from . import _config, _discover, _lint, _render
+from . import _config, _discover, _lint, _plans, _render
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -114,6 +114,30 @@ def _parser() -> argparse.ArgumentParser:
     _plan_options(explain)
     explain.add_argument("--path", metavar="REGEX", help="show only leaves whose path this regex matches")
     explain.set_defaults(run=_explain_command)
+
+    dump = commands.add_parser(
+        "dump",
+        help="write the plan as JSON, one leaf per line (for git, review and golden tests)",
+        description="Write the plan of a rule file for the shapes on the mesh as versioned JSON: "
+        "the mesh, the group, and every leaf's shape, dtype, spec, rule and bytes per device, sorted by path.",
+    )
+    dump.add_argument("rules", metavar="RULES", help="the rule file (.shard)")
+    _plans.add_options(dump)
+    dump.add_argument("-o", "--output", metavar="FILE", help="where to write it (default, or -: stdout)")
+    dump.set_defaults(run=_plans.run_dump)
+
+    diff = commands.add_parser(
+        "diff",
+        help="compare two plans (rule files or dumps); exit 1 if they differ",
+        description="Compare plan A with plan B, each a rule file (planned for --shapes on the mesh) "
+        "or a file written by `shardrules dump`: changed leaves by spec and rule, leaves only in one, "
+        "bytes to move and memory per device. Exit 0 when equal, 1 when different, 2 on error.",
+    )
+    diff.add_argument("a", metavar="A", help="a rule file (.shard) or a plan file (.json)")
+    diff.add_argument("b", metavar="B", help="a rule file (.shard) or a plan file (.json)")
+    _plans.add_options(diff, sides=True)
+    diff.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    diff.set_defaults(run=_plans.run_diff)
     return parser
 
 

@@ -36,6 +36,9 @@ class LeafPlan:
     - `bytes_per_device`: the largest shard's size in bytes.
     - `why`: `"rule"`, `"default"`, `"scalar"`, `"size-1"` (replicated without a
       rule), `"not an array"` (passed through), `"unmatched"` or `"error"`.
+    - `where`: for a plan read from a file (`Plan.from_json`), the rule's
+      location as the file gives it (`"model.shard:12"`; `rule` is then `None`);
+      otherwise `None`.
     """
 
     path: str
@@ -45,6 +48,7 @@ class LeafPlan:
     spec: PartitionSpec | None
     bytes_per_device: int
     why: Why
+    where: str | None = dataclasses.field(default=None, compare=False)
 
     @property
     def is_array(self) -> bool:
@@ -86,15 +90,17 @@ class LeafPlans(Sequence[LeafPlan]):
     def __init__(self, paths: list[str], kinds: list[int], parts: list[tuple[Any, ...]]):
         self._paths = paths
         self._kinds = kinds
-        self._parts = parts  # (shape, dtype, rule, spec, bytes_per_device, why)
+        self._parts = parts  # (shape, dtype, rule, spec, bytes_per_device, why[, where])
         self._made: tuple[LeafPlan, ...] | None = None
 
     def _all(self) -> tuple[LeafPlan, ...]:
         made = self._made
         if made is None:
             parts = self._parts
-            names: tuple[str, ...] = ("shape", "dtype", "rule", "spec", "bytes_per_device", "why")
-            fields: list[dict[str, Any]] = [dict(zip(names, part, strict=True)) for part in parts]
+            names: tuple[str, ...] = ("shape", "dtype", "rule", "spec", "bytes_per_device", "why", "where")
+            fields: list[dict[str, Any]] = [
+                dict(zip(names[: len(part)], part, strict=True)) for part in parts
+            ]
             with paused():  # every LeafPlan outlives the loop, and none is in a cycle
                 made = tuple(
                     _leaf_plan(path, fields[kind])
@@ -108,6 +114,10 @@ class LeafPlans(Sequence[LeafPlan]):
         with how many leaves are of it, without making the `LeafPlan`s."""
         counts = collections.Counter(self._kinds)
         return [(self._parts[kind], n) for kind, n in counts.items()]
+
+    def tables(self) -> tuple[list[str], list[int], list[tuple[Any, ...]]]:
+        """Every leaf's path, the index of its kind, and the kinds (not copied)."""
+        return self._paths, self._kinds, self._parts
 
     def specs(self) -> list[PartitionSpec | None]:
         """Every leaf's spec, without making the `LeafPlan`s."""
@@ -225,13 +235,43 @@ class Plan:
         """Bytes of all the arrays, counted once."""
         return sum(leaf.nbytes for leaf in self.leaves)
 
+    def to_json(self) -> str:
+        """The plan as versioned JSON, the text `shardrules dump` writes: one leaf
+        per line, sorted by path; the same plan always gives the same text.
+
+        **Raises:** the plan's error, if it has one (as `specs` does).
+        """
+        from ._dump import dumps, table_of
+
+        self.raise_for_errors()
+        return dumps(table_of(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """The plan a `to_json` text (or a `shardrules dump` file) holds.
+
+        **Arguments:**
+
+        - `text`: the file's text.
+
+        **Returns:** a `Plan` whose `to_json()` gives `text` back, leaves in path
+        order; each leaf's rule is its location (`LeafPlan.where`), `rules` is an
+        empty `RuleSet` named after the file, `mesh` an `AbstractMesh` (or a dict
+        of sizes when the file has no axis types), and `specs()` a dict by path.
+
+        **Raises:** `ValueError` for text that is not a plan file of this version.
+        """
+        from ._dump import loads, plan_of
+
+        return plan_of(loads(text))
+
     def table(self) -> str:
         """A plain-text table: path, shape, dtype, spec, rule, bytes per device."""
         rows = [("path", "shape", "dtype", "spec", "rule", "per device")]
         for leaf in self.leaves:
             if not leaf.is_array:
                 continue
-            rule = (
+            rule = leaf.where or (
                 _short(leaf.rule.span)
                 if leaf.rule is not None and leaf.rule.span is not None and leaf.why in ("rule", "default")
                 else leaf.why

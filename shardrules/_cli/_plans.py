@@ -1,0 +1,144 @@
+"""`shardrules dump` (a plan as JSON) and `shardrules diff` (two plans compared):
+the plans of rule files with no devices, as lint makes them, or read from dumps."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .._errors import ShardRulesError
+from .._language._load import load
+from .._planning._compile import compile_plan
+from .._planning._dump import PlanFormatError, Table, dumps, loads, table_of
+from .._planning._plan import Plan
+from .._planning._plandiff import compare
+from .._planning._shapes import ShapeSourceError, load_shapes
+from . import _config, _lint, _render
+
+EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
+
+
+class PlanFailed(Exception):
+    """The rules do not plan for the shapes; the findings are printed already."""
+
+
+def add_options(parser: argparse.ArgumentParser, *, sides: bool = False) -> None:
+    """The options that say what to plan for (each may also come from `[tool.shardrules]`)."""
+    parser.add_argument(
+        "--mesh",
+        metavar="AXIS=SIZE,...",
+        help="axis sizes, e.g. fsdp=32,model=8 (default: the sizes in the file's mesh line)",
+    )
+    if sides:
+        parser.add_argument(
+            "--mesh-a", metavar="AXIS=SIZE,...", help="axis sizes for A only (default: --mesh)"
+        )
+        parser.add_argument(
+            "--mesh-b", metavar="AXIS=SIZE,...", help="axis sizes for B only (default: --mesh)"
+        )
+    parser.add_argument(
+        "--shapes",
+        metavar="SOURCE",
+        help="module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
+        "or a .json file of {path: [shape, dtype]}; only headers are read",
+    )
+    parser.add_argument("--group", help="the rules group to plan (default: params)")
+
+
+def _mesh(value: Any, where: str) -> dict[str, int] | None:
+    if value is None or isinstance(value, dict):  # a dict: from the config, checked there
+        return value
+    return _lint.parse_mesh(value, where)
+
+
+def _shapes(args: argparse.Namespace) -> Any:
+    if not args.shapes:
+        raise _lint.UsageError("give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules]")
+    where = args.origins.get("shapes", "--shapes")
+    try:
+        return load_shapes(args.shapes)
+    except FileNotFoundError as err:
+        raise _lint.UsageError(f"{where}: {err.filename or args.shapes}: no such file") from None
+    except (ShapeSourceError, OSError) as err:
+        raise _lint.UsageError(f"{where}: {err}") from None
+
+
+def plan_file(path: str, tree: Any, mesh: dict[str, int] | None, group: str | None) -> Plan:
+    """The plan of one rule file, made as lint makes it; when the rules do not
+    plan, lint's findings are printed (stderr) and `PlanFailed` is raised."""
+    the_plan: Plan | None = None
+    try:
+        rules = load(path)
+        the_plan = compile_plan(tree, rules, _lint._sizes(rules, mesh), group or "params")
+    except ShardRulesError:
+        pass
+    if the_plan is not None and the_plan.ok:
+        return the_plan
+    result = _lint.lint_file(path, tree, mesh, group=group)  # every finding, as lint shows them
+    result.diagnostics = [d for d in result.diagnostics if d.severity == "error"]
+    sys.stdout.flush()
+    _render.write_text([result], sys.stderr)
+    raise PlanFailed
+
+
+def run_dump(args: argparse.Namespace) -> int:
+    _config.apply(args, _config.for_paths([args.rules]))
+    tree = _shapes(args)
+    mesh = _mesh(args.mesh, args.origins.get("mesh", "--mesh"))
+    try:
+        text = dumps(table_of(plan_file(args.rules, tree, mesh, args.group)))
+    except PlanFailed:
+        return EXIT_DIFFERENT
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        Path(args.output).write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise _lint.UsageError(f"{args.output}: cannot write: {err}") from None
+    return EXIT_OK
+
+
+def is_dump(path: str) -> bool:
+    """A plan file (`.json`) rather than a rule file."""
+    return path.endswith(".json")
+
+
+def read_dump(path: str) -> Table:
+    try:
+        return loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _lint.UsageError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, PlanFormatError) as err:
+        raise _lint.UsageError(f"{path}: {err}") from None
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    _config.apply(args, _config.for_paths([args.a, args.b]))
+    mesh = _mesh(args.mesh, args.origins.get("mesh", "--mesh"))
+    meshes = {
+        "a": _mesh(args.mesh_a, "--mesh-a") if args.mesh_a is not None else mesh,
+        "b": _mesh(args.mesh_b, "--mesh-b") if args.mesh_b is not None else mesh,
+    }
+    tree = None if is_dump(args.a) and is_dump(args.b) else _shapes(args)
+    tables = {}
+    for side in ("a", "b"):
+        path = getattr(args, side)
+        try:
+            tables[side] = (
+                read_dump(path)
+                if is_dump(path)
+                else table_of(plan_file(path, tree, meshes[side], args.group))
+            )
+        except PlanFailed:
+            return EXIT_ERROR
+    diff = compare(tables["a"], tables["b"])
+    if args.format == "json":
+        json.dump(diff.as_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(diff.text() + "\n")
+    return EXIT_OK if diff.equal else EXIT_DIFFERENT
