@@ -113,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("rules", metavar="RULES", help="the rule file (.shard)")
     _plan_options(explain)
     explain.add_argument("--path", metavar="REGEX", help="show only leaves whose path this regex matches")
+    explain.add_argument(
+        "--html", metavar="FILE", help="also write the plan as a self-contained HTML page to FILE"
+    )
     explain.set_defaults(run=_explain_command)
 
     dump = commands.add_parser(
@@ -349,6 +352,13 @@ def _explain_command(args: argparse.Namespace) -> int:
         header = _render.HOST_HEADER if args.hosts is not None else _render.HEADER
         _render.write_table(rows, sys.stdout, _render.use_rich(sys.stdout), header)
         sys.stdout.write("\n" + "\n".join(_render.totals(result.plan, hosts=args.hosts)) + "\n")
+        if args.html:
+            from .._planning._html import page
+
+            try:
+                Path(args.html).write_text(page(result.plan), encoding="utf-8")
+            except OSError as err:
+                raise _lint.UsageError(f"--html {args.html}: cannot write: {err}") from None
     if result.diagnostics:
         sys.stdout.flush()
         _render.write_text([result], sys.stderr)

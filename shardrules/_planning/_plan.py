@@ -302,6 +302,13 @@ class Plan:
     def __str__(self) -> str:
         return self.table()
 
+    def _repr_html_(self) -> str:
+        """The plan as HTML for notebooks: the page `shardrules explain --html`
+        writes, as a `<div>`."""
+        from ._html import fragment
+
+        return fragment(self)
+
 
 def _short(span: Span) -> str:
     """`file:line:col`, the file relative to the working directory when it is inside it."""
