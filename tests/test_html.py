@@ -75,6 +75,8 @@ def test_page_is_well_formed_and_has_the_numbers(plan: sr.Plan) -> None:
     assert "a/w" in shown and "a/b" in shown
     assert "m.shard:4:3" in shown  # the rule's location
     assert "fsdp=1 model=3" in shown  # a grid cell of a/w
+    assert "devices 7" in shown  # the device holding it, in mesh order
+    assert "devices 0,4" in shown  # a/b's first block, on model=0 of both fsdp rows
     assert "<script>" not in text and "&lt;script&gt;" in text
     assert not re.search(r"https?://", text)
 

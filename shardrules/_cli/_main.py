@@ -116,6 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--html", metavar="FILE", help="also write the plan as a self-contained HTML page to FILE"
     )
+    explain.add_argument(
+        "--pictures",
+        metavar="N",
+        type=_count,
+        default=3,
+        help="draw which devices hold which blocks of the N largest arrays shown (default 3; 0: none)",
+    )
     explain.set_defaults(run=_explain_command)
 
     dump = commands.add_parser(
@@ -189,6 +196,17 @@ def _shard_files(
     `_discover.shard_files`: hidden folders, installed packages, `--exclude`
     and `[tool.shardrules] exclude` are skipped)."""
     return _discover.shard_files(paths, exclude, force_exclude)
+
+
+def _count(text: str) -> int:
+    """A count of 0 or more, for argparse (which names the option on an error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
+    return value
 
 
 def _lines(text: str) -> list[str]:
@@ -352,6 +370,9 @@ def _explain_command(args: argparse.Namespace) -> int:
         header = _render.HOST_HEADER if args.hosts is not None else _render.HEADER
         _render.write_table(rows, sys.stdout, _render.use_rich(sys.stdout), header)
         sys.stdout.write("\n" + "\n".join(_render.totals(result.plan, hosts=args.hosts)) + "\n")
+        pictures = _render.pictures(result.plan, args.path, args.pictures)
+        if pictures:
+            sys.stdout.write("\n" + "\n".join(pictures) + "\n")
         if args.html:
             from .._planning._html import page
 

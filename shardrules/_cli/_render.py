@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from .._errors import EXAMPLES, Diagnostic, group
 from .._planning._hosts import host_bytes, leaf_host_bytes
+from .._planning._picture import text_picture
 from .._planning._plan import Plan, format_bytes, plural, spec_str
 from ._lint import Result
 
@@ -210,6 +211,32 @@ def totals(plan: Plan, top: int = 5, hosts: int | None = None) -> list[str]:
             f"  {leaf.path.ljust(width)}  {leaf.shape}  {leaf.dtype}  {format_bytes(leaf.nbytes)}"
             for leaf in replicated
         ]
+    return lines
+
+
+def pictures(plan: Plan, path_filter: str | None = None, top: int = 3) -> list[str]:
+    """Device grids of the `top` largest planned arrays among the leaves shown
+    (`path_filter`), under a line saying how to read them; `[]` when there
+    is nothing to draw."""
+    sizes = dict(plan.mesh) if isinstance(plan.mesh, Mapping) else {}
+    search = re.compile(path_filter).search if path_filter else None
+    shown = [
+        leaf
+        for leaf in plan.leaves
+        if leaf.is_array
+        and leaf.spec is not None
+        and leaf.shape
+        and (search is None or search(leaf.path) is not None)
+    ]
+    largest = sorted(shown, key=lambda leaf: -leaf.nbytes)[:top]
+    if not largest or not sizes:
+        return []
+    lines = [
+        f"which devices hold which blocks ({plural(len(largest), 'largest array')}; devices numbered in "
+        "mesh order; rows and columns split the last two dimensions):"
+    ]
+    for leaf in largest:
+        lines += text_picture(leaf, sizes)
     return lines
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._mesh import sizes_of
+from ._picture import device_text, grid_of
 
 if TYPE_CHECKING:
     from ._plan import LeafPlan, Plan
@@ -22,50 +23,29 @@ _CSS = """
 .sr-plan table.grid td{text-align:center;font-family:monospace;font-size:11px;background:#eef4ff}
 .sr-plan code{font-family:monospace}
 """
-_MAX_CELLS = 64  # a larger grid is described in words
-
-
-def _entry_axes(entry: Any) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
-def _axis_blocks(axes: tuple[str, ...], sizes: dict[str, int]) -> list[str]:
-    """The label of each block along one dimension: the mesh-axis indices
-    holding it (the first axis major), e.g. `model=1 fsdp=0`."""
-    labels = [""]
-    for axis in axes:
-        labels = [f"{lab} {axis}={i}".strip() for lab in labels for i in range(sizes.get(axis, 1))]
-    return labels
 
 
 def grid(leaf: LeafPlan, sizes: dict[str, int]) -> str:
     """A `<table>` of the blocks of the leaf's last two dimensions (one for a
-    1-D array), each cell naming the mesh-axis indices holding it, or a text
-    description when the grid would be too large or the leaf has no spec."""
-    spec, shape = leaf.spec, leaf.shape
-    if spec is None or not shape:
-        return "<p>not planned</p>" if spec is None else "<p>scalar: replicated</p>"
-    entries = list(spec) + [None] * (len(shape) - len(spec))
-    used = {a for e in entries for a in _entry_axes(e)}
-    copies = math.prod(n for a, n in sizes.items() if a not in used)
-    lead = [f"dim {i}: {'/'.join(_entry_axes(e)) or 'whole'}" for i, e in enumerate(entries[:-2])]
-    rows_axes = _entry_axes(entries[-2]) if len(shape) >= 2 else ()
-    cols_axes = _entry_axes(entries[-1])
-    rows, cols = _axis_blocks(rows_axes, sizes), _axis_blocks(cols_axes, sizes)
-    note = f"each block on {copies} device{'s' if copies != 1 else ''}" + (
-        f"; leading dims: {', '.join(lead)}" if lead else ""
-    )
-    if len(rows) * len(cols) > _MAX_CELLS:
-        return f"<p>{len(rows)}×{len(cols)} blocks; {escape(note)}</p>"
+    1-D array), each cell naming the mesh-axis indices holding it and the
+    devices (in mesh order) that do, or a text description when the grid would
+    be too large or the leaf has no spec."""
+    found = grid_of(leaf, sizes)
+    if found is None:
+        return "<p>not planned</p>" if leaf.spec is None else "<p>scalar: replicated</p>"
+    rows, cols = found.shape
+    if found.too_large:
+        return f"<p>{rows}×{cols} blocks; {escape(found.note())}</p>"
     body = "".join(
         "<tr>"
-        + "".join(f"<td>{escape(' '.join(filter(None, (r, c))) or 'all')}</td>" for c in cols)
+        + "".join(
+            f"<td>{escape(label)}<br>{escape('devices ' + device_text(devices))}</td>"
+            for label, devices in zip(label_row, device_row, strict=True)
+        )
         + "</tr>"
-        for r in rows
+        for label_row, device_row in zip(found.labels, found.devices, strict=True)
     )
-    return f'<table class="grid">{body}</table><p>{escape(note)}</p>'
+    return f'<table class="grid">{body}</table><p>{escape(found.note())}</p>'
 
 
 def _table(
