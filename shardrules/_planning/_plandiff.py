@@ -6,10 +6,10 @@ when a mesh axis its spec names (in either plan) has another size in the other
 plan's mesh: its shards are then cut differently. Changing the rule that
 decides a leaf (its `file:line`) without changing its layout is no change.
 
-Bytes to move: a changed leaf's new shard is counted in full on every device
-of the second plan's mesh, as if no byte of it were already there. That is an
-upper bound (a device that keeps part of its old shard receives less), exact
-when the shards before and after do not overlap.
+Bytes to move: what each device of the second plan's mesh must receive, the
+part of its new shard it does not hold under the first plan (see `_transfer`:
+devices are matched by their position in mesh order). A leaf whose shape or
+dtype changed, or whose old layout is unknown, is received in full.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ import heapq
 import math
 from typing import Any
 
+import numpy as np
+
 from ._dump import Entry, Kind, Table
 from ._plan import format_bytes, plural
+from ._transfer import to_receive
 
 EXAMPLES = 3  # paths shown per group of changed leaves
 
@@ -36,7 +39,7 @@ class Change:
     rule: str
     count: int
     paths: tuple[str, ...]  # the first few, sorted
-    bytes_per_device: int  # what each device of the new mesh receives for these leaves
+    bytes_per_device: int  # the most any device of the new mesh receives for these leaves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +168,19 @@ def _shape(kind: Kind) -> str:
     return "not an array" if kind[0] is None else f"{kind[0]} {kind[1]}"
 
 
+def _received(old: Kind, new: Kind, a: Table, b: Table, devices: int) -> np.ndarray:
+    """The bytes each device of `b`'s mesh receives for one leaf going from
+    layout `old` to `new`."""
+    shard = new[4]
+    if old[:2] != new[:2] or old[2] is None or new[2] is None or a.mesh is None or b.mesh is None:
+        return np.full(devices, shard, dtype=np.int64)  # nothing of it can be reused
+    sizes_a, sizes_b = a.sizes, b.sizes
+    if not (_axes(old[2]) <= sizes_a.keys() and _axes(new[2]) <= sizes_b.keys()):
+        return np.full(devices, shard, dtype=np.int64)
+    rank = len(new[0] or ())
+    return to_receive(shard, old[2], tuple(sizes_a.items()), new[2], tuple(sizes_b.items()), rank)
+
+
 def compare(a: Table, b: Table) -> PlanDiff:
     """The `PlanDiff` of plan `a` to plan `b`."""
     sizes_a, sizes_b = a.sizes, b.sizes
@@ -172,6 +188,7 @@ def compare(a: Table, b: Table) -> PlanDiff:
     resized = {n for n in sizes_a.keys() | sizes_b.keys() if sizes_a.get(n) != sizes_b.get(n)}
     kind_b = b.kind_of()
     verdict: dict[tuple[int, int], tuple[str, str, str] | None] = {}
+    counts: dict[tuple[int, int], int] = {}
     groups: dict[tuple[str, str, str], list[Any]] = {}
     unchanged = 0
     only_a: list[str] = []
@@ -191,20 +208,33 @@ def compare(a: Table, b: Table) -> PlanDiff:
         if key is None:
             unchanged += 1
             continue
+        counts[pair] = counts.get(pair, 0) + 1
         group = groups.get(key)
         if group is None:
-            group = groups[key] = [a.parts[ka][2], b.parts[kb][2], [], 0]
+            group = groups[key] = [a.parts[ka][2], b.parts[kb][2], [], np.zeros(devices_b, dtype=np.int64)]
         group[2].append(path)
-        group[3] += b.parts[kb][4]
+    for (ka, kb), count in counts.items():
+        key = verdict[ka, kb]
+        assert key is not None
+        groups[key][3] += count * _received(a.parts[ka], b.parts[kb], a, b, devices_b)
     kind_a = a.kind_of()
     only_b = [path for path in b.paths if path not in kind_a]
     changes = [
-        Change(old, new, spec_a, spec_b, rule, len(paths), tuple(heapq.nsmallest(EXAMPLES, paths)), moved)
+        Change(
+            old,
+            new,
+            spec_a,
+            spec_b,
+            rule,
+            len(paths),
+            tuple(heapq.nsmallest(EXAMPLES, paths)),
+            int(moved.max()),
+        )
         for (old, new, rule), (spec_a, spec_b, paths, moved) in groups.items()
     ]
     changes.sort(key=lambda c: (-c.count, c.old, c.new, c.rule))
-    per_device = sum(c.bytes_per_device for c in changes)
+    received = sum((g[3] for g in groups.values()), np.zeros(devices_b, dtype=np.int64))
     return PlanDiff(
         a, b, tuple(changes), unchanged, tuple(sorted(only_a)), tuple(sorted(only_b)),
-        per_device, per_device * devices_b,
+        int(received.max()), int(received.sum()),
     )  # fmt: skip
