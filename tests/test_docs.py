@@ -112,6 +112,7 @@ PAGES = {
     ),
     "cli.md": Page("cli.md", min_checks=17, text_is_output=False),
     "api.md": Page("api.md", min_checks=42),
+    "explicit-axes.md": Page("explicit-axes.md", min_checks=2),
 }
 
 

@@ -17,22 +17,29 @@ from .._interop._paths import flatten, path_str
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._compile import compile_flat
+from ._explicit import Decision, is_explicit, untyped
 from ._scopes import Constrainer, interpret
+
+
+def _resolved(mesh: Mesh | None, rules: Any, what: str) -> Mesh | AbstractMesh:
+    """`mesh`, else JAX's ambient mesh, else the rule file's `mesh` line."""
+    resolved = mesh if mesh is not None else _mesh.ambient_mesh()
+    if resolved is None:
+        resolved = _mesh.resolve(None, rules, concrete=True, what=what)
+    if not isinstance(resolved, (Mesh, AbstractMesh)):
+        raise TypeError(f"{what} needs a jax.sharding.Mesh, not {type(resolved).__name__}")
+    return resolved
 
 
 def _target(
     mesh: Mesh | None, rules: Any, what: str
 ) -> tuple[dict[str, int], Callable[[PartitionSpec], Any]]:
     """Axis sizes, and how to turn a spec into what `with_sharding_constraint` takes."""
-    resolved = mesh if mesh is not None else _mesh.ambient_mesh()
-    if resolved is None:
-        resolved = _mesh.resolve(None, rules, concrete=True, what=what)
+    resolved = _resolved(mesh, rules, what)
     if isinstance(resolved, Mesh):
         concrete = resolved
         return _mesh.sizes_of(concrete), lambda spec: NamedSharding(concrete, spec)
-    if isinstance(resolved, AbstractMesh):  # inside `jax.set_mesh`: a bare spec uses it
-        return _mesh.sizes_of(resolved), lambda spec: spec
-    raise TypeError(f"{what} needs a jax.sharding.Mesh, not {type(resolved).__name__}")
+    return _mesh.sizes_of(resolved), lambda spec: spec  # inside `jax.set_mesh`: a bare spec uses it
 
 
 def constrain(
@@ -106,7 +113,12 @@ def _is_dynamic(leaf: Any) -> bool:
 
 
 def auto_constrain(
-    fn: Callable[..., Any], rules: RulesLike, mesh: Mesh | None = None, *, group: str = "activations"
+    fn: Callable[..., Any],
+    rules: RulesLike,
+    mesh: Mesh | None = None,
+    *,
+    group: str = "activations",
+    strict: bool = False,
 ) -> Callable[..., Any]:
     """Wrap `fn` so that the output of every named scope matching a rule is constrained.
 
@@ -127,18 +139,41 @@ def auto_constrain(
     - `rules`, `mesh`: as for `shardrules.constrain`.
     - `group`: the rules group matched against scope paths.
 
+    - `strict`: on a mesh with `Explicit` axes, make a result layout that JAX
+      cannot decide and no rule gives an error (SR117) instead of inferring it.
+
+    On a mesh with `Explicit` axes (`jax.make_mesh`'s default), the rules also
+    settle what JAX leaves ambiguous: a contraction inside a matched scope
+    gets the rule's spec as its `out_sharding`, and a layout no rule gives is
+    inferred (see [Explicit and Auto axes](explicit-axes.md)).
+
     **Returns:** a function with `fn`'s signature. Wrap it in `jax.jit` (or use
     `shardrules.jit`); the constraints cost no retracing.
 
     **Raises:** when called, `PlanError` (SR103) naming the scope, its output's
-    shape and the rule's line if a matched output's rank does not fit the rule.
+    shape and the rule's line if a matched output's rank does not fit the rule;
+    `PlanError` (SR117) where JAX cannot lay a result out (see `strict`).
 
     ```python
     step = jax.jit(shardrules.auto_constrain(model.apply, rules))
     ```
     """
-    ruleset = as_rules(rules)
-    ruleset.group(group)
+    return constrained(fn, as_rules(rules), mesh, group, strict, None)
+
+
+def constrained(
+    fn: Callable[..., Any],
+    ruleset: Any,
+    mesh: Mesh | None,
+    group: str | None,
+    strict: bool,
+    decisions: list[Decision] | None,
+) -> Callable[..., Any]:
+    """`auto_constrain`'s wrapper (`group=None`: no rules, for explicit axes'
+    result layouts alone); on explicit axes, the layout decisions of each call
+    are appended to `decisions` when it is a list."""
+    if group is not None:
+        ruleset.group(group)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -154,10 +189,23 @@ def auto_constrain(
                 return fn(*a, **kw)
 
         values = [leaves[i] for i in dynamic]
-        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*values)
-        sizes, sharding = _target(mesh, ruleset, "auto_constrain")
-        constrainer = Constrainer(ruleset, group, sizes, sharding)
+        resolved = _resolved(mesh, ruleset, "auto_constrain")
+        sizes, sharding = _target(resolved if isinstance(resolved, Mesh) else None, ruleset, "auto_constrain")
+        explicit = is_explicit(resolved)
+        if explicit:  # traced without layouts: JAX cannot refuse what the rules will settle
+            with jax.sharding.use_abstract_mesh(AbstractMesh((), ())):
+                traced = [untyped(v) for v in values]
+                closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*traced)
+        else:
+            closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*values)
+        abstract = resolved.abstract_mesh if isinstance(resolved, Mesh) else resolved
+        constrainer = Constrainer(
+            ruleset, group, sizes, sharding, explicit=explicit, strict=strict,
+            abstract_mesh=abstract if explicit else None,
+        )  # fmt: skip
         results = interpret(constrainer, closed.jaxpr, closed.consts, values)
+        if decisions is not None:
+            decisions.extend(constrainer.decisions)
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), results)
 
     return wrapped

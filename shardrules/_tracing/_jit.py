@@ -3,6 +3,7 @@ taken from a rule file."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -15,7 +16,8 @@ from .._language._rules import RuleSet
 from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules, shardings
 from .._planning._compile import compile_plan
-from ._constrain import auto_constrain
+from ._constrain import constrained
+from ._explicit import Decision, is_explicit, untyped
 
 Groups = str | None | Sequence["Groups"]
 
@@ -49,6 +51,7 @@ def jit(
     out_groups: Groups = None,
     donate: Sequence[int] = (),
     activations: str | None = "activations",
+    strict: bool = False,
 ) -> RuleJit:
     """`jax.jit` whose shardings come from the rules.
 
@@ -74,6 +77,16 @@ def jit(
       parameters and optimizer state of a train step).
     - `activations`: the group used for activation constraints, or `None` for
       none. A file without that group gets none.
+    - `strict`: on a mesh with `Explicit` axes, a result layout that JAX
+      cannot decide and no activation rule gives is an error (SR117) rather
+      than inferred.
+
+    Meshes with `Explicit` axes (`jax.make_mesh`'s default) and `Auto` ones
+    both work. On explicit axes the activation rules also give the result
+    layouts of the contractions in the scopes they match, and what JAX leaves
+    ambiguous elsewhere is inferred (`decisions` lists every choice); the
+    function is traced inside `jax.set_mesh(mesh)`. See
+    [Explicit and Auto axes](explicit-axes.md).
 
     **Returns:** the compiled function; call it like `fn`.
 
@@ -83,7 +96,7 @@ def jit(
     params, opt_state, loss = step(params, opt_state, batch)
     ```
     """
-    return RuleJit(fn, as_rules(rules), mesh, in_groups, out_groups, tuple(donate), activations)
+    return RuleJit(fn, as_rules(rules), mesh, in_groups, out_groups, tuple(donate), activations, strict)
 
 
 def _signature(args: tuple[Any, ...]) -> Any:
@@ -106,14 +119,52 @@ class RuleJit:
         out_groups: Groups,
         donate: tuple[int, ...],
         activations: str | None,
+        strict: bool = False,
     ):
         self.fn, self.rules, self.mesh = fn, rules, mesh
         self.in_groups, self.out_groups, self.donate = in_groups, out_groups, donate
-        self.body = fn
-        if activations is not None and activations in rules.group_names:
-            self.body = auto_constrain(fn, rules, mesh, group=activations)
+        self.activations = (
+            activations if activations is not None and activations in rules.group_names else None
+        )
+        self.strict = strict
         self._compiled: dict[Any, Any] = {}
         functools.update_wrapper(self, fn)
+
+    def _mesh(self) -> Mesh:
+        mesh = (
+            self.mesh if self.mesh is not None else _mesh.resolve(None, self.rules, concrete=True, what="jit")
+        )
+        assert isinstance(mesh, Mesh)
+        return mesh
+
+    def _body(self, mesh: Mesh, decisions: list[Decision] | None = None) -> Callable[..., Any]:
+        """`fn` with its activation constraints (and, on explicit axes, its
+        result layouts) from the rules."""
+        if is_explicit(mesh):
+            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, decisions)
+        if self.activations is not None:
+            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, None)
+        return self.fn
+
+    def _context(self, mesh: Mesh) -> contextlib.AbstractContextManager[Any]:
+        """`jax.set_mesh(mesh)` for explicit axes, unless it is JAX's mesh already."""
+        if is_explicit(mesh) and _mesh.ambient_mesh() != mesh:
+            return jax.set_mesh(mesh)
+        return contextlib.nullcontext()
+
+    def decisions(self, *args: Any) -> list[Decision]:
+        """On a mesh with `Explicit` axes, how the layout of each contraction,
+        and of each result JAX could not lay out alone, is chosen for
+        arguments like `args` (traced, not run): a list of `Decision`s with the
+        scope, the operation, its operands' shapes and specs, the result's
+        spec, and `by` ("rule" with the rule's location, "jax", "inferred" or
+        "auto_axes"). Empty on a mesh with `Auto` axes."""
+        mesh = self._mesh()
+        found: list[Decision] = []
+        if is_explicit(mesh):
+            with self._context(mesh):
+                jax.make_jaxpr(self._body(mesh, found))(*args)
+        return found
 
     def jitted(self, *args: Any) -> Any:
         """The `jax.jit`-wrapped function for arguments shaped like `args`."""
@@ -121,10 +172,7 @@ class RuleJit:
         found = self._compiled.get(key)
         if found is not None:
             return found
-        mesh = (
-            self.mesh if self.mesh is not None else _mesh.resolve(None, self.rules, concrete=True, what="jit")
-        )
-        assert isinstance(mesh, Mesh)
+        mesh = self._mesh()
         in_shardings = None
         if self.in_groups is not None:
             if len(self.in_groups) != len(args):
@@ -136,10 +184,14 @@ class RuleJit:
             )
         out_shardings = None
         if self.out_groups is not None:
-            out_shape = jax.eval_shape(self.fn, *args)
+            with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):  # shapes only
+                out_shape = jax.eval_shape(self.fn, *jax.tree.map(untyped, args))
             out_shardings = _shardings_for(out_shape, self.out_groups, self.rules, mesh, "out_groups")
         found = jax.jit(
-            self.body, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=self.donate
+            self._body(mesh),
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
+            donate_argnums=self.donate,
         )
         self._compiled[key] = found
         for arg, group in zip(args, self.in_groups or (), strict=False):  # once per signature
@@ -159,8 +211,12 @@ class RuleJit:
         return (names + [""] * n)[:n]
 
     def __call__(self, *args: Any) -> Any:
-        return self.jitted(*args)(*args)
+        jitted = self.jitted(*args)
+        with self._context(self._mesh()):
+            return jitted(*args)
 
     def lower(self, *args: Any) -> Any:
         """`jax.jit(...).lower(*args)` for the function calls with these shapes use."""
-        return self.jitted(*args).lower(*args)
+        jitted = self.jitted(*args)
+        with self._context(self._mesh()):
+            return jitted.lower(*args)

@@ -10,10 +10,15 @@ finds those outputs, matches each scope's path against the `activations` rules,
 and evaluates the jaxpr again with a `with_sharding_constraint` right after each
 matched output is produced. Nested `jit` calls are inlined; the bodies of
 `scan`, `while`, `cond` and `remat` are rewritten in place.
+
+On a mesh with `Explicit` axes the trace is made without layouts and evaluated
+with them (see `_explicit`): the rules also give the contractions' result
+layouts, and sub-computations are traced again with their operands' layouts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
@@ -31,6 +36,7 @@ from .._language._rules import RuleSet
 from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
+from . import _explicit, _layouts
 
 _INLINED = {"jit", "pjit", "closed_call", "core_call"}
 _OPAQUE = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
@@ -54,19 +60,40 @@ class Constrainer:
     """Matches scope outputs to rules and makes their shardings."""
 
     rules: RuleSet
-    group: str
+    group: str | None  # None: no rules (explicit axes still need result layouts)
     sizes: dict[str, int]
     sharding: Callable[[jax.sharding.PartitionSpec], Any]
+    explicit: bool = False  # the mesh has Explicit axes: also decide result layouts (`_explicit`)
+    strict: bool = False  # explicit: a layout JAX cannot decide and no rule gives is an error
+    abstract_mesh: Any = None  # explicit: the mesh each equation is evaluated under
     inserted: list[tuple[str, tuple[int, ...], Any]] = dataclasses.field(default_factory=list)
+    decisions: list[_explicit.Decision] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.rules.group(self.group)
-        self._rules = list(iter_rules(self.rules, self.group))
+        if self.group is not None:
+            self.rules.group(self.group)
+        self._rules = list(iter_rules(self.rules, self.group)) if self.group is not None else []
         self._matcher = Matcher(self._rules)
-        self._default = self.rules.defaults.get(self.group)
+        self._default = self.rules.defaults.get(self.group) if self.group is not None else None
 
     def rule_for(self, path: str) -> Any:
         return self._matcher.first(path) or self._default
+
+    def scope_rule(self, path: str, shape: tuple[int, ...], dtype: Any) -> tuple[Any, Any] | None:
+        """`(spec, rule)` from the rule of the innermost scope containing `path`
+        whose pattern matches it and whose spec fits `shape`; the default rule
+        is not used (it would lay out every operation alike)."""
+        if not shape:
+            return None
+        for scope in _prefixes(path, ""):
+            rule = self._matcher.first(scope)
+            if rule is None:
+                continue
+            try:
+                return leaf_spec(rule, LeafInfo(scope, shape, np.dtype(dtype)), self.sizes, self.rules), rule
+            except LeafError:
+                continue
+        return None
 
     def constrain(self, path: str, value: Any) -> Any:
         rule = self.rule_for(path)
@@ -163,13 +190,21 @@ def interpret(
         path = _join(base, scope_path(eqn)) or ""
         name = eqn.primitive.name
         name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-        with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(
+                source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack)
+            )
+            stack.enter_context(eqn.ctx.manager)
+            if c.abstract_mesh is not None:  # the trace had no mesh; the explicit types need it
+                stack.enter_context(jax.sharding.use_abstract_mesh(c.abstract_mesh))
             if name in _INLINED:
                 inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
                 if isinstance(inner, jcore.ClosedJaxpr):
                     results = interpret(c, inner.jaxpr, inner.consts, invals, path)
                 else:
                     results = interpret(c, inner, (), invals, path)
+            elif c.explicit:
+                results = _layouts.evaluate(c, eqn, invals, path, interpret)
             else:
                 params = eqn.params if name in _OPAQUE else _rewrite_params(c, eqn.params, path)
                 results = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))

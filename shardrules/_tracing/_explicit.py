@@ -1,0 +1,173 @@
+"""Explicit mesh axes: evaluate a traced function so that the rule file settles
+what JAX leaves ambiguous.
+
+On a mesh whose axes are `Explicit` (what `jax.make_mesh` makes since JAX
+0.8), an array's layout is part of its type and every operation must know the
+layout of its result. JAX refuses a contraction over a sharded dimension
+without an `out_sharding`, and a few other operations whose result layout it
+cannot infer. `auto_constrain` and `shardrules.jit` trace the function once
+without layouts, then evaluate the trace with the explicit layouts; for each
+operation:
+
+1. a contraction (`dot_general`) inside a scope that an activation rule
+   matches (the innermost such scope whose rule fits the result's rank) gets
+   that rule's spec as its `out_sharding`;
+2. any other operation is first left to JAX; when JAX finds its result's
+   layout ambiguous, the layout is *inferred*: for a contraction, the
+   operands' layouts of the dimensions the result keeps (batch dimensions,
+   then the left operand's, then the right one's; an axis already used by an
+   earlier dimension is dropped); for another operation, the layout of its
+   first operand of the same shape, else replicated. An operation JAX still
+   refuses runs under `jax.sharding.auto_axes` with that layout. With
+   `strict=True`, the inference is an error (SR117) naming the operation's
+   scope, its operands' layouts and the rule line that would settle it.
+
+Every such decision is recorded as a `Decision`, which `RuleJit.decisions`
+lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax._src.core import ShapedArray, ShardingTypeError
+from jax._src.named_sharding import DuplicateSpecError
+from jax.sharding import NamedSharding, PartitionSpec
+
+# What JAX raises for a result layout it cannot decide: JAX 0.10 raises a bare
+# AssertionError (listing the operands' types) for an element-wise operation on
+# operands laid out differently; it is only caught around one primitive's bind.
+SHARDING_ERRORS = (ShardingTypeError, DuplicateSpecError, AssertionError)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """How the layout of one operation's result was chosen on an explicit mesh.
+
+    - `scope`: the scope path of the operation (`""` outside every scope).
+    - `primitive`: the JAX primitive, e.g. `"dot_general"`.
+    - `operands`: the operands' shapes and specs, as `(shape, spec)`.
+    - `shape`, `spec`: the result's shape and the spec it got.
+    - `by`: `"rule"` (an activation rule: see `rule`), `"inferred"` (JAX found
+      it ambiguous; see the module's docstring), or `"auto_axes"` (inferred,
+      and computed under `jax.sharding.auto_axes`).
+    - `rule`: the deciding rule's `FILE:LINE:COL`, for `by == "rule"`.
+    """
+
+    scope: str
+    primitive: str
+    operands: tuple[tuple[tuple[int, ...], PartitionSpec], ...]
+    shape: tuple[int, ...]
+    spec: PartitionSpec
+    by: str
+    rule: str | None = None
+
+
+def is_explicit(mesh: Any) -> bool:
+    """Whether any axis of `mesh` (a `Mesh` or `AbstractMesh`) is `Explicit`."""
+    return bool(getattr(mesh, "explicit_axes", ()))
+
+
+def spec_of(value: Any) -> PartitionSpec:
+    """The spec in the type of `value` (an array, a tracer or an abstract
+    value), padded to its rank."""
+    aval = value if isinstance(value, ShapedArray) else jax.typeof(value)
+    spec = tuple(getattr(getattr(aval, "sharding", None), "spec", ()) or ())
+    return PartitionSpec(*spec, *([None] * (len(aval.shape) - len(spec))))
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _deduplicated(entries: Sequence[Any]) -> PartitionSpec:
+    used: set[str] = set()
+    out = []
+    for entry in entries:
+        kept = tuple(a for a in _axes(entry) if a not in used)
+        used.update(kept)
+        out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return PartitionSpec(*out)
+
+
+def contraction_spec(lhs: Any, rhs: Any, dimension_numbers: Any) -> PartitionSpec:
+    """The inferred layout of a `dot_general`'s result (see the module's docstring)."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    ls, rs = spec_of(lhs), spec_of(rhs)
+    entries = [ls[i] for i in lb]
+    entries += [ls[i] for i in range(len(ls)) if i not in lc and i not in lb]
+    entries += [rs[i] for i in range(len(rs)) if i not in rc and i not in rb]
+    return _deduplicated(entries)
+
+
+def inferred_spec(primitive: str, invals: Sequence[Any], params: dict[str, Any], aval: Any) -> PartitionSpec:
+    """The inferred layout of one result `aval` of an operation."""
+    if primitive == "dot_general":
+        return contraction_spec(invals[0], invals[1], params["dimension_numbers"])
+    for value in invals:
+        if getattr(value, "shape", None) == aval.shape:
+            return spec_of(value)
+    return PartitionSpec(*([None] * len(aval.shape)))
+
+
+def typed_aval(value: Any, drop_leading: bool = False) -> jax.ShapeDtypeStruct:
+    """`value`'s shape, dtype and layout, for tracing a sub-computation
+    (`drop_leading`: one slice along the first dimension, as `scan` sees it)."""
+    aval = jax.typeof(value)
+    sharding = getattr(aval, "sharding", None)
+    shape = tuple(aval.shape)
+    weak = bool(getattr(aval, "weak_type", False))
+    if sharding is None or not isinstance(sharding, NamedSharding):
+        return jax.ShapeDtypeStruct(shape[1:] if drop_leading else shape, aval.dtype, weak_type=weak)
+    spec = tuple(spec_of(value))
+    if drop_leading:
+        shape, spec = shape[1:], spec[1:]
+    return jax.ShapeDtypeStruct(
+        shape, aval.dtype, sharding=NamedSharding(sharding.mesh, PartitionSpec(*spec)), weak_type=weak
+    )
+
+
+def untyped(value: Any) -> jax.ShapeDtypeStruct:
+    """`value`'s shape and dtype without a layout, to trace the function once."""
+    aval = jax.typeof(value)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=bool(getattr(aval, "weak_type", False)))
+
+
+def run_with_layout(
+    bind: Callable[..., Any], invals: Sequence[Any], specs: Sequence[PartitionSpec], multiple: bool
+) -> Any:
+    """`bind(*invals)` under `jax.sharding.auto_axes`, its results laid out as `specs`."""
+    out = specs if multiple else specs[0]
+    return jax.sharding.auto_axes(bind, out_sharding=out)(*invals)
+
+
+def match_types(values: Sequence[Any], like: Sequence[Any]) -> list[Any]:
+    """`values` resharded, where their layout differs, to the layouts of `like`
+    (arrays or abstract values): a loop's carry keeps its type from one
+    iteration to the next, and a `cond`'s branches give the same types."""
+    out = []
+    for value, target in zip(values, like, strict=True):
+        if hasattr(value, "shape") and hasattr(target, "shape") and len(value.shape) == len(target.shape):
+            spec = spec_of(target)
+            if spec_of(value) != spec:
+                value = jax.sharding.reshard(value, spec)
+        out.append(value)
+    return out
+
+
+def suggestion(scope: str, spec: PartitionSpec) -> str:
+    """The rule line that would settle an operation in `scope`."""
+    entries = ", ".join(
+        "_" if e is None else e if isinstance(e, str) else "(" + ", ".join(e) + ")" for e in spec
+    )
+    if not scope:
+        return (
+            "the operation is outside every named scope: wrap the code that makes it in "
+            f'`jax.named_scope(NAME)` and add `"NAME$" -> ({entries})` under `rules activations:`'
+        )
+    return f'add `"{scope}$" -> ({entries})` under `rules activations:` (or pass strict=False to infer it)'

@@ -1,0 +1,242 @@
+"""`sr.jit` and `sr.auto_constrain` on meshes with Explicit axes (what
+`jax.make_mesh` makes by default since JAX 0.8): unmodified model code trains,
+with the numbers of one device, the rules settle the contractions JAX finds
+ambiguous, and what JAX cannot decide is inferred, listed, or an error in our
+words (SR117)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.core import ShardingTypeError
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardrules as sr
+
+RULES = sr.loads(
+    r"""mesh data=4, model=2
+
+rules params:
+  "up$"   -> (_, model)   # column-parallel
+  "down$" -> (model, _)   # row-parallel: the contraction over `model` is ambiguous on Explicit axes
+  default -> replicated
+
+rules activations:
+  "block_\d+/up$" -> (data, model)
+
+rules inputs:
+  "x|y" -> (data, _)
+""",
+    name="tp.shard",
+)
+NO_ACTIVATIONS = sr.loads(
+    RULES.sources["tp.shard"].split("rules activations:")[0] + 'rules inputs:\n  "x|y" -> (data, _)\n',
+    name="plain.shard",
+)
+
+
+def explicit_mesh() -> jax.sharding.Mesh:
+    return jax.make_mesh((4, 2), ("data", "model"))
+
+
+def auto_mesh() -> jax.sharding.Mesh:
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def forward(params: dict, x: jax.Array, blocks: int = 2) -> jax.Array:
+    for i in range(blocks):
+        with jax.named_scope(f"block_{i}"):
+            with jax.named_scope("up"):
+                h = x @ params[f"b{i}"]["up"]
+            h = jax.nn.gelu(h)
+            with jax.named_scope("down"):
+                x = x + h @ params[f"b{i}"]["down"]
+    return x
+
+
+def loss_fn(params: dict, batch: dict) -> jax.Array:
+    return jnp.mean((forward(params, batch["x"]) - batch["y"]) ** 2)
+
+
+def sgd(params: dict, batch: dict) -> tuple[dict, jax.Array]:
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def data(seed: int = 0) -> tuple[dict, dict]:
+    rng = np.random.default_rng(seed)
+    params = {
+        f"b{i}": {
+            "up": (rng.standard_normal((16, 32)) * 0.2).astype(np.float32),
+            "down": (rng.standard_normal((32, 16)) * 0.2).astype(np.float32),
+        }
+        for i in range(2)
+    }
+    batch = {k: rng.standard_normal((32, 16)).astype(np.float32) for k in ("x", "y")}
+    return params, batch
+
+
+def one_device(steps: int = 3) -> list[float]:
+    params, batch = data()
+    step = jax.jit(sgd)
+    losses = []
+    for _ in range(steps):
+        params, loss = step(params, batch)
+        losses.append(float(loss))
+    return losses
+
+
+def test_plain_jit_fails_on_explicit_axes() -> None:
+    """The problem: JAX itself refuses the row-parallel contraction."""
+    mesh = explicit_mesh()
+    params, batch = data()
+    params, batch = sr.apply(params, RULES, mesh), sr.apply(batch, RULES, mesh, group="inputs")
+    with jax.set_mesh(mesh), pytest.raises(ShardingTypeError):
+        jax.jit(sgd)(params, batch)
+
+
+@pytest.mark.parametrize("rules", [RULES, NO_ACTIVATIONS], ids=["with-activations", "without"])
+@pytest.mark.parametrize("make_mesh", [explicit_mesh, auto_mesh], ids=["explicit", "auto"])
+def test_sr_jit_trains_with_the_numbers_of_one_device(rules: sr.RuleSet, make_mesh) -> None:
+    mesh = make_mesh()
+    params, batch = data()
+    params, batch = sr.apply(params, rules, mesh), sr.apply(batch, rules, mesh, group="inputs")
+    step = sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    losses = []
+    for _ in range(3):  # each step's outputs feed the next unchanged
+        params, loss = step(params, batch)
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, one_device(), rtol=2e-5)
+    up = params["b0"]["up"]
+    assert up.sharding.spec == P(None, "model") and up.sharding.mesh == mesh
+    assert jax.typeof(up).sharding.spec == (P(None, "model") if make_mesh is explicit_mesh else P(None, None))
+
+
+def test_the_rule_gives_the_contraction_its_layout() -> None:
+    mesh = explicit_mesh()
+    params, batch = data()
+    params, batch = sr.apply(params, RULES, mesh), sr.apply(batch, RULES, mesh, group="inputs")
+    step = sr.jit(sgd, RULES, mesh, in_groups=("params", "inputs"))
+    decisions = step.decisions(params, batch)
+    up = [d for d in decisions if d.scope == "block_0/up"]
+    assert [(d.by, d.spec, d.rule) for d in up] == [("rule", P("data", "model"), "tp.shard:9:3")]
+    assert up[0].operands == (((32, 16), P("data", None)), ((16, 32), P(None, "model")))
+    down = [d for d in decisions if d.scope == "block_0/down" and d.primitive == "dot_general"]
+    assert down and down[0].by == "inferred" and down[0].spec == P("data", None)
+    assert {d.by for d in decisions} <= {"rule", "jax", "inferred", "auto_axes"}
+    backward = [d for d in decisions if d.scope == "block_0/down (backward)" and d.primitive == "dot_general"]
+    assert backward, [d.scope for d in decisions]  # the gradient's contractions, named by their forward scope
+    assert sr.jit(sgd, RULES, auto_mesh(), in_groups=("params", "inputs")).decisions(params, batch) == []
+
+
+def test_strict_names_the_scope_the_operands_and_the_rule_to_add() -> None:
+    mesh = explicit_mesh()
+    params, batch = data()
+    params, batch = sr.apply(params, RULES, mesh), sr.apply(batch, RULES, mesh, group="inputs")
+    step = sr.jit(sgd, RULES, mesh, in_groups=("params", "inputs"), strict=True)
+    with pytest.raises(sr.PlanError) as info:
+        step(params, batch)
+    err = info.value
+    assert err.code == "SR117"
+    text = str(err)
+    assert "`dot_general` in scope `block_0/down`" in text
+    assert "(32, 32) P('data', 'model'), (32, 16) P('model', None)" in text
+    assert 'add `"block_0/down$" -> (data, _)` under `rules activations:`' in text
+    assert "Contracting dimensions are sharded" in text  # JAX's own words, as the cause
+
+
+def test_auto_constrain_under_plain_jit_needs_no_mesh_context() -> None:
+    mesh = explicit_mesh()
+    params, batch = data()
+    params, batch = sr.apply(params, RULES, mesh), sr.apply(batch, RULES, mesh, group="inputs")
+    step = jax.jit(sr.auto_constrain(sgd, RULES, mesh))
+    _, loss = step(params, batch)
+    np.testing.assert_allclose(float(loss), one_device(1)[0], rtol=2e-5)
+
+
+def test_scan_while_and_cond_bodies_are_laid_out() -> None:
+    """A loop over stacked layers: its carry keeps one layout from step to step."""
+    mesh = explicit_mesh()
+    rules = sr.loads(
+        'rules params:\n  "up$" -> (_, _, model)\n  "down$" -> (_, model, _)\nrules inputs:\n  "x" -> (data, _)\n'
+    )
+    rng = np.random.default_rng(1)
+    stacked = {
+        "up": (rng.standard_normal((3, 16, 32)) * 0.2).astype(np.float32),
+        "down": (rng.standard_normal((3, 32, 16)) * 0.2).astype(np.float32),
+    }
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+
+    def fn(p: dict, x: jax.Array) -> jax.Array:
+        def layer(h: jax.Array, w: dict) -> tuple[jax.Array, None]:
+            h = h + jax.nn.relu(h @ w["up"]) @ w["down"]
+            h = jax.lax.cond(h.sum() > 0, lambda v: v * 0.5, lambda v: v, h)
+            return h, None
+
+        h = jax.lax.scan(layer, x, p)[0]
+        first = {"up": p["up"][0], "down": p["down"][0]}  # a while loop over one layer
+        h = jax.lax.fori_loop(0, 2, lambda _, v: v + jnp.tanh(v @ first["up"]) @ first["down"], h)
+        return h.sum()
+
+    expected = float(jax.jit(fn)(stacked, x))
+    placed = sr.apply(stacked, rules, mesh)
+    got = sr.jit(fn, rules, mesh, in_groups=("params", None))(
+        placed, sr.apply({"x": x}, rules, mesh, group="inputs")["x"]
+    )
+    np.testing.assert_allclose(float(got), expected, rtol=2e-5)
+
+
+def test_flax_linen_dense_stack_with_tensor_parallel_kernels() -> None:
+    nn = pytest.importorskip("flax.linen")
+
+    class Mlp(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            h = nn.gelu(nn.Dense(32, name="up")(x))
+            return nn.Dense(16, name="down")(h)
+
+    rules = sr.loads(
+        r"""rules params:
+  "up/kernel$"   -> (_, model)
+  "up/bias$"     -> (model)
+  "down/kernel$" -> (model, _)
+  default        -> replicated
+rules activations:
+  "up$" -> (data, model)
+rules inputs:
+  "x" -> (data, _)
+"""
+    )
+    model = Mlp()
+    x = np.random.default_rng(2).standard_normal((32, 16)).astype(np.float32)
+    variables = model.init(jax.random.key(0), x)
+
+    def loss(v: dict, x: jax.Array) -> jax.Array:
+        return jnp.mean(model.apply(v, x) ** 2)
+
+    expected = jax.jit(jax.value_and_grad(loss))(variables, x)
+    mesh = explicit_mesh()
+    placed = sr.apply(variables, rules, mesh)
+    xs = sr.apply({"x": x}, rules, mesh, group="inputs")["x"]
+    got = sr.jit(jax.value_and_grad(loss), rules, mesh, in_groups=("params", None))(placed, xs)
+    np.testing.assert_allclose(float(got[0]), float(expected[0]), rtol=2e-5)
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(expected[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_a_step_with_a_replicated_mesh_keeps_explicit_types() -> None:
+    """Inputs and outputs carry NamedShardings of the explicit mesh."""
+    mesh = explicit_mesh()
+    params, batch = data()
+    params, batch = sr.apply(params, RULES, mesh), sr.apply(batch, RULES, mesh, group="inputs")
+    new, _ = sr.jit(sgd, RULES, mesh, in_groups=("params", "inputs"), out_groups=("params", None))(
+        params, batch
+    )
+    for leaf in jax.tree.leaves(new):
+        assert (
+            isinstance(leaf.sharding, NamedSharding)
+            and leaf.sharding.mesh.axis_types == (AxisType.Explicit,) * 2
+        )
