@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -180,3 +181,86 @@ def test_assert_plan_matches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert '-    {"path": "layers/0/kernel"' in message
     sr.assert_plan_matches(edited, golden, update=True)
     sr.assert_plan_matches(edited, golden)
+
+
+def test_dumps_that_no_plan_could_hold_are_refused() -> None:
+    """A hand edit gone wrong is an error naming the leaf, not a silent "no changes"."""
+    rules = sr.loads('rules params:\n  "w" -> (model, _)\n  default -> replicated\n')
+    good = sr.plan({"w": jnp.zeros((8, 4)), "b": jnp.zeros(4)}, rules, {"model": 2}).to_json()
+    assert sr.Plan.from_json(good.encode()).to_json() == good  # bytes are read as UTF-8
+    edits = {
+        '"spec": ["model", null]': ('"spec": ["modle", null]', "names 'modle', which the mesh (model) lacks"),
+        '"dtype": "float32", "spec": ["model"': (
+            '"dtype": "flaot32", "spec": ["model"',
+            "'flaot32' is not a dtype",
+        ),
+        '"shape": [8, 4]': ('"shape": [8, "4"]', "a shape is a list of whole numbers"),
+        '"bytes": 64}': ('"bytes": 99}', "99 bytes per device, but its shape, dtype and spec make 64"),
+    }
+    for old, (new, message) in edits.items():
+        assert old in good, old
+        with pytest.raises(ValueError, match=re.escape(message)) as info:
+            sr.Plan.from_json(good.replace(old, new))
+        assert "leaf 'w'" in str(info.value)
+    with pytest.raises(TypeError, match=re.escape("Plan.from_json(Path('plan.json').read_text())")):
+        sr.Plan.from_json(Path("plan.json"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="looks like a file name"):
+        sr.Plan.from_json("plan.json")
+
+
+def test_a_larger_mesh_moves_the_unchanged_leaves_to_its_new_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.shard").write_text(
+        'mesh fsdp=4, model=1\nrules params:\n  "w" -> (fsdp, _)\n  default -> replicated\n'
+    )
+    Path("s.json").write_text(json.dumps({"w": [[8, 4], "float32"], "n": [[4], "float32"]}))
+    status, out, err = _run(
+        capsys, "diff", "m.shard", "m.shard", "--shapes", "s.json", "--mesh-b", "fsdp=8", "--format", "json"
+    )
+    data = json.loads(out)
+    assert status == 1 and not err, err
+    # `--mesh-b fsdp=8` changes one axis of the file's mesh: model=1 stays
+    assert [a["size"] for a in data["b"]["mesh"]] == [8, 1]
+    # w: device i held rows 2i, 2i+1 and needs row i (16 bytes): only device 0 has it.
+    # n (16 bytes, replicated, unchanged): devices 4 to 7 are new and need it.
+    assert data["move"] == {"bytes_per_device": 32, "total_bytes": 7 * 16 + 4 * 16}
+    assert data["unchanged"] == 1
+
+
+def test_options_a_dump_cannot_use_are_named(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(capsys, "dump", "rules.shard", "--shapes", "shapes.json", "-o", "plan.json")[0] == 0
+    status, _, err = _run(
+        capsys, "diff", "plan.json", "plan.json", "--group", "nothere", "--mesh-a", "fsdp=2"
+    )
+    assert status == 0
+    assert "note: --mesh-a (A is a dump; it keeps its own mesh) is not used" in err
+    assert "note: --group (both sides are dumps) is not used" in err
+
+
+def test_diff_takes_the_settings_nearest_to_b(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The review recipe: A copied out of the project (from git), B the working copy."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "sharding").mkdir(parents=True)
+    elsewhere.mkdir()
+    (project / "pyproject.toml").write_text('[tool.shardrules]\nmesh = "fsdp=4,model=2"\nshapes = "shapes.json"\n')
+    (project / "shapes.json").write_text(json.dumps({"w": [[8, 4], "float32"]}))
+    (project / "sharding" / "m.shard").write_text('mesh fsdp, model\nrules params:\n  "w" -> (model, fsdp)\n')
+    (elsewhere / "m.shard").write_text('mesh fsdp, model\nrules params:\n  "w" -> (fsdp, model)\n')
+    monkeypatch.chdir(project)
+    status, out, err = _run(capsys, "diff", str(elsewhere / "m.shard"), "sharding/m.shard")
+    assert status == 1, err
+    assert "on fsdp=4, model=2" in out and "P('fsdp', 'model') -> P('model', 'fsdp')" in out
+
+
+def test_a_golden_plan_of_sizes_against_a_real_mesh_says_the_types_differ(tmp_path: Path) -> None:
+    rules = sr.loads('rules params:\n  "w" -> (model, _)\n')
+    tree = {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
+    golden = tmp_path / "golden.json"
+    sr.assert_plan_matches(sr.plan(tree, rules, {"data": 4, "model": 2}), golden, update=True)
+    with pytest.raises(AssertionError) as info:
+        sr.assert_plan_matches(sr.plan(tree, rules, jax.make_mesh((4, 2), ("data", "model"))), golden)
+    assert "mesh axis types: unknown, unknown -> explicit, explicit" in str(info.value)

@@ -422,3 +422,19 @@ def test_the_fmt_hook_skips_excluded_files(project, capsys):
     entry = hook("shardrules-fmt")["entry"].split()
     code, out, err = run([*entry[1:], "tests/data/broken.shard"], capsys)
     assert (code, out, err) == (0, "", "")
+
+
+def test_a_loop_of_links_beside_the_file_does_not_stop_lint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another file of the folder includes a loop of symbolic links: the file
+    linted is still checked, and the loop is that other file's own SR005."""
+    monkeypatch.chdir(tmp_path)
+    Path("a.shard").symlink_to("b.shard")
+    Path("b.shard").symlink_to("a.shard")
+    write("top.shard", 'include "a.shard"\nrules params:\n  default -> replicated\n')
+    write("ok.shard", GOOD)
+    status, out, err = run(["lint", "ok.shard"], capsys)
+    assert (status, out.strip()) == (0, "All checks passed (1 file)."), err
+    status, out, _ = run(["lint", "top.shard"], capsys)
+    assert status == 1 and "SR005" in out and "loop of symbolic links" in out

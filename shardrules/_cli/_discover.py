@@ -42,12 +42,12 @@ def _search(folder: Path, patterns: Sequence[str]) -> list[Path]:
         dirs[:] = [
             d
             for d in dirs
-            if not d.startswith(".") and d not in SKIPPED and not excluded((base / d).resolve(), patterns)
+            if not d.startswith(".") and d not in SKIPPED and not excluded(real_path(base / d), patterns)
         ]
         out += (
             base / f
             for f in files
-            if f.endswith(".shard") and (base / f).is_file() and not excluded((base / f).resolve(), patterns)
+            if f.endswith(".shard") and (base / f).is_file() and not excluded(real_path(base / f), patterns)
         )
     return sorted(out)
 
@@ -69,7 +69,17 @@ def shard_files(
 
 
 def _is_excluded_file(path: Path, exclude: Sequence[str]) -> bool:
-    return excluded(path.resolve(), _patterns(exclude, _config.nearest(path.resolve().parent)))
+    real = real_path(path)
+    return excluded(real, _patterns(exclude, _config.nearest(real.parent)))
+
+
+def real_path(path: Path) -> Path:
+    """`path` with its symbolic links followed; only made absolute where that
+    fails (a loop of links, which lint then reports for the file that has it)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError, ValueError):
+        return Path(os.path.abspath(path))
 
 
 def includes(path: Path) -> list[Path]:
@@ -83,7 +93,7 @@ def includes(path: Path) -> list[Path]:
     except (OSError, UnicodeDecodeError, ShardRulesError):
         return []
     return [
-        (path.parent / s.path).resolve()
+        real_path(path.parent / s.path)
         for s in rule_file.statements
         if isinstance(s, Include) and s.path and "\x00" not in s.path and not Path(s.path).is_absolute()
     ]
@@ -95,7 +105,7 @@ class Project:
     def __init__(self, files: Sequence[Path]):
         self.included_by: dict[Path, set[Path]] = {}
         for file in files:
-            real = file.resolve()
+            real = real_path(file)
             for target in includes(file):
                 if target != real:
                     self.included_by.setdefault(target, set()).add(real)
@@ -151,7 +161,7 @@ def lint_files(
             continue
         mine: dict[Path, str] = {}
         for file in found:
-            real = file.resolve()
+            real = real_path(file)
             tops = where.top_level(real)
             if lint_included or tops == [real]:
                 mine.setdefault(real, str(file))

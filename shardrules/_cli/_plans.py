@@ -116,12 +116,62 @@ def read_dump(path: str) -> Table:
         raise _lint.UsageError(f"{path}: {err}") from None
 
 
+def _side_mesh(base: dict[str, int] | None, value: str | None, option: str) -> dict[str, int] | None:
+    """`--mesh-a`/`--mesh-b`: sizes that change axes of the base mesh (`--mesh`,
+    the settings' `mesh`, else the file's `mesh` line) when it has every axis
+    they name, e.g. `fsdp=16`; else the whole mesh."""
+    if value is None:
+        return base
+    sizes = _lint.parse_mesh(value, option)
+    if base is not None and sizes is not None and set(sizes) <= set(base):
+        return {**base, **sizes}
+    return sizes
+
+
+def _file_sizes(path: str) -> dict[str, int] | None:
+    """The sizes of a rule file's `mesh` line, when it gives them all."""
+    if is_dump(path):
+        return None
+    try:
+        decl = load(path).mesh
+    except ShardRulesError:
+        return None  # planning the file reports it
+    if decl is None or not all(isinstance(axis.size, int) for axis in decl.axes):
+        return None
+    return {axis.name: int(axis.size) for axis in decl.axes}  # type: ignore[arg-type]
+
+
+def _note_unused(args: argparse.Namespace) -> None:
+    """Say which options given on the command line a dump ignores."""
+    dumps = {side: is_dump(getattr(args, side)) for side in ("a", "b")}
+    unused = [
+        f"--mesh-{side} ({side.upper()} is a dump; it keeps its own mesh)"
+        for side in ("a", "b")
+        if dumps[side] and getattr(args, f"mesh_{side}") is not None
+    ]
+    if all(dumps.values()):
+        origins = getattr(args, "origins", {})
+        unused += [
+            f"--{name} (both sides are dumps)"
+            for name in ("mesh", "shapes", "group")
+            if getattr(args, name) is not None and name not in origins
+        ]
+    for what in unused:
+        print(f"shardrules diff: note: {what} is not used", file=sys.stderr)
+
+
 def run_diff(args: argparse.Namespace) -> int:
-    _config.apply(args, _config.for_paths([args.a, args.b]))
+    rule_files = [p for p in (args.b, args.a) if not is_dump(p)]
+    _config.apply(args, _config.for_paths(rule_files[:1]))  # B's settings: the working copy's
+    _note_unused(args)
     mesh = _mesh(args.mesh, args.origins.get("mesh", "--mesh"))
     meshes = {
-        "a": _mesh(args.mesh_a, "--mesh-a") if args.mesh_a is not None else mesh,
-        "b": _mesh(args.mesh_b, "--mesh-b") if args.mesh_b is not None else mesh,
+        side: _side_mesh(
+            mesh if mesh is not None or value is None else _file_sizes(getattr(args, side)),
+            value,
+            f"--mesh-{side}",
+        )
+        for side, value in (("a", args.mesh_a), ("b", args.mesh_b))
     }
     tree = None if is_dump(args.a) and is_dump(args.b) else _shapes(args)
     tables = {}

@@ -207,8 +207,11 @@ def totals(plan: Plan, top: int = 5, hosts: int | None = None) -> list[str]:
     if replicated and devices > 1:
         lines.append("biggest replicated leaves:")
         width = max(len(leaf.path) for leaf in replicated)
+        shape_width = max(len(str(leaf.shape)) for leaf in replicated)
+        dtype_width = max(len(str(leaf.dtype)) for leaf in replicated)
         lines += [
-            f"  {leaf.path.ljust(width)}  {leaf.shape}  {leaf.dtype}  {format_bytes(leaf.nbytes)}"
+            f"  {leaf.path.ljust(width)}  {str(leaf.shape).ljust(shape_width)}  "
+            f"{str(leaf.dtype).ljust(dtype_width)}  {format_bytes(leaf.nbytes)}"
             for leaf in replicated
         ]
     return lines

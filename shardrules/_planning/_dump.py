@@ -190,10 +190,55 @@ def loads(text: str) -> Table:
     """The `Table` a file's text holds.
 
     **Raises:** `PlanFormatError` for text that is not JSON, another format, a
-    newer version, or a leaf without its fields."""
-    fast = _lines(text)
-    if fast is not None:
-        return fast
+    newer version, a leaf without its fields, or a leaf that no plan could
+    hold (an axis the mesh lacks, an unknown dtype, bytes per device that do
+    not follow from the shape, dtype and spec: a hand edit gone wrong)."""
+    table = _lines(text)
+    if table is None:
+        table = _read(text)
+    _validate(table)
+    return table
+
+
+def _validate(table: Table) -> None:
+    sizes = table.sizes if table.mesh is not None else None
+    first: dict[int, str] = {}
+    for path, kind in zip(table.paths, table.kinds, strict=True):
+        first.setdefault(kind, path)
+    for kind, (shape, dtype, spec, _, per_device) in enumerate(table.parts):
+        where = f"leaf {first.get(kind, '?')!r}"
+        if shape is None:
+            continue
+        if dtype is None:
+            raise _fail(f"{where}: an array without a dtype")
+        try:
+            jnp.dtype(dtype)
+        except TypeError:
+            raise _fail(f"{where}: {dtype!r} is not a dtype JAX knows") from None
+        if spec is None:
+            continue
+        if len(spec) > len(shape):
+            raise _fail(f"{where}: the spec has {len(spec)} entries for a shape of rank {len(shape)}")
+        axes = [a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e)]
+        if len(set(axes)) != len(axes):
+            raise _fail(f"{where}: the spec names a mesh axis twice")
+        if sizes is None:
+            continue
+        missing = [a for a in axes if a not in sizes]
+        if missing:
+            raise _fail(f"{where}: the spec names {missing[0]!r}, which the mesh ({', '.join(sizes)}) lacks")
+        blocks = 1
+        for a in axes:
+            blocks *= sizes[a]
+        expected = _nbytes((shape, dtype, spec, "", 0)) // blocks
+        if per_device != expected:
+            raise _fail(
+                f"{where}: {per_device} bytes per device, but its shape, dtype and spec make {expected}"
+            )
+
+
+def _read(text: str) -> Table:
+    """`loads` for any JSON layout."""
     try:
         data = json.loads(text)
     except ValueError as err:
@@ -214,8 +259,12 @@ def loads(text: str) -> Table:
         index: dict[Kind, int] = {}
         for leaf in data["leaves"]:
             shape, spec = leaf["shape"], leaf["spec"]
+            if shape is not None and not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+            ):
+                raise _fail(f"leaf {leaf.get('path')!r}: a shape is a list of whole numbers, not {shape!r}")
             kind: Kind = (
-                None if shape is None else tuple(int(n) for n in shape),
+                None if shape is None else tuple(shape),
                 leaf["dtype"],
                 None if spec is None else tuple(_entry(e) for e in spec),
                 str(leaf["rule"]),
@@ -242,7 +291,7 @@ def _lines(text: str) -> Table | None:
     if not found or not found_end or end.strip():
         return None
     try:
-        table = loads(head + '\n  "leaves": []\n}')
+        table = _read(head + '\n  "leaves": []\n}')
     except PlanFormatError:
         return None
     paths: list[str] = []
@@ -260,7 +309,7 @@ def _lines(text: str) -> Table | None:
         kinds.append(kind)
     try:
         leaves = "[" + ",".join('{"path": ""' + tail for tail in tails) + "]"
-        parts = loads(head + '\n  "leaves": ' + leaves + "\n}").parts
+        parts = _read(head + '\n  "leaves": ' + leaves + "\n}").parts
     except PlanFormatError:
         return None
     if len(parts) != len(tails):  # two layouts of one kind: keep each line's own

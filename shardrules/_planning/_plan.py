@@ -247,22 +247,37 @@ class Plan:
         return dumps(table_of(self))
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
+    def from_json(cls, text: str | bytes) -> Plan:
         """The plan a `to_json` text (or a `shardrules dump` file) holds.
 
         **Arguments:**
 
-        - `text`: the file's text.
+        - `text`: the file's text (`str`, or UTF-8 `bytes`), e.g.
+          `Path("plan.json").read_text()`.
 
         **Returns:** a `Plan` whose `to_json()` gives `text` back, leaves in path
         order; each leaf's rule is its location (`LeafPlan.where`), `rules` is an
         empty `RuleSet` named after the file, `mesh` an `AbstractMesh` (or a dict
         of sizes when the file has no axis types), and `specs()` a dict by path.
 
-        **Raises:** `ValueError` for text that is not a plan file of this version.
+        **Raises:** `ValueError` for text that is not a plan file of this version,
+        or whose leaves no plan could hold (a hand edit gone wrong); `TypeError`
+        for something that is not text.
         """
         from ._dump import loads, plan_of
 
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8")
+        if not isinstance(text, str):
+            raise TypeError(
+                f"Plan.from_json takes the file's text, not a {type(text).__name__}: "
+                "Plan.from_json(Path('plan.json').read_text())"
+            )
+        if text.lstrip()[:1] not in ("{", "") and text.rstrip().endswith(".json"):
+            raise ValueError(
+                f"not a shardrules plan file: {text.strip()!r} looks like a file name; "
+                f"pass the file's text: Plan.from_json(Path({text.strip()!r}).read_text())"
+            )
         return plan_of(loads(text))
 
     def table(self) -> str:

@@ -9,7 +9,9 @@ decides a leaf (its `file:line`) without changing its layout is no change.
 Bytes to move: what each device of the second plan's mesh must receive, the
 part of its new shard it does not hold under the first plan (see `_transfer`:
 devices are matched by their position in mesh order). A leaf whose shape or
-dtype changed, or whose old layout is unknown, is received in full.
+dtype changed, or whose old layout is unknown, is received in full; an
+unchanged leaf on another mesh (more devices, or its axes in another order) is
+counted too. Leaves in only one plan are not counted.
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ class PlanDiff:
 
     def text(self, names: tuple[str, str] = ("A", "B")) -> str:
         lines = [f"{names[0]}: {_title(self.a)}", f"{names[1]}: {_title(self.b)}"]
+        types_a, types_b = _types(self.a), _types(self.b)
+        if types_a is not None and types_b is not None and types_a != types_b:
+            lines.append(f"mesh axis types: {types_a} -> {types_b} (the layouts do not depend on them)")
         if self.equal:
             lines.append(f"no changes: {plural(self.unchanged, 'leaf', 'leaves')} laid out the same")
         else:
@@ -127,6 +132,11 @@ def _side(table: Table) -> dict[str, Any]:
 def _title(table: Table) -> str:
     mesh = "no mesh" if table.mesh is None else ", ".join(f"{n}={s}" for n, s, _ in table.mesh)
     return f"{table.rules} ({table.group}) on {mesh}"
+
+
+def _types(table: Table) -> str | None:
+    """`explicit, explicit` (`unknown` for a mesh given as sizes), or `None` with no mesh."""
+    return None if table.mesh is None else ", ".join(t for _, _, t in table.mesh)
 
 
 def _listed(spec: tuple[Entry, ...] | None) -> list[Any] | None:
@@ -189,6 +199,7 @@ def compare(a: Table, b: Table) -> PlanDiff:
     kind_b = b.kind_of()
     verdict: dict[tuple[int, int], tuple[str, str, str] | None] = {}
     counts: dict[tuple[int, int], int] = {}
+    same_counts: dict[tuple[int, int], int] = {}
     groups: dict[tuple[str, str, str], list[Any]] = {}
     unchanged = 0
     only_a: list[str] = []
@@ -207,6 +218,7 @@ def compare(a: Table, b: Table) -> PlanDiff:
             verdict[pair] = key
         if key is None:
             unchanged += 1
+            same_counts[pair] = same_counts.get(pair, 0) + 1
             continue
         counts[pair] = counts.get(pair, 0) + 1
         group = groups.get(key)
@@ -217,6 +229,12 @@ def compare(a: Table, b: Table) -> PlanDiff:
         key = verdict[ka, kb]
         assert key is not None
         groups[key][3] += count * _received(a.parts[ka], b.parts[kb], a, b, devices_b)
+    received = sum((g[3] for g in groups.values()), np.zeros(devices_b, dtype=np.int64))
+    if a.mesh is not None and b.mesh is not None and list(sizes_a.items()) != list(sizes_b.items()):
+        # the same layout on another mesh: devices at new positions (or holding other blocks) receive it
+        for (ka, kb), key in verdict.items():
+            if key is None:
+                received += same_counts[ka, kb] * _received(a.parts[ka], b.parts[kb], a, b, devices_b)
     kind_a = a.kind_of()
     only_b = [path for path in b.paths if path not in kind_a]
     changes = [
@@ -233,7 +251,6 @@ def compare(a: Table, b: Table) -> PlanDiff:
         for (old, new, rule), (spec_a, spec_b, paths, moved) in groups.items()
     ]
     changes.sort(key=lambda c: (-c.count, c.old, c.new, c.rule))
-    received = sum((g[3] for g in groups.values()), np.zeros(devices_b, dtype=np.int64))
     return PlanDiff(
         a, b, tuple(changes), unchanged, tuple(sorted(only_a)), tuple(sorted(only_b)),
         int(received.max()), int(received.sum()),
