@@ -246,7 +246,9 @@ def test_diff_takes_the_settings_nearest_to_b(
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     (project / "sharding").mkdir(parents=True)
     elsewhere.mkdir()
-    (project / "pyproject.toml").write_text('[tool.shardrules]\nmesh = "fsdp=4,model=2"\nshapes = "shapes.json"\n')
+    (project / "pyproject.toml").write_text(
+        '[tool.shardrules]\nmesh = "fsdp=4,model=2"\nshapes = "shapes.json"\n'
+    )
     (project / "shapes.json").write_text(json.dumps({"w": [[8, 4], "float32"]}))
     (project / "sharding" / "m.shard").write_text('mesh fsdp, model\nrules params:\n  "w" -> (model, fsdp)\n')
     (elsewhere / "m.shard").write_text('mesh fsdp, model\nrules params:\n  "w" -> (fsdp, model)\n')
