@@ -43,6 +43,7 @@ from ._planning._shapes import load_shapes as load_shapes
 from ._tracing._constrain import auto_constrain as auto_constrain
 from ._tracing._constrain import constrain as constrain
 from ._tracing._jit import jit as jit
+from ._tracing._shard_map import shard_map as shard_map
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "loads",
     "plan",
     "reshard",
+    "shard_map",
     "shardings",
     "specs",
 ]

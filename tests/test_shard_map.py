@@ -134,3 +134,78 @@ def test_specs_need_no_devices_for_shard_map(mesh42, params):
     """Specs from a dict of sizes and abstract shapes are the ones the real mesh gets."""
     abstract = jax.eval_shape(lambda: params)
     assert sr.specs(abstract, RULES, {"data": 4, "model": 2}) == sr.specs(params, RULES, mesh42)
+
+
+# ---------------------------------------------------------------- sr.shard_map
+
+
+def _local_loss(p: dict, b: dict) -> jax.Array:
+    h = jax.nn.relu(b["x"] @ p["up"]["kernel"] + p["up"]["bias"])
+    y = jax.lax.psum(h @ p["down"]["kernel"], "model") + p["down"]["bias"]
+    return jax.lax.pmean(jnp.mean((y - b["y"]) ** 2), "data")
+
+
+def _sgd(loss, p: dict, b: dict) -> tuple[dict, jax.Array]:
+    value, grads = jax.value_and_grad(loss)(p, b)
+    return jax.tree.map(lambda w, g: w - 0.1 * g, p, grads), value
+
+
+def _meshes() -> list:
+    explicit = jax.make_mesh((4, 2), ("data", "model"))
+    auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    return [explicit, auto]
+
+
+def test_plain_shard_map_refuses_inputs_not_yet_laid_out_on_explicit_axes(params, batch):
+    mesh = _meshes()[0]
+    step = jax.shard_map(
+        lambda p, b: _sgd(_local_loss, p, b),
+        mesh=mesh,
+        in_specs=(sr.specs(params, RULES, mesh), sr.specs(batch, RULES, mesh, group="inputs")),
+        out_specs=(sr.specs(params, RULES, mesh), P()),
+    )
+    with pytest.raises(ValueError, match="does not match the specs of the input"):
+        step(jax.device_put(params), jax.device_put(batch))
+
+
+@pytest.mark.parametrize("mesh_index", [0, 1], ids=["explicit", "auto"])
+def test_sr_shard_map_takes_its_specs_from_the_rules_and_moves_the_inputs(mesh_index, params, batch):
+    mesh = _meshes()[mesh_index]
+    step = sr.shard_map(
+        lambda p, b: _sgd(_local_loss, p, b),
+        RULES,
+        mesh,
+        in_groups=("params", "inputs"),
+        out_groups=("params", None),
+    )
+    in_specs, out_specs = step.specs(params, batch)
+    assert in_specs == (sr.specs(params, RULES, mesh), sr.specs(batch, RULES, mesh, group="inputs"))
+    assert out_specs == (sr.specs(params, RULES, mesh), P())
+    want_params, want_loss = jax.jit(lambda p, b: _sgd(mse, p, b))(params, batch)
+    # NumPy inputs, and arrays laid out otherwise (whole on one device), are moved first
+    for p_in, b_in in ((params, batch), (jax.device_put(params), jax.device_put(batch))):
+        got_params, got_loss = step(p_in, b_in)
+        np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-5)
+        for got, want in zip(jax.tree.leaves(got_params), jax.tree.leaves(want_params), strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    assert got_params["down"]["kernel"].sharding.spec == P("model", None)
+    assert got_params["down"]["kernel"].sharding.mesh == mesh
+    again, _ = jax.jit(step)(got_params, batch)  # inside jit, and fed its own outputs
+    assert again["up"]["kernel"].sharding.spec == P(None, "model")
+
+
+def test_sr_shard_map_names_a_lone_array_by_its_parameter_and_checks_the_groups(params):
+    mesh = _meshes()[0]
+    rules = sr.loads('rules params:\n  "^kernel$" -> (model, _)\n')
+    kernel = params["down"]["kernel"]
+    total = sr.shard_map(
+        lambda kernel: jax.lax.psum(kernel.sum(0), "model"),
+        rules,
+        mesh,
+        in_groups=("params",),
+        out_groups=None,
+    )
+    assert total.specs(kernel) == ((P("model", None),), P())
+    np.testing.assert_allclose(np.asarray(total(kernel)), kernel.sum(0), rtol=1e-4, atol=1e-5)
+    with pytest.raises(TypeError, match="in_groups has 2 entries for 1 arguments"):
+        sr.shard_map(lambda k: k, rules, mesh, in_groups=("params", None), out_groups=None)(kernel)

@@ -1,0 +1,235 @@
+"""`shardrules.shard_map`: `jax.shard_map` whose `in_specs` and `out_specs`
+come from a rule file, with inputs moved to those layouts first."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.core import Tracer
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .._language._rules import RuleSet
+from .._planning import _mesh
+from .._planning._api import RulesLike, as_rules, specs
+
+Groups = str | PartitionSpec | None | Sequence["Groups"]
+
+
+def shard_map(
+    fn: Callable[..., Any],
+    rules: RulesLike,
+    mesh: Mesh | None = None,
+    *,
+    in_groups: Sequence[Groups],
+    out_groups: Groups,
+    check_vma: bool = True,
+) -> RuleShardMap:
+    """`jax.shard_map` with `in_specs` and `out_specs` from the rules.
+
+    On the first call with given argument shapes, each argument's specs are
+    planned from its group, the outputs' from theirs, and `fn` is wrapped in
+    `jax.shard_map`. Inputs not laid out as their specs say (NumPy arrays,
+    arrays on one device or laid out otherwise) are moved first, so a mesh with
+    `Explicit` axes, where `in_specs` must match the inputs' types, works as an
+    `Auto` one does; inside `jax.jit` they are resharded (or constrained).
+
+    **Arguments:**
+
+    - `fn`: the per-device function, as for `jax.shard_map`: it sees each
+      device's blocks and may use collectives (`jax.lax.psum(x, "model")`).
+    - `rules`: a `RuleSet`, or the path of a rule file.
+    - `mesh`: a `jax.sharding.Mesh`; by default the ambient mesh, else the rule
+      file's `mesh` line over `jax.devices()`.
+    - `in_groups`: one entry per positional argument: a group name (the
+      argument's leaves get that group's specs; a lone array is matched as its
+      parameter's name), `None` (replicated: every device gets it whole), a
+      `PartitionSpec` for the whole argument, or a sequence for an argument
+      that is a tuple.
+    - `out_groups`: the same for the output: one entry for the whole output,
+      or a sequence for a tuple output. An output leaf's spec is the one its
+      group's rule gives the output's global shape (each device's block
+      times the blocks the spec makes).
+    - `check_vma`: passed to `jax.shard_map`.
+
+    **Returns:** a callable; `f(*args)` runs it, `f.specs(*args)` gives the
+    `(in_specs, out_specs)` used for arguments of those shapes.
+
+    **Raises:** `PlanError` when the rules do not fit an argument or an output
+    (naming the leaf and the rule); `TypeError` when `in_groups` does not fit
+    the arguments.
+
+    ```python
+    step = shardrules.shard_map(local_sgd, rules, mesh, in_groups=("params", "inputs"),
+                                out_groups=("params", None))
+    params, loss = step(params, batch)   # the loss replicated: one value on every device
+    ```
+    """
+    return RuleShardMap(fn, as_rules(rules), mesh, tuple(in_groups), out_groups, check_vma)
+
+
+def _leaf_names(fn: Callable[..., Any], n: int) -> list[str]:
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return (names + [""] * n)[:n]
+
+
+def _specs_for(tree: Any, groups: Groups, rules: RuleSet, mesh: Mesh, what: str, name: str = "") -> Any:
+    """The spec pytree (a prefix of `tree`) that `groups` gives `tree`."""
+    if groups is None:
+        return PartitionSpec()
+    if isinstance(groups, PartitionSpec):
+        return groups
+    if isinstance(groups, str):
+        leaves = jax.tree.leaves(tree)
+        if name and len(leaves) == 1 and leaves[0] is tree:
+            return specs({name: tree}, rules, mesh, group=groups)[name]
+        return specs(tree, rules, mesh, group=groups)
+    if not isinstance(tree, (tuple, list)) or len(tree) != len(groups):
+        got = f"a {type(tree).__name__}" + (f" of {len(tree)}" if isinstance(tree, (tuple, list)) else "")
+        raise TypeError(f"{what}: {len(groups)} groups given for {got}; give one group per element, or one")
+    return type(tree)(_specs_for(t, g, rules, mesh, what) for t, g in zip(tree, groups, strict=True))
+
+
+def _blocks(spec: PartitionSpec, rank: int, sizes: dict[str, int]) -> list[int]:
+    entries = list(spec) + [None] * (rank - len(spec))
+    out = []
+    for entry in entries:
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        out.append(math.prod(sizes[a] for a in axes))
+    return out
+
+
+def _global_out(local: Any, groups: Groups, rules: RuleSet, mesh: Mesh) -> Any:
+    """Global output shapes from each device's block: a spec is planned for
+    the block scaled by the whole mesh (its rule's spec depends on the rank,
+    and an `auto` one on which dimensions are largest, which scaling keeps),
+    then the block is multiplied by the blocks that spec makes."""
+    sizes = _mesh.sizes_of(mesh)
+    devices = math.prod(sizes.values())
+
+    def scaled(x: Any) -> Any:
+        return jax.ShapeDtypeStruct(tuple(d * devices for d in x.shape), x.dtype)
+
+    def globalised(x: Any, spec: Any) -> Any:
+        if not isinstance(spec, PartitionSpec):
+            return x
+        blocks = _blocks(spec, len(x.shape), sizes)
+        return jax.ShapeDtypeStruct(tuple(d * b for d, b in zip(x.shape, blocks, strict=True)), x.dtype)
+
+    guess = _specs_for(jax.tree.map(scaled, local), groups, rules, mesh, "out_groups")
+    if isinstance(guess, PartitionSpec):  # one spec for the whole output
+        return jax.tree.map(lambda x: globalised(x, guess), local)
+    return jax.tree.map(globalised, local, guess, is_leaf=lambda s: s is None)
+
+
+class RuleShardMap:
+    """The function `shardrules.shard_map` returns: call it like `fn` on the
+    whole arrays."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        rules: RuleSet,
+        mesh: Mesh | None,
+        in_groups: tuple[Groups, ...],
+        out_groups: Groups,
+        check_vma: bool,
+    ):
+        self.fn, self.rules, self.mesh = fn, rules, mesh
+        self.in_groups, self.out_groups, self.check_vma = in_groups, out_groups, check_vma
+        self._compiled: dict[Any, tuple[Any, Any, Any]] = {}
+        functools.update_wrapper(self, fn)
+
+    def _mesh(self) -> Mesh:
+        mesh = self.mesh if self.mesh is not None else _mesh.ambient_mesh()
+        if not isinstance(mesh, Mesh):
+            mesh = _mesh.resolve(None, self.rules, concrete=True, what="shard_map")
+        assert isinstance(mesh, Mesh)
+        return mesh
+
+    def _build(self, args: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        key = treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+        found = self._compiled.get(key)
+        if found is not None:
+            return found
+        mesh = self._mesh()
+        if len(self.in_groups) != len(args):
+            raise TypeError(f"in_groups has {len(self.in_groups)} entries for {len(args)} arguments")
+        names = _leaf_names(self.fn, len(args))
+        in_specs = tuple(
+            _specs_for(a, g, self.rules, mesh, "in_groups", n)
+            for a, g, n in zip(args, self.in_groups, names, strict=True)
+        )
+        shapes = tuple(  # typed with their layouts: on Explicit axes in_specs must match the types
+            jax.tree.map(
+                lambda spec, x: jax.tree.map(
+                    lambda leaf: jax.ShapeDtypeStruct(
+                        np.shape(leaf), leaf.dtype, sharding=NamedSharding(mesh, spec)
+                    ),
+                    x,
+                ),
+                spec_tree,
+                arg,
+                is_leaf=_is_spec,
+            )
+            for spec_tree, arg in zip(in_specs, args, strict=True)
+        )
+        probe = jax.shard_map(
+            self.fn, mesh=mesh, in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False
+        )
+        local = jax.eval_shape(probe, *shapes)  # replicated outputs: each device's block, as is
+        out_specs = _specs_for(
+            _global_out(local, self.out_groups, self.rules, mesh),
+            self.out_groups,
+            self.rules,
+            mesh,
+            "out_groups",
+        )
+        mapped = jax.shard_map(
+            self.fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=self.check_vma
+        )
+        found = self._compiled[key] = (mapped, in_specs, out_specs)
+        return found
+
+    def specs(self, *args: Any) -> tuple[Any, Any]:
+        """`(in_specs, out_specs)` for arguments shaped like `args`."""
+        _, in_specs, out_specs = self._build(args)
+        return in_specs, out_specs
+
+    def __call__(self, *args: Any) -> Any:
+        mapped, in_specs, _ = self._build(args)
+        mesh = self._mesh()
+        placed = tuple(
+            jax.tree.map(lambda s, x: _laid_out(x, NamedSharding(mesh, s)), spec, arg, is_leaf=_is_spec)
+            for spec, arg in zip(in_specs, args, strict=True)
+        )
+        return mapped(*placed)
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, PartitionSpec) or x is None
+
+
+def _laid_out(tree: Any, sharding: NamedSharding) -> Any:
+    """Every array leaf of `tree` with `sharding`: moved when it is not
+    (inside `jax.jit`: resharded or constrained)."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, Tracer):
+            return _mesh.pin(x, sharding)
+        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+            return x
+        return jax.device_put(x, sharding)
+
+    return jax.tree.map(one, tree)
