@@ -38,7 +38,7 @@ from jax.sharding import AxisType
 import shardrules as sr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "transformer"))
-import train as example  # noqa: E402
+import train as example
 
 TARGET = 1.3
 
