@@ -84,7 +84,9 @@ def main() -> int:
             return jax.jit(body, in_shardings=in_shardings, out_shardings=out_shardings)
 
         def ours(mesh=mesh):
-            return sr.jit(example.train_step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+            return sr.jit(
+                example.train_step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None)
+            )
 
         with jax.set_mesh(mesh):
             base = _time(baseline, (params, batch), args.repeat)

@@ -29,6 +29,14 @@ def S(*shape, dtype=jnp.float32):
 
 # code -> (rule file text, tree or None, mesh sizes, expected (line, col) or None, hint fragment)
 LINT_CASES = {
+    "SR207": (
+        'mesh data=4 explicit, model=2 auto\nrules params:\n  "w" -> (data, model)\n'
+        'rules activations:\n  "mlp$" -> (data, model)\n',
+        None,
+        {"data": 4, "model": 2},
+        (5, 13),
+        "axes of one type",
+    ),
     "SR001": ('rules params:\n  "w" -> (fsdp,\n', None, SIZES, (2, 16), "close the parenthesis"),
     "SR002": ('rules params:\n  "w(" -> (fsdp)\n', None, SIZES, (2, 5), "escape special characters"),
     "SR003": (

@@ -153,7 +153,7 @@ _TERMINALS = {
     # keywords (Lark names the anonymous ones after their text)
     **{
         kw.upper(): _word(st.just(kw))
-        for kw in ("mesh", "include", "alias", "rules", "default", "replicated", "auto")
+        for kw in ("mesh", "include", "alias", "rules", "default", "replicated", "auto", "explicit")
     },
 }
 
@@ -229,6 +229,7 @@ _SOUP = st.lists(
                 "default",
                 "replicated",
                 "auto",
+                "explicit",
                 "->",
                 "(",
                 ")",

@@ -131,6 +131,7 @@ def lint_file(
         found += empty.diagnostics
     if empty is not None:
         found += _check.unused_axis_warnings(empty)
+    found += _check.axis_type_warnings(rules)
     if sizes is None:
         hint = "pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line (not `*`)"
         found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]

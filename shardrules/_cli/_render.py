@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from .._errors import EXAMPLES, Diagnostic, group
 from .._planning._hosts import host_bytes, leaf_host_bytes
+from .._planning._mesh import axis_types_text
 from .._planning._picture import text_picture
 from .._planning._plan import Plan, format_bytes, plural, spec_str
 from ._lint import Result
@@ -180,9 +181,10 @@ def totals(plan: Plan, top: int = 5, hosts: int | None = None) -> list[str]:
     total = plan.total_bytes
     mesh_text = ", ".join(f"{k}={v}" for k, v in sizes.items()) if sizes else "no mesh sizes"
     unplanned = [leaf for leaf in arrays if leaf.spec is None]
+    types = axis_types_text(plan.mesh, plan.rules)
     lines = [
         f"{plural(len(arrays), 'array')}, {format_bytes(total)} in all, on {mesh_text} "
-        f"({plural(devices, 'device')})",
+        f"({plural(devices, 'device')}{', ' + types if types else ''})",
         *(
             [
                 f"{plural(len(unplanned), 'array')} could not be planned (see the findings) and "

@@ -146,8 +146,11 @@ class _Printer:
     @staticmethod
     def statement(stmt: Item) -> _Line:
         if isinstance(stmt, MeshDecl):
-            axes = ", ".join(a.name if a.size is None else f"{a.name}={a.size}" for a in stmt.axes)
-            return _Line(f"mesh {axes}", kind="mesh")
+            axes = ", ".join(
+                (a.name if a.size is None else f"{a.name}={a.size}") + (f" {a.type}" if a.type else "")
+                for a in stmt.axes
+            )
+            return _Line(f"mesh {stmt.type + ' ' if stmt.type else ''}{axes}", kind="mesh")
         if isinstance(stmt, Include):
             return _Line(f'include "{stmt.path}"', kind="include")
         if isinstance(stmt, Alias):

@@ -194,11 +194,23 @@ class _Builder:
     # statements
 
     def mesh(self, tree: Any) -> MeshDecl:
-        return MeshDecl(tuple(self.mesh_axis(t) for t in tree.children), self.span(tree))
+        children = list(tree.children)
+        kind = None
+        if children and getattr(children[0], "data", None) == "axis_type":
+            kind = self.axis_type(children.pop(0))
+        return MeshDecl(tuple(self.mesh_axis(t) for t in children), self.span(tree), kind)
+
+    @staticmethod
+    def axis_type(tree: Any) -> Literal["explicit", "auto"]:
+        return "explicit" if str(tree.children[0]) == "explicit" else "auto"
 
     def mesh_axis(self, tree: Any) -> MeshAxis:
-        name, *size = tree.children
+        name, *rest = tree.children
+        kind = None
+        if rest and getattr(rest[-1], "data", None) == "axis_type":
+            kind = self.axis_type(rest.pop())
         value: int | Literal["*"] | None = None
+        size = rest
         if size:
             tok = size[0]
             if tok.type == "STAR":
@@ -207,7 +219,7 @@ class _Builder:
                 if not re.fullmatch(r"[0-9]{1,18}", tok) or int(tok) < 1:
                     raise self.number_error(tok, "a mesh axis size is a positive whole number or `*`")
                 value = int(tok)
-        return MeshAxis(str(name), value, self.span(tree))
+        return MeshAxis(str(name), value, self.span(tree), kind)
 
     def include(self, tree: Any) -> Include:
         return Include(str(tree.children[0])[1:-1], self.span(tree))

@@ -1,14 +1,11 @@
-"""The rule language's syntax tree and the resolved rule set.
+"""The rule language's syntax tree and the resolved rule set. Two layers, both immutable:
 
-Two layers, both immutable:
+- the *file* layer (`RuleFile` and its statements) is what one file says, as written: the
+  formatter prints it back and `parse(format(f)) == f`;
+- the *resolved* layer (`RuleSet`, `Rule`, `ResolvedSpec`) is what a rule file means once
+  includes are expanded and aliases resolved: what the compiler uses.
 
-- the *file* layer (`RuleFile` and its statements) is what one file says, as
-  written: the formatter prints it back and `parse(format(f)) == f`;
-- the *resolved* layer (`RuleSet`, `Rule`, `ResolvedSpec`) is what a rule file
-  means once includes are expanded and aliases resolved: what the compiler uses.
-
-Source spans never take part in equality, so two files that differ only in
-layout compare equal.
+Source spans never take part in equality, so two files that differ only in layout compare equal.
 """
 
 from __future__ import annotations
@@ -32,21 +29,30 @@ def _span() -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class MeshAxis:
-    """`name` or `name=size` in a `mesh` line; `size` is an int, `"*"` or `None`."""
+    """A `mesh` line's axis: `size` an int, `"*"` or `None`; `type` as written on it, or `None`."""
 
     name: str
     size: int | Literal["*"] | None = None
     span: Span | None = _span()
+    type: Literal["explicit", "auto"] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshDecl:
+    """A `mesh` line; `type` is the one written after `mesh`, for every axis."""
+
     axes: tuple[MeshAxis, ...]
     span: Span | None = _span()
+    type: Literal["explicit", "auto"] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.axes)
+
+    @property
+    def axis_types(self) -> tuple[Literal["explicit", "auto"] | None, ...]:
+        """Each axis's type: its own, else the line's, else `None`."""
+        return tuple(a.type or self.type for a in self.axes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ import warnings
 
 from .._errors import Diagnostic, ShardRulesWarning
 from .._language._load import iter_rules
-from .._language._rules import Rule
+from .._language._rules import Rule, RuleSet
 from . import _mesh
 from ._match import by_key, search_all
 from ._plan import LeafPlan, LeafPlans, Plan, format_bytes, plural
@@ -243,6 +243,34 @@ def unused_axis_warnings(plan: Plan) -> list[Diagnostic]:
     ]
 
 
+def axis_type_warnings(rules: RuleSet, group: str = "activations") -> list[Diagnostic]:
+    """SR207: an activation rule over both Explicit and Auto axes of the `mesh`
+    line's declared types: neither `jax.sharding.reshard` (Explicit axes only)
+    nor `with_sharding_constraint` (Auto axes only) can lay a value out so."""
+    if rules.mesh is None or group not in rules.group_names:
+        return []
+    types = dict(zip(rules.mesh.names, rules.mesh.axis_types, strict=True))
+    out = []
+    for rule in iter_rules(rules, group):
+        axes = [a for a in _names_used(rule) if types.get(a) is not None]
+        explicit = [a for a in axes if types[a] == "explicit"]
+        auto = [a for a in axes if types[a] == "auto"]
+        if explicit and auto:
+            out.append(
+                Diagnostic(
+                    "SR207",
+                    "warning",
+                    f"activation rule `{rule.pattern or 'default'}` lays values out over Explicit axes "
+                    f"({', '.join(explicit)}) and Auto axes ({', '.join(auto)}) at once: neither "
+                    "`jax.sharding.reshard` nor `with_sharding_constraint` can apply it",
+                    rule.spec.span or rule.span,
+                    hint="use axes of one type in an activation rule, or declare the axes one type in the "
+                    "mesh line (`mesh explicit ...`)",
+                )
+            )
+    return out
+
+
 def _names_used(rule: Rule) -> tuple[str, ...]:
     """The mesh axes a rule uses; for a rule lint could not resolve (an error in
     its spec), every name written in it, so that its axes do not look unused."""
@@ -289,4 +317,5 @@ def all_warnings(plan: Plan, replicated_threshold: int = DEFAULT_REPLICATED_THRE
         *rule_warnings(plan),
         *replication_warnings(plan, replicated_threshold),
         *unused_axis_warnings(plan),
+        *axis_type_warnings(plan.rules),
     ]

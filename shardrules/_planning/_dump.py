@@ -69,12 +69,17 @@ class Table:
         return sum(n * part[4] for n, part in zip(counts, self.parts, strict=True))
 
 
-def _mesh_rows(mesh: Any) -> tuple[tuple[str, int, str], ...] | None:
+def _mesh_rows(mesh: Any, rules: Any = None) -> tuple[tuple[str, int, str], ...] | None:
+    """(name, size, type) per axis: the mesh's types, else those the rule
+    file's `mesh` line states for these axes, else `unknown`."""
     if mesh is None:
         return None
     sizes = sizes_of(mesh)
+    declared = rules.mesh if rules is not None else None
     if isinstance(mesh, (Mesh, AbstractMesh)):
         types = [t.name.lower() for t in mesh.axis_types]
+    elif declared is not None and list(declared.names) == list(sizes) and all(declared.axis_types):
+        types = [str(t) for t in declared.axis_types]
     else:
         types = ["unknown"] * len(sizes)
     return tuple((name, size, kind) for (name, size), kind in zip(sizes.items(), types, strict=True))
@@ -127,7 +132,9 @@ def table_of(plan: Plan) -> Table:
         label = rule_label(rule, why, folder, where[0] if where else None)
         name = None if dtype is None else str(dtype)
         parts.append((None if shape is None else tuple(shape), name, _entries(spec), label, int(per_device)))
-    return Table(os.path.basename(plan.rules.name), plan.group, _mesh_rows(plan.mesh), paths, kinds, parts)
+    return Table(
+        os.path.basename(plan.rules.name), plan.group, _mesh_rows(plan.mesh, plan.rules), paths, kinds, parts
+    )
 
 
 def _value(value: Any) -> str:

@@ -124,6 +124,31 @@ def no_mesh_error(what: str) -> Exception:
     )
 
 
+def declared_types(decl: MeshDecl) -> tuple[AxisType, ...]:
+    """The `AxisType` of each axis of a `mesh` line; `Auto` where it states none."""
+    return tuple(AxisType.Explicit if t == "explicit" else AxisType.Auto for t in decl.axis_types)
+
+
+def axis_types_text(mesh: Any, rules: RuleSet | None = None) -> str | None:
+    """`Explicit axes`, `Auto axes` or `axis types: data Explicit, model Auto`
+    for a mesh with types (a `Mesh` or `AbstractMesh`), else for the types
+    the rule file's `mesh` line states for every axis; `None` when unknown."""
+    types: tuple[str, ...] | None = None
+    names: tuple[str, ...] = ()
+    if isinstance(mesh, (Mesh, AbstractMesh)):
+        names, types = tuple(mesh.axis_names), tuple(t.name for t in mesh.axis_types)
+    elif rules is not None and rules.mesh is not None and all(rules.mesh.axis_types):
+        sizes = sizes_of(mesh) if mesh is not None else {}
+        if not sizes or list(sizes) == list(rules.mesh.names):
+            names = rules.mesh.names
+            types = tuple(str(t).capitalize() for t in rules.mesh.axis_types)
+    if not types:
+        return None
+    if len(set(types)) == 1:
+        return f"{types[0]} axes"
+    return "axis types: " + ", ".join(f"{n} {t}" for n, t in zip(names, types, strict=True))
+
+
 def resolve(mesh: MeshLike | None, rules: RuleSet, *, concrete: bool, what: str) -> MeshLike | None:
     """The mesh a call uses: the argument, else the ambient mesh, else the
     rule file's mesh line, else `None`.
@@ -133,7 +158,8 @@ def resolve(mesh: MeshLike | None, rules: RuleSet, *, concrete: bool, what: str)
     not at all when sizes are missing.
 
     With `concrete`, the result has devices (a `jax.sharding.Mesh`); a mesh
-    built from the file's line uses `AxisType.Auto` axes.
+    built from the file's line has the axis types it declares (`explicit`,
+    `auto`), `AxisType.Auto` where it declares none.
     """
     if mesh is None:
         mesh = ambient_mesh()
@@ -148,7 +174,7 @@ def resolve(mesh: MeshLike | None, rules: RuleSet, *, concrete: bool, what: str)
         return jax.make_mesh(
             tuple(sizes.values()),
             tuple(sizes),
-            axis_types=(AxisType.Auto,) * len(sizes),
+            axis_types=declared_types(rules.mesh),
             devices=devices,
         )
     if mesh is None:

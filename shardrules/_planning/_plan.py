@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._errors import Diagnostic, Span, error_for
 from .._gcpause import paused
 from .._language._rules import Rule, RuleSet
-from ._mesh import MeshLike, sizes_of
+from ._mesh import MeshLike, axis_types_text, sizes_of
 
 Why = Literal["rule", "default", "scalar", "size-1", "not an array", "unmatched", "error"]
 
@@ -308,6 +308,8 @@ class Plan:
             if self.mesh is None
             else " on " + ", ".join(f"{k}={v}" for k, v in sizes_of(self.mesh).items())
         )
+        types = axis_types_text(self.mesh, self.rules) if self.mesh is not None else None
+        mesh += f" ({types})" if types else ""
         lines.append(
             f"{plural(len(rows) - 1, 'array')}{mesh}: {format_bytes(self.total_bytes)} in all, "
             f"{format_bytes(self.bytes_per_device)} per device"
