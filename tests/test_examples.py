@@ -1,13 +1,18 @@
-"""The bundled examples run to completion from any working directory, and their rule
-files are in the canonical layout."""
+"""The bundled examples run to completion from any working directory, with the mesh's
+Explicit axes (the default) and with `--auto-axes`; the training examples end with
+the same loss on Explicit axes, on Auto axes and on one device; and their rule files
+are in the canonical layout."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import shardrules as sr
@@ -16,38 +21,112 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # Entry points: scripts directly inside an example folder that run as `__main__`.
 SCRIPTS = sorted(p for p in EXAMPLES.glob("*/*.py") if 'if __name__ == "__main__":' in p.read_text())
 RULE_FILES = sorted(EXAMPLES.rglob("*.shard"))
+# Scripts that build a mesh take `--auto-axes`; those that train take `--one-device` too.
+MESH_SCRIPTS = [p for p in SCRIPTS if "--auto-axes" in p.read_text()]
+TRAINING_SCRIPTS = [p for p in SCRIPTS if "--one-device" in p.read_text()]
+NO_MESH = {"from_pmap/train_pmap.py"}  # jax.pmap: no mesh, no flags
+TRAINING = {
+    "equinox/train.py",
+    "flax_linen/train.py",
+    "flax_nnx/train.py",
+    "from_pmap/train_jit.py",
+    "mlp/train.py",
+    "multihost/launch.py",
+    "optax/train.py",
+    "shard_map/train.py",
+    "torchax/train.py",
+    "transformer/train.py",
+}
+# The line a training example ends with (the last line that mentions the loss).
+LOSS = re.compile(r"\bloss (-?\d+\.\d+) -> (-?\d+\.\d+)$")
+
+Run = Callable[..., subprocess.CompletedProcess]
 
 
 def _name(path: Path) -> str:
     return path.relative_to(EXAMPLES).as_posix()
 
 
+@pytest.fixture(scope="module")
+def run_example(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """`run(script, *flags)`: the script's completed process, run once per module and
+    flags in a fresh directory; it sets up its own devices (no XLA_FLAGS or JAX_PLATFORMS
+    given)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    done: dict[tuple[Path, tuple[str, ...]], subprocess.CompletedProcess] = {}
+
+    def run(script: Path, *flags: str) -> subprocess.CompletedProcess:
+        if (script, flags) not in done:
+            done[script, flags] = subprocess.run(
+                [sys.executable, str(script), *flags],
+                cwd=tmp_path_factory.mktemp(script.parent.name),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        return done[script, flags]
+
+    return run
+
+
+def _output(result: subprocess.CompletedProcess) -> str:
+    return f"{' '.join(result.args[1:])}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def _losses(result: subprocess.CompletedProcess) -> tuple[float, float]:
+    """(A, B) from the `loss A -> B` line a training run ends with."""
+    assert result.returncode == 0, _output(result)
+    assert "ShardRulesWarning" not in result.stderr, _output(result)
+    lines = [line for line in result.stdout.splitlines() if "loss" in line]
+    assert lines, _output(result)
+    found = LOSS.search(lines[-1])
+    assert found, f"the last line about the loss is not `loss A -> B`: {lines[-1]!r}\n{_output(result)}"
+    return float(found[1]), float(found[2])
+
+
 def test_examples_are_found() -> None:
-    """The globs find the bundled example, so the tests below cannot pass on none."""
+    """The globs find the bundled examples, so the tests below cannot pass on none."""
     assert EXAMPLES / "mlp" / "train.py" in SCRIPTS, f"example scripts found: {SCRIPTS}"
     assert EXAMPLES / "mlp" / "mlp.shard" in RULE_FILES, f"rule files found: {RULE_FILES}"
+    # Every script but the pmap one builds a mesh and takes `--auto-axes`; the ones
+    # that train take `--one-device` too (a new training example must join TRAINING).
+    assert {_name(p) for p in SCRIPTS} - {_name(p) for p in MESH_SCRIPTS} == NO_MESH
+    assert {_name(p) for p in TRAINING_SCRIPTS} == TRAINING
+
+
+MODES = [pytest.param(p, (), id=_name(p)) for p in SCRIPTS] + [
+    pytest.param(p, ("--auto-axes",), id=f"{_name(p)}-auto-axes") for p in MESH_SCRIPTS
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", SCRIPTS, ids=_name)
-def test_example_runs(script: Path, tmp_path: Path) -> None:
-    """The script sets up its own devices (no XLA_FLAGS or JAX_PLATFORMS given) and exits 0."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+@pytest.mark.parametrize(("script", "flags"), MODES)
+def test_example_runs(script: Path, flags: tuple[str, ...], run_example: Run) -> None:
+    """The script exits 0 with Explicit axes (the default) and with `--auto-axes`."""
+    result = run_example(script, *flags)
+    output = _output(result)
     assert result.returncode == 0, output
     assert result.stdout.strip(), output
     assert "ShardRulesWarning" not in result.stderr, output  # the examples' rules fit their trees
     if script.stem == "train":
         assert "loss" in result.stdout, output
+    if _name(script) not in NO_MESH and any(LOSS.search(line) for line in result.stdout.splitlines()):
+        assert _name(script) in TRAINING, f"{_name(script)} prints a loss: add it to TRAINING"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", TRAINING_SCRIPTS, ids=_name)
+def test_final_loss_is_the_same_on_every_mesh(script: Path, run_example: Run) -> None:
+    """`loss A -> B` is the same (to float32 rounding; printed with 6 decimals) on the
+    default mesh's Explicit axes, with `--auto-axes` and on one device (`--one-device`):
+    the layout changes where the numbers are computed, not what they are."""
+    explicit = _losses(run_example(script))
+    for flag in ("--auto-axes", "--one-device"):
+        np.testing.assert_allclose(
+            _losses(run_example(script, flag)), explicit, rtol=1e-4, err_msg=f"{_name(script)} {flag}"
+        )
 
 
 @pytest.mark.parametrize("rule_file", RULE_FILES, ids=_name)

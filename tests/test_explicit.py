@@ -240,3 +240,22 @@ def test_a_step_with_a_replicated_mesh_keeps_explicit_types() -> None:
             isinstance(leaf.sharding, NamedSharding)
             and leaf.sharding.mesh.axis_types == (AxisType.Explicit,) * 2
         )
+
+
+def test_a_closed_over_array_is_named_as_the_cause() -> None:
+    """Only arguments are traced without their layouts: an array the function closes
+    over keeps its Explicit layout, and JAX's refusal comes back in our words."""
+    mesh = jax.make_mesh((8,), ("data",))
+    rules = sr.loads('rules params:\n  "w$" -> replicated\nrules inputs:\n  "." -> (data, _)\n')
+    params = sr.apply({"w": jnp.ones((64, 16))}, rules, mesh)
+    x = sr.apply({"x": jnp.ones((128, 64))}, rules, mesh, group="inputs")["x"]
+
+    def grad_w(p: dict, x: jax.Array) -> dict:
+        return jax.grad(lambda p: (x @ p["w"]).sum())(p)
+
+    step = sr.jit(grad_w, rules, mesh, in_groups=("params", "inputs"))
+    assert step(params, x)["w"].shape == (64, 16)  # as an argument: settled
+    with pytest.raises(sr.PlanError) as info:
+        sr.jit(lambda p: grad_w(p, x), rules, mesh, in_groups=("params",))(params)
+    assert info.value.code == "SR117"
+    assert "closes over" in str(info.value) and "pass the arrays the function uses" in str(info.value)

@@ -5,11 +5,16 @@ with `sr.apply`, then trained with 8-way data parallelism: an `eqx.filter_jit`
 step that donates the model and optimizer state, pins their layout with
 `sr.constrain`, and splits the batch over `batch`. Where the tutorial calls
 `eqx.filter_shard` with hand-written shardings, this script names rule groups.
-Run it from anywhere: `python examples/equinox/train.py`.
+
+The mesh has JAX's default Explicit axes; `--auto-axes` builds it with Auto
+axes, and `--one-device` runs the same program on one device (every mesh axis
+of size 1), as a reference.
+Run it from anywhere: `python examples/equinox/train.py [--auto-axes] [--one-device]`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -44,9 +49,21 @@ def describe(name: str, array: jax.Array) -> str:
     return f"  {name:<16} {array.shape!s:<10} {array.sharding.spec!s:<16} shard {shard}"
 
 
-def main() -> int:
+def make_mesh(shape: tuple[int, ...], names: tuple[str, ...], args: argparse.Namespace) -> jax.sharding.Mesh:
+    """`jax.make_mesh` (Explicit axes), Auto axes with `--auto-axes`; `--one-device`: every size 1."""
+    types = (jax.sharding.AxisType.Auto,) * len(names) if args.auto_axes else None
+    if args.one_device:
+        return jax.make_mesh((1,) * len(names), names, types, devices=jax.devices()[:1])
+    return jax.make_mesh(shape, names, types)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--auto-axes", action="store_true", help="build the mesh with Auto axes")
+    parser.add_argument("--one-device", action="store_true", help="every mesh axis of size 1, on one device")
+    args = parser.parse_args(argv)
     rules = sr.load(RULES)
-    mesh = jax.make_mesh((8,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = make_mesh((8,), ("batch",), args)
     print(f"{jax.device_count()} devices, mesh {dict(mesh.shape)}, rules {RULES.name}\n")
 
     model = eqx.nn.MLP(8, 1, width_size=128, depth=2, activation=jax.nn.gelu, key=jax.random.key(0))
@@ -88,7 +105,7 @@ def main() -> int:
     if not losses[-1] < losses[0]:
         print(f"loss did not decrease: {losses[0]:.4f} -> {losses[-1]:.4f}", file=sys.stderr)
         return 1
-    print(f"\nloss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    print(f"\nloss {losses[0]:.6f} -> {losses[-1]:.6f}")
     return 0
 
 

@@ -9,6 +9,11 @@ process passes the same copy; each puts only its own shards) and the batch
 
 On a real cluster, run the worker part once per host with the coordinator's
 address instead (see docs/multihost.md).
+
+The mesh has JAX's default Explicit axes; `--auto-axes` builds it with Auto
+axes (the launcher passes the flag on to the workers). `--one-device` runs the
+same program as one process on one device (every mesh axis of size 1, the
+batch loaded whole), as a reference.
 """
 
 from __future__ import annotations
@@ -29,19 +34,28 @@ PROCESSES, DEVICES_PER_PROCESS = 2, 4
 D_IN, D_HIDDEN, D_OUT, BATCH, STEPS, LEARNING_RATE = 16, 64, 4, 64, 20, 0.2
 
 
-def worker(process_id: int, port: int) -> int:
+def worker(process_id: int, port: int | None, auto_axes: bool = False) -> int:
+    """Process `process_id` of the run; with no `port`, the whole run in this process, on one device."""
+    one_device = port is None
     os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
+    os.environ["XLA_FLAGS"] = (
+        f"--xla_force_host_platform_device_count={1 if one_device else DEVICES_PER_PROCESS}"
+    )
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     import shardrules as sr
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=PROCESSES, process_id=process_id)
+    if not one_device:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
+        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=PROCESSES, process_id=process_id)
     rules = sr.load(RULES)
-    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    types = (jax.sharding.AxisType.Auto,) * 2 if auto_axes else None
+    if one_device:
+        mesh = jax.make_mesh((1, 1), ("data", "model"), types, devices=jax.devices()[:1])
+    else:
+        mesh = jax.make_mesh((2, 4), ("data", "model"), types)
 
     # The same seed on every process: the same parameters (checked before they move).
     rng = np.random.default_rng(0)
@@ -55,9 +69,13 @@ def worker(process_id: int, port: int) -> int:
     }
     params = sr.apply(params, rules, mesh)
 
-    # Each process loads its own rows: a different seed per process, half the batch each.
-    local = (
-        np.random.default_rng(100 + process_id).standard_normal((BATCH // PROCESSES, D_IN)).astype(np.float32)
+    # Each process loads its own rows: a different seed per process, half the batch each
+    # (on one device, this process loads every process's rows).
+    local = np.concatenate(
+        [
+            np.random.default_rng(100 + i).standard_normal((BATCH // PROCESSES, D_IN)).astype(np.float32)
+            for i in (range(PROCESSES) if one_device else [process_id])
+        ]
     )
     batch = sr.apply(
         {"x": local, "y": np.tanh(local @ target)}, rules, mesh, group="inputs", process_local=True
@@ -88,12 +106,13 @@ def worker(process_id: int, port: int) -> int:
     if process_id == 0:
         for i in (0, STEPS // 2, STEPS - 1):
             print(f"step {i:3d}  loss {losses[i]:.4f}")
-        print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
-    jax.distributed.shutdown()
+        print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f}", flush=True)
+    if not one_device:
+        jax.distributed.shutdown()
     return 0 if losses[-1] < losses[0] else 1
 
 
-def launch(timeout: float = 90) -> int:
+def launch(timeout: float = 90, auto_axes: bool = False) -> int:
     """Start the workers, wait for them, and kill them all if one fails or hangs."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,7 +123,8 @@ def launch(timeout: float = 90) -> int:
         logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(PROCESSES)]
         children = [
             subprocess.Popen(
-                [sys.executable, __file__, "--process-id", str(i), "--port", str(port)],
+                [sys.executable, __file__, "--process-id", str(i), "--port", str(port)]
+                + (["--auto-axes"] if auto_axes else []),
                 env=env,
                 stdout=logs[i],
                 stderr=subprocess.STDOUT,
@@ -137,9 +157,19 @@ def _kill(children: list[subprocess.Popen]) -> None:
             child.wait()
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--process-id", type=int, help="run as this worker (the launcher passes it)")
     parser.add_argument("--port", type=int, help="the coordinator's port on 127.0.0.1")
-    args = parser.parse_args()
-    sys.exit(launch() if args.process_id is None else worker(args.process_id, args.port))
+    parser.add_argument("--auto-axes", action="store_true", help="build the mesh with Auto axes")
+    parser.add_argument("--one-device", action="store_true", help="one process, every mesh axis of size 1")
+    args = parser.parse_args(argv)
+    if args.one_device:
+        return worker(0, None, args.auto_axes)
+    if args.process_id is None:
+        return launch(auto_axes=args.auto_axes)
+    return worker(args.process_id, args.port, args.auto_axes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,11 +6,14 @@ with `orbax.checkpoint.StandardCheckpointer`. Then they are restored onto a
 sharding the same rules give on that mesh (each device reads only its shards):
 once with `sr.load_orbax`, which plans from the checkpoint's own metadata, and
 once through Orbax directly, with `sr.shardings` as the restore targets.
-Run it from anywhere: `python examples/orbax/restore.py`.
+
+The meshes have JAX's default Explicit axes; `--auto-axes` builds them with Auto axes.
+Run it from anywhere: `python examples/orbax/restore.py [--auto-axes]`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -52,8 +55,11 @@ def make_weights(rng: np.random.Generator) -> dict:
     }
 
 
-def make_mesh(fsdp: int, model: int) -> jax.sharding.Mesh:
-    return jax.make_mesh((fsdp, model), ("fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+def make_mesh(fsdp: int, model: int, auto_axes: bool) -> jax.sharding.Mesh:
+    """`jax.make_mesh` (Explicit axes), or Auto axes with `--auto-axes`."""
+    return jax.make_mesh(
+        (fsdp, model), ("fsdp", "model"), (jax.sharding.AxisType.Auto,) * 2 if auto_axes else None
+    )
 
 
 def layout(tree: dict) -> str:
@@ -74,26 +80,29 @@ def same_values(got: dict, want: dict) -> bool:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--auto-axes", action="store_true", help="build the mesh with Auto axes")
+    args = parser.parse_args(argv)
     rules = sr.load(RULES)
     weights = make_weights(np.random.default_rng(0))
     checkpointer = ocp.StandardCheckpointer()
     ok = True
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "checkpoint"
-        saved = sr.apply(weights, rules, make_mesh(4, 2))
+        saved = sr.apply(weights, rules, make_mesh(4, 2, args.auto_axes))
         checkpointer.save(path, saved)
         checkpointer.wait_until_finished()
         print(f"saved from fsdp=4, model=2:\n{layout(saved)}\n")
 
         # 1. One call: shapes from the checkpoint's metadata, shardings from the rules.
         for fsdp, model in [(2, 4), (8, 1)]:
-            restored = sr.load_orbax(path, rules, make_mesh(fsdp, model))
+            restored = sr.load_orbax(path, rules, make_mesh(fsdp, model, args.auto_axes))
             ok &= same_values(restored, weights) and restored["step"] == 1000
             print(f"sr.load_orbax onto fsdp={fsdp}, model={model}:\n{layout(restored)}\n")
 
         # 2. Through Orbax directly: abstract targets that carry the planned shardings.
-        mesh = make_mesh(2, 4)
+        mesh = make_mesh(2, 4, args.auto_axes)
         arrays = {k: v for k, v in weights.items() if k != "step"}
         abstract = jax.eval_shape(lambda: arrays)
         targets = jax.tree.map(

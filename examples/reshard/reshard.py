@@ -4,11 +4,14 @@
 already on devices, checks the plan and every array on the target mesh, and
 only then moves the arrays. With `donate=True` each source array is deleted as
 soon as its copy exists, so the extra memory is about one leaf, not the tree.
-Run it from anywhere: `python examples/reshard/reshard.py`.
+
+The meshes have JAX's default Explicit axes; `--auto-axes` builds them with Auto axes.
+Run it from anywhere: `python examples/reshard/reshard.py [--auto-axes]`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -47,11 +50,14 @@ def show(name: str, tree: dict) -> None:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--auto-axes", action="store_true", help="build the mesh with Auto axes")
+    args = parser.parse_args(argv)
     train, rollout = sr.load(HERE / "train.shard"), sr.load(HERE / "rollout.shard")
-    auto = (jax.sharding.AxisType.Auto,) * 2
-    train_mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=auto)
-    rollout_mesh = jax.make_mesh((2, 4), ("replica", "tensor"), axis_types=auto)
+    types = (jax.sharding.AxisType.Auto,) * 2 if args.auto_axes else None  # None: Explicit, JAX's default
+    train_mesh = jax.make_mesh((4, 2), ("data", "model"), types)
+    rollout_mesh = jax.make_mesh((2, 4), ("replica", "tensor"), types)
 
     host = host_params()
     params = sr.apply(host, train, train_mesh)

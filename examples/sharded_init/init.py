@@ -6,11 +6,14 @@
 computes and stores only its own shards, so the whole unsharded model never
 exists anywhere. Here `init_fn` is plain JAX; a Flax `model.init`, an Equinox
 constructor or a Haiku `init` works the same way.
-Run it from anywhere: `python examples/sharded_init/init.py`.
+
+The mesh has JAX's default Explicit axes; `--auto-axes` builds it with Auto axes.
+Run it from anywhere: `python examples/sharded_init/init.py [--auto-axes]`.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import sys
@@ -58,9 +61,17 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def main() -> int:
+def make_mesh(shape: tuple[int, ...], names: tuple[str, ...], args: argparse.Namespace) -> jax.sharding.Mesh:
+    """`jax.make_mesh` (Explicit axes), or Auto axes with `--auto-axes`."""
+    return jax.make_mesh(shape, names, (jax.sharding.AxisType.Auto,) * len(names) if args.auto_axes else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--auto-axes", action="store_true", help="build the mesh with Auto axes")
+    args = parser.parse_args(argv)
     rules = sr.load(RULES)
-    mesh = jax.make_mesh((4, 2), ("fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    mesh = make_mesh((4, 2), ("fsdp", "model"), args)
     key = jax.random.key(0)
 
     # The plan needs shapes only: check it (and its memory) before anything is allocated.

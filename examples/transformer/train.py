@@ -4,11 +4,17 @@ Parameters, batch and activations are laid out by `transformer.shard`, next to
 this file; the model code names its parts with `jax.named_scope` and never
 mentions a sharding. The train step is compiled twice, with and without the
 file's activation rules, to compare per-device memory and the collectives XLA
-chose. Run it from anywhere: `python examples/transformer/train.py`.
+chose.
+
+The mesh has JAX's default Explicit axes; `--auto-axes` builds it with Auto
+axes, and `--one-device` runs the same program on one device (every mesh axis
+of size 1), as a reference.
+Run it from anywhere: `python examples/transformer/train.py [--auto-axes] [--one-device]`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -105,9 +111,21 @@ def collectives(hlo: str) -> str:
     return ", ".join(f"{counts[k]} {k}" for k in kinds if counts[k]) or "none"
 
 
-def main() -> int:
+def make_mesh(shape: tuple[int, ...], names: tuple[str, ...], args: argparse.Namespace) -> jax.sharding.Mesh:
+    """`jax.make_mesh` (Explicit axes), Auto axes with `--auto-axes`; `--one-device`: every size 1."""
+    types = (jax.sharding.AxisType.Auto,) * len(names) if args.auto_axes else None
+    if args.one_device:
+        return jax.make_mesh((1,) * len(names), names, types, devices=jax.devices()[:1])
+    return jax.make_mesh(shape, names, types)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--auto-axes", action="store_true", help="build the mesh with Auto axes")
+    parser.add_argument("--one-device", action="store_true", help="every mesh axis of size 1, on one device")
+    args = parser.parse_args(argv)
     rules = sr.load(RULES)
-    mesh = jax.make_mesh((4, 2), ("fsdp", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    mesh = make_mesh((4, 2), ("fsdp", "model"), args)
     rng = np.random.default_rng(0)
     params = sr.apply(init_params(rng), rules, mesh)
     # A learnable task: predict the next token of a repeating sequence.
@@ -142,7 +160,7 @@ def main() -> int:
             print(f"step {i:3d}  loss {losses[-1]:.4f}")
     q = params["blocks"][0]["attn"]["q"]["kernel"]
     print(f"\nblocks/0/attn/q/kernel {q.shape} {q.sharding.spec}, shard {q.addressable_shards[0].data.shape}")
-    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    print(f"loss {losses[0]:.6f} -> {losses[-1]:.6f}")
     return 0 if losses[-1] < losses[0] else 1
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src.core import ShardingTypeError
+from jax._src.named_sharding import DuplicateSpecError
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._errors import error_for
@@ -17,7 +19,7 @@ from .._interop._paths import flatten, path_str
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._compile import compile_flat
-from ._explicit import Decision, is_explicit, untyped
+from ._explicit import Decision, closed_over_error, is_explicit, untyped
 from ._scopes import Constrainer, interpret
 
 
@@ -195,7 +197,10 @@ def constrained(
         if explicit:  # traced without layouts: JAX cannot refuse what the rules will settle
             with jax.sharding.use_abstract_mesh(AbstractMesh((), ())):
                 traced = [untyped(v) for v in values]
-                closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*traced)
+                try:
+                    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*traced)
+                except (ShardingTypeError, DuplicateSpecError) as err:
+                    raise closed_over_error(fn, err, ruleset) from None
         else:
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*values)
         abstract = resolved.abstract_mesh if isinstance(resolved, Mesh) else resolved

@@ -171,3 +171,25 @@ def suggestion(scope: str, spec: PartitionSpec) -> str:
             f'`jax.named_scope(NAME)` and add `"NAME$" -> ({entries})` under `rules activations:`'
         )
     return f'add `"{scope}$" -> ({entries})` under `rules activations:` (or pass strict=False to infer it)'
+
+
+def closed_over_error(fn: Any, err: Exception, rules: Any) -> Exception:
+    """SR117 for a sharding error met while tracing `fn` without layouts: only
+    arrays `fn` closes over still have theirs then."""
+    from .._errors import Diagnostic, error_for
+
+    said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    name = getattr(fn, "__name__", type(fn).__name__)
+    diag = Diagnostic(
+        "SR117",
+        "error",
+        f"JAX cannot decide a layout while tracing `{name}`: an array it closes over (rather than takes "
+        f"as an argument) is laid out on this mesh's Explicit axes, and its operations keep JAX's own "
+        f"rules; JAX says: {said}",
+        None,
+        None,
+        "pass the arrays the function uses as its arguments (with `in_groups` in `sr.jit`), so that the "
+        "rules settle their layouts",
+        cause="closed-over array on Explicit axes",
+    )
+    return error_for([diag], getattr(rules, "sources", None))
