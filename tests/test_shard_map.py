@@ -209,3 +209,23 @@ def test_sr_shard_map_names_a_lone_array_by_its_parameter_and_checks_the_groups(
     np.testing.assert_allclose(np.asarray(total(kernel)), kernel.sum(0), rtol=1e-4, atol=1e-5)
     with pytest.raises(TypeError, match="in_groups has 2 entries for 1 arguments"):
         sr.shard_map(lambda k: k, rules, mesh, in_groups=("params", None), out_groups=None)(kernel)
+
+
+def test_an_output_that_varies_where_its_spec_replicates_is_sr118():
+    """JAX's vma check, in our words: the loss is a per-device partial sum, and
+    out_groups=None says it is the same on every device."""
+    mesh = _meshes()[0]
+    rules = sr.loads('rules inputs:\n  "x" -> (data, _)\n')
+
+    def local_sum(x: jax.Array) -> jax.Array:
+        return x.sum()
+
+    with pytest.raises(sr.PlanError) as info:
+        sr.shard_map(local_sum, rules, mesh, in_groups=("inputs",), out_groups=None)(jnp.ones((8, 4)))
+    assert info.value.code == "SR118"
+    assert "an output of `local_sum` varies over `data` across devices" in str(info.value)
+    assert "jax.lax.psum" in info.value.hint
+    fixed = sr.shard_map(
+        lambda x: jax.lax.psum(x.sum(), "data"), rules, mesh, in_groups=("inputs",), out_groups=None
+    )
+    assert float(fixed(jnp.ones((8, 4)))) == 32.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._errors import Diagnostic, error_for
 from .._language._rules import RuleSet
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, specs
@@ -214,7 +216,39 @@ class RuleShardMap:
             jax.tree.map(lambda s, x: _laid_out(x, NamedSharding(mesh, s)), spec, arg, is_leaf=_is_spec)
             for spec, arg in zip(in_specs, args, strict=True)
         )
-        return mapped(*placed)
+        try:
+            return mapped(*placed)
+        except ValueError as err:
+            varying = _VARYING.search(str(err))
+            if varying is None or "out_specs" not in str(err):
+                raise
+            raise _varying_output(self, varying, err) from None
+
+
+# JAX's words when an output that out_specs replicates varies over mesh axes
+_VARYING = re.compile(
+    r"out_specs is (?P<spec>P\(.*?\)) which implies .*? possibly varying over \{(?P<axes>[^}]*)\}", re.S
+)
+
+
+def _varying_output(mapped: RuleShardMap, found: re.Match[str], err: Exception) -> Exception:
+    """SR118: an output of the function varies over axes its out spec (from
+    `out_groups`) replicates, in our words."""
+    axes = [a.strip().strip("'") for a in found["axes"].split(",") if a.strip()]
+    name = getattr(mapped.fn, "__name__", "the function")
+    listed = ", ".join(f"`{a}`" for a in axes)
+    diag = Diagnostic(
+        "SR118",
+        "error",
+        f"an output of `{name}` varies over {listed} across devices, but its out_groups entry lays it "
+        f"out as {found['spec']}, the same on every device along {listed}",
+        None,
+        None,
+        f"reduce it over {listed} inside the function (`jax.lax.psum` or `jax.lax.pmean`), or give "
+        f"out_groups a group whose rule shards it over {listed}",
+        cause="shard_map output varies over replicated axes",
+    )
+    return error_for([diag], mapped.rules.sources)
 
 
 def _is_spec(x: Any) -> bool:
