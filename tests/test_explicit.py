@@ -259,3 +259,39 @@ def test_a_closed_over_array_is_named_as_the_cause() -> None:
         sr.jit(lambda p: grad_w(p, x), rules, mesh, in_groups=("params",))(params)
     assert info.value.code == "SR117"
     assert "closes over" in str(info.value) and "pass the arrays the function uses" in str(info.value)
+
+
+def test_unplaced_arguments_are_moved_to_their_groups_layout() -> None:
+    """On Explicit axes the layout is the argument's type: a NumPy array passed for a
+    group is moved to that group's layout first, so the batch stays split."""
+    mesh = explicit_mesh()
+    rules = sr.loads(
+        'rules params:\n  "up$" -> (_, model)\n  "down$" -> (model, _)\nrules inputs:\n  "x" -> (data, _)\n'
+    )
+    params = sr.apply({"up": jnp.ones((16, 64)) / 16, "down": jnp.ones((64, 16)) / 64}, rules, mesh)
+
+    def forward(params: dict, x: jax.Array) -> jax.Array:
+        return (x @ params["up"]) @ params["down"]
+
+    x = np.ones((8, 16), np.float32)
+    out = sr.jit(forward, rules, mesh, in_groups=("params", "inputs"))(params, x)
+    np.testing.assert_allclose(
+        np.asarray(out), x @ np.ones((16, 64)) / 16 @ np.ones((64, 16)) / 64, rtol=1e-6
+    )
+    assert out.sharding.spec == P("data", None)
+
+
+def test_constrain_inside_sr_jit_on_explicit_axes_is_named() -> None:
+    """A layout set inside the step (traced first without layouts) comes back as SR117
+    saying so, with the way out: activation rules and out_groups."""
+    mesh = explicit_mesh()
+    rules = sr.loads('rules params:\n  "up$" -> (_, model)\n  "down$" -> (model, _)\n')
+    params = sr.apply({"up": jnp.ones((16, 64)), "down": jnp.ones((64, 16))}, rules, mesh)
+
+    def forward(params: dict, x: jax.Array) -> jax.Array:
+        params = sr.constrain(params, rules, mesh)
+        return (x @ params["up"]) @ params["down"]
+
+    with pytest.raises(sr.PlanError) as info:
+        sr.jit(forward, rules, mesh, in_groups=("params", None))(params, jnp.ones((8, 16)))
+    assert info.value.code == "SR117" and "shardrules.constrain" in str(info.value)

@@ -183,13 +183,14 @@ def closed_over_error(fn: Any, err: Exception, rules: Any) -> Exception:
     diag = Diagnostic(
         "SR117",
         "error",
-        f"JAX cannot decide a layout while tracing `{name}`: an array it closes over (rather than takes "
-        f"as an argument) is laid out on this mesh's Explicit axes, and its operations keep JAX's own "
-        f"rules; JAX says: {said}",
+        f"JAX cannot decide a layout while tracing `{name}`: the function is traced first without "
+        f"layouts, and an array it closes over (rather than takes as an argument) keeps its layout on "
+        f"this mesh's Explicit axes, or a layout is set inside it (`shardrules.constrain`, "
+        f"`jax.sharding.reshard`); JAX says: {said}",
         None,
         None,
-        "pass the arrays the function uses as its arguments (with `in_groups` in `sr.jit`), so that the "
-        "rules settle their layouts",
+        "pass the arrays the function uses as its arguments (with `in_groups` in `sr.jit`), and give "
+        "layouts inside it with `activations` rules and `out_groups` rather than constrain/reshard calls",
         cause="closed-over array on Explicit axes",
     )
     return error_for([diag], getattr(rules, "sources", None))

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax.core import Tracer
 from jax.sharding import Mesh
 
 from .._language._rules import RuleSet
@@ -99,6 +100,22 @@ def jit(
     return RuleJit(fn, as_rules(rules), mesh, in_groups, out_groups, tuple(donate), activations, strict)
 
 
+def _placed(arg: Any, shardings: Any) -> Any:
+    """`arg` with each concrete array leaf moved to its sharding in `shardings`
+    (a matching pytree, or `None` for "JAX decides") where it is not there."""
+    if shardings is None:
+        return arg
+
+    def one(sharding: Any, leaf: Any) -> Any:
+        if sharding is None or isinstance(leaf, Tracer) or not hasattr(leaf, "shape"):
+            return leaf
+        if isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
+            return leaf
+        return jax.device_put(leaf, sharding)
+
+    return jax.tree.map(one, shardings, arg, is_leaf=lambda x: x is None)
+
+
 def _signature(args: tuple[Any, ...]) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(args)
     return treedef, tuple(
@@ -128,6 +145,7 @@ class RuleJit:
         )
         self.strict = strict
         self._compiled: dict[Any, Any] = {}
+        self._in_shardings: dict[Any, Any] = {}
         functools.update_wrapper(self, fn)
 
     def _mesh(self) -> Mesh:
@@ -194,6 +212,7 @@ class RuleJit:
             donate_argnums=self.donate,
         )
         self._compiled[key] = found
+        self._in_shardings[key] = in_shardings
         for arg, group in zip(args, self.in_groups or (), strict=False):  # once per signature
             leaves = jax.tree.leaves(arg)
             if isinstance(group, str) and not (len(leaves) == 1 and leaves[0] is arg):
@@ -212,7 +231,13 @@ class RuleJit:
 
     def __call__(self, *args: Any) -> Any:
         jitted = self.jitted(*args)
-        with self._context(self._mesh()):
+        mesh = self._mesh()
+        shardings = self._in_shardings.get(_signature(args))
+        if is_explicit(mesh) and shardings is not None:
+            # On Explicit axes the layout is the arguments' type: one not yet laid out
+            # as its group says (a NumPy array, an array on one device) is moved first.
+            args = tuple(_placed(a, s) for a, s in zip(args, shardings, strict=True))
+        with self._context(mesh):
             return jitted(*args)
 
     def lower(self, *args: Any) -> Any:

@@ -1,0 +1,101 @@
+"""Every Python block in docs/ is a complete program, and runs.
+
+The pages whose outputs are compared line by line (tests/test_docs.py: api.md,
+cli.md, diagnostics.md, explicit-axes.md) are run there. On every other page
+under docs/ (the cookbook included), each ```python block runs on its own, as a
+script would: in a fresh namespace (`__name__ == "__main__"`), in a fresh
+folder holding the page's rule files. A ```shard block whose first line is a
+comment naming a file (`# mlp.shard`) is written to that file first, for the
+blocks after it. The 8 simulated CPU devices of the test session stand in for
+the accelerators.
+
+`<!-- not-tested: REASON -->` on the line before a block skips it; the reasons
+are listed in SKIPS below, so that a skip is a decision, not an accident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+COMPARED = {"api.md", "cli.md", "diagnostics.md", "explicit-axes.md"}  # run by test_docs.py
+FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<lang>\w+)[ ]*\n(?P<body>.*?)^(?P=indent)```[ ]*$", re.M | re.S)
+SKIP = re.compile(r"<!--\s*not-tested:\s*(?P<reason>.*?)\s*-->\s*$")
+# page -> how many blocks it skips, and why (each skip needs a reason here too)
+SKIPS: dict[str, tuple[int, str]] = {
+    # launching, joining a coordinator, and one of two processes run at once:
+    # jax.distributed.initialize must run before JAX starts its backends, which the
+    # test session has done (the single-process blocks of the page do run)
+    "multihost.md": (3, "jax.distributed.initialize needs several processes and a fresh JAX"),
+}
+
+
+@dataclasses.dataclass
+class Block:
+    page: str
+    line: int
+    lang: str
+    text: str
+    skipped: str | None
+
+
+def _blocks(page: Path) -> list[Block]:
+    source = page.read_text(encoding="utf-8")
+    out = []
+    for match in FENCE.finditer(source):
+        line = source.count("\n", 0, match.start()) + 1
+        before = source[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        skip = SKIP.search(before)
+        indent = len(match["indent"])
+        text = "\n".join(row[indent:] for row in match["body"].split("\n"))
+        name = page.relative_to(DOCS).as_posix()
+        out.append(Block(name, line, match["lang"], text, skip["reason"] if skip else None))
+    return out
+
+
+PAGES = sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).as_posix() not in COMPARED)
+PROGRAMS = [(p, b) for p in PAGES for b in _blocks(p) if b.lang == "python"]
+
+
+def test_the_pages_have_programs() -> None:
+    """The glob and the fence pattern find the blocks, so the test below cannot pass on none."""
+    assert len(PROGRAMS) >= 40, [f"{b.page}:{b.line}" for _, b in PROGRAMS]
+    assert any(b.page.startswith("cookbook/") for _, b in PROGRAMS)
+
+
+def test_every_skip_is_listed_with_its_reason() -> None:
+    skipped: dict[str, int] = {}
+    for _, block in PROGRAMS:
+        if block.skipped is not None:
+            skipped[block.page] = skipped.get(block.page, 0) + 1
+    assert skipped == {page: count for page, (count, _) in SKIPS.items()}
+
+
+@pytest.mark.parametrize(("page", "block"), PROGRAMS, ids=[f"{b.page}:{b.line}" for _, b in PROGRAMS])
+def test_block_runs_as_a_program(
+    page: Path, block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if block.skipped is not None:
+        pytest.skip(block.skipped)
+    monkeypatch.chdir(tmp_path)
+    for other in _blocks(page):
+        if other.line > block.line:
+            break
+        first = other.text.split("\n", 1)[0].strip()
+        if other.lang == "shard" and re.fullmatch(r"#\s*[\w./-]+\.shard", first):
+            target = tmp_path / first.lstrip("#").strip()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(other.text, encoding="utf-8")
+    monkeypatch.setattr(sys, "argv", [f"{block.page}:{block.line}"])
+    monkeypatch.setitem(os.environ, "XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    code = compile(block.text, f"docs/{block.page}:{block.line}", "exec")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        exec(code, {"__name__": "__main__"})
