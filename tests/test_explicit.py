@@ -295,3 +295,36 @@ def test_constrain_inside_sr_jit_on_explicit_axes_is_named() -> None:
     with pytest.raises(sr.PlanError) as info:
         sr.jit(forward, rules, mesh, in_groups=("params", None))(params, jnp.ones((8, 16)))
     assert info.value.code == "SR117" and "shardrules.constrain" in str(info.value)
+
+
+def test_a_broadcast_mask_does_not_replicate_what_it_masks() -> None:
+    """An element-wise operation on a sharded array and a broadcast (unsharded)
+    mask keeps the sharded layout; `decisions` traces with the `in_groups` layouts
+    even for unplaced arguments."""
+    mesh = explicit_mesh()
+    rules = sr.loads('rules inputs:\n  "s" -> (data, model, _, _)\n')
+
+    def f(s: jax.Array) -> jax.Array:
+        with jax.named_scope("attn"):
+            return jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((16, 16), bool)), s, -1e9), -1)
+
+    s = np.random.default_rng(3).standard_normal((8, 4, 16, 16)).astype(np.float32)
+    step = sr.jit(f, rules, mesh, in_groups=("inputs",))
+    out = step(s)
+    assert jax.typeof(out).sharding.spec == P("data", "model", None, None)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(f)(s)), rtol=1e-6)
+    decided = step.decisions(s)  # NumPy argument: traced as its group lays it out
+    assert decided and all(d.spec == P("data", "model", None, None) for d in decided), decided
+
+
+def test_a_step_inside_another_trace_and_a_closed_over_array_with_out_groups() -> None:
+    mesh = explicit_mesh()
+    params, batch = data()
+    params, batch = sr.apply(params, RULES, mesh), sr.apply(batch, RULES, mesh, group="inputs")
+    step = sr.jit(sgd, RULES, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    _, loss = jax.jit(step)(params, batch)  # inside jax.jit: no set_mesh there
+    np.testing.assert_allclose(float(loss), one_device(1)[0], rtol=2e-5)
+    closed = sr.jit(lambda p: sgd(p, batch), RULES, mesh, in_groups=("params",), out_groups=("params", None))
+    with pytest.raises(sr.PlanError) as info:
+        closed(params)
+    assert info.value.code == "SR117" and "closes over" in str(info.value)

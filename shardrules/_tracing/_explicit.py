@@ -17,7 +17,7 @@ operation:
    operands' layouts of the dimensions the result keeps (batch dimensions,
    then the left operand's, then the right one's; an axis already used by an
    earlier dimension is dropped); for another operation, the layout of its
-   first operand of the same shape, else replicated. An operation JAX still
+   most sharded operand of the same shape, else replicated. An operation JAX still
    refuses runs under `jax.sharding.auto_axes` with that layout. With
    `strict=True`, the inference is an error (SR117) naming the operation's
    scope, its operands' layouts and the rule line that would settle it.
@@ -109,9 +109,9 @@ def inferred_spec(primitive: str, invals: Sequence[Any], params: dict[str, Any],
     """The inferred layout of one result `aval` of an operation."""
     if primitive == "dot_general":
         return contraction_spec(invals[0], invals[1], params["dimension_numbers"])
-    for value in invals:
-        if getattr(value, "shape", None) == aval.shape:
-            return spec_of(value)
+    same = [spec_of(v) for v in invals if getattr(v, "shape", None) == aval.shape]
+    if same:  # the most sharded operand of the result's shape (a broadcast mask is not)
+        return max(same, key=lambda spec: sum(len(_axes(e)) for e in spec))
     return PartitionSpec(*([None] * len(aval.shape)))
 
 

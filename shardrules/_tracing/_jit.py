@@ -10,6 +10,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
+from jax._src.core import ShardingTypeError
+from jax._src.named_sharding import DuplicateSpecError
 from jax.core import Tracer
 from jax.sharding import Mesh
 
@@ -18,7 +21,7 @@ from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules, shardings
 from .._planning._compile import compile_plan
 from ._constrain import constrained
-from ._explicit import Decision, is_explicit, untyped
+from ._explicit import Decision, closed_over_error, is_explicit, untyped
 
 Groups = str | None | Sequence["Groups"]
 
@@ -116,6 +119,27 @@ def _placed(arg: Any, shardings: Any) -> Any:
     return jax.tree.map(one, shardings, arg, is_leaf=lambda x: x is None)
 
 
+def _is_top_level() -> bool:
+    """Whether no JAX transformation is tracing the caller."""
+    from jax._src import core
+
+    return core.trace_state_clean()
+
+
+def _typed(arg: Any, shardings: Any) -> Any:
+    """`arg`'s array leaves as `ShapeDtypeStruct`s with their shardings from
+    `shardings` (where given), for tracing without moving anything."""
+    if shardings is None:
+        return arg
+
+    def one(sharding: Any, leaf: Any) -> Any:
+        if sharding is None or not hasattr(leaf, "shape"):
+            return leaf
+        return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+
+    return jax.tree.map(one, shardings, arg, is_leaf=lambda x: x is None)
+
+
 def _signature(args: tuple[Any, ...]) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(args)
     return treedef, tuple(
@@ -165,10 +189,14 @@ class RuleJit:
         return self.fn
 
     def _context(self, mesh: Mesh) -> contextlib.AbstractContextManager[Any]:
-        """`jax.set_mesh(mesh)` for explicit axes, unless it is JAX's mesh already."""
-        if is_explicit(mesh) and _mesh.ambient_mesh() != mesh:
-            return jax.set_mesh(mesh)
-        return contextlib.nullcontext()
+        """`jax.set_mesh(mesh)` for explicit axes, unless it is JAX's mesh already;
+        inside another trace (`jax.jit`, `jax.grad` of the step), where `set_mesh`
+        is refused, the mesh's abstract form."""
+        if not is_explicit(mesh) or _mesh.ambient_mesh() in (mesh, mesh.abstract_mesh):
+            return contextlib.nullcontext()
+        if not _is_top_level():
+            return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
+        return jax.set_mesh(mesh)
 
     def decisions(self, *args: Any) -> list[Decision]:
         """On a mesh with `Explicit` axes, how the layout of each contraction,
@@ -180,6 +208,10 @@ class RuleJit:
         mesh = self._mesh()
         found: list[Decision] = []
         if is_explicit(mesh):
+            self.jitted(*args)
+            shardings = self._in_shardings.get(_signature(args))
+            if shardings is not None:  # traced with the layouts the step runs with
+                args = tuple(_typed(a, s) for a, s in zip(args, shardings, strict=True))
             with self._context(mesh):
                 jax.make_jaxpr(self._body(mesh, found))(*args)
         return found
@@ -203,7 +235,10 @@ class RuleJit:
         out_shardings = None
         if self.out_groups is not None:
             with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):  # shapes only
-                out_shape = jax.eval_shape(self.fn, *jax.tree.map(untyped, args))
+                try:
+                    out_shape = jax.eval_shape(self.fn, *jax.tree.map(untyped, args))
+                except (ShardingTypeError, DuplicateSpecError) as err:
+                    raise closed_over_error(self.fn, err, self.rules) from None
             out_shardings = _shardings_for(out_shape, self.out_groups, self.rules, mesh, "out_groups")
         found = jax.jit(
             self._body(mesh),
