@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType, Mesh, PartitionSpec
 
 from .._language._rules import RuleSet
+from ._blocks import entry_axes
 from ._mesh import sizes_of
 from ._plan import LeafPlans, Plan
 
@@ -226,7 +227,7 @@ def _validate(table: Table) -> None:
             continue
         if len(spec) > len(shape):
             raise _fail(f"{where}: the spec has {len(spec)} entries for a shape of rank {len(shape)}")
-        axes = [a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e)]
+        axes = [a for e in spec for a in entry_axes(e)]
         if len(set(axes)) != len(axes):
             raise _fail(f"{where}: the spec names a mesh axis twice")
         if sizes is None:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from ._blocks import block_index, device_coords, entry_axes
 from ._plan import Plan
 
 
@@ -45,15 +46,13 @@ def check_hosts(sizes: Mapping[str, int] | None, hosts: int) -> int:
 @functools.lru_cache(maxsize=256)
 def _pieces(shape: tuple[int, ...], names: tuple[str, ...], spec: tuple, hosts: int) -> np.ndarray:
     """For each host, how many distinct shards of an array with this spec its devices hold."""
-    coords = np.unravel_index(np.arange(math.prod(shape)), shape)  # per axis, each device's coordinate
+    sizes = dict(zip(names, shape, strict=True))
+    coords = device_coords(sizes)
     held = np.ones(hosts, np.int64)
     for entry in spec:
-        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-        if not axes:
+        if not entry_axes(entry):
             continue
-        index = np.ravel_multi_index(
-            tuple(coords[names.index(a)] for a in axes), tuple(shape[names.index(a)] for a in axes)
-        )
+        index, _ = block_index(entry, coords, sizes)
         blocks = np.sort(index.reshape(hosts, -1), axis=1)  # row h: the shard index on host h's devices
         held *= 1 + (np.diff(blocks, axis=1) != 0).sum(axis=1)
     return held

@@ -12,7 +12,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ._blocks import block_index, device_coords, entry_axes
 
 if TYPE_CHECKING:
     from ._plan import LeafPlan
@@ -20,13 +24,6 @@ if TYPE_CHECKING:
 MAX_CELLS = 64  # a larger grid is described in words
 MAX_ROWS = MAX_COLUMNS = 16  # a taller or wider grid does not fit a terminal
 MAX_TEXT_WIDTH = 100  # the widest text grid drawn
-
-
-def entry_axes(entry: Any) -> tuple[str, ...]:
-    """The mesh axes of one `PartitionSpec` entry (`None` → `()`)."""
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def axis_blocks(axes: tuple[str, ...], sizes: dict[str, int]) -> list[str]:
@@ -87,23 +84,17 @@ def grid_of(leaf: LeafPlan, sizes: dict[str, int]) -> Grid | None:
     found = Grid(rows_axes, cols_axes, (len(row_labels), len(col_labels)), labels, [], copies, leading)
     if found.too_large:
         return found
+    sizes = {**sizes, **{a: 1 for a in used if a not in sizes}}  # no sizes (no mesh): one block
+    coords = device_coords(sizes)
+    rows, _ = block_index(rows_axes, coords, sizes)
+    cols, _ = block_index(cols_axes, coords, sizes)
+    first = np.ones_like(rows, dtype=bool)  # the first block of every split leading dimension
+    for axis in leading_axes:
+        first &= coords[axis] == 0
     devices: list[list[list[int]]] = [[[] for _ in col_labels] for _ in row_labels]
-    names = list(sizes)
-    for index in range(math.prod(sizes.values())):
-        coords, rest = {}, index
-        for name in reversed(names):
-            coords[name], rest = rest % sizes[name], rest // sizes[name]
-        if any(coords[a] for a in leading_axes):
-            continue
-        devices[_block(rows_axes, coords, sizes)][_block(cols_axes, coords, sizes)].append(index)
+    for index in np.flatnonzero(first):
+        devices[rows[index]][cols[index]].append(int(index))
     return dataclasses.replace(found, devices=devices)
-
-
-def _block(axes: tuple[str, ...], coords: dict[str, int], sizes: dict[str, int]) -> int:
-    block = 0
-    for axis in axes:  # the first axis major, as `axis_blocks` labels them
-        block = block * sizes.get(axis, 1) + coords.get(axis, 0)
-    return block
 
 
 def device_text(devices: list[int], width: int = 15) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ._blocks import entry_axes
 from ._dump import Entry, Kind, Table
 from ._plan import format_bytes, plural
 from ._transfer import to_receive
@@ -151,13 +152,7 @@ def spec_text(spec: tuple[Entry, ...] | None) -> str:
 
 
 def _axes(spec: tuple[Entry, ...] | None) -> set[str]:
-    out: set[str] = set()
-    for entry in spec or ():
-        if isinstance(entry, str):
-            out.add(entry)
-        elif entry is not None:
-            out.update(entry)
-    return out
+    return {a for entry in spec or () for a in entry_axes(entry)}
 
 
 def _labels(old: Kind, new: Kind, sizes_a: dict[str, int], sizes_b: dict[str, int]) -> tuple[str, str]:

@@ -21,36 +21,11 @@ import math
 
 import numpy as np
 
+from ._blocks import block_index, device_coords, entry_axes
+
 Entry = None | str | tuple[str, ...]
 Spec = tuple[Entry, ...]
 Sizes = tuple[tuple[str, int], ...]  # a mesh's (axis, size) in order, hashable
-
-
-def _axes(entry: Entry) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
-def _coords(sizes: Sizes, count: int) -> dict[str, np.ndarray]:
-    """Each axis's index for the devices at positions `0 .. count-1`."""
-    positions = np.arange(count, dtype=np.int64)
-    out: dict[str, np.ndarray] = {}
-    for name, size in reversed(sizes):
-        out[name] = positions % size
-        positions = positions // size
-    return out
-
-
-def _blocks(entry: Entry, coords: dict[str, np.ndarray], sizes: dict[str, int]) -> tuple[np.ndarray, int]:
-    """The block of one dimension each device holds (the first axis major), and
-    the number of blocks."""
-    count = next(iter(coords.values())).shape[0] if coords else 1
-    block, blocks = np.zeros(count, dtype=np.int64), 1
-    for axis in _axes(entry):
-        block = block * sizes[axis] + coords[axis]
-        blocks *= sizes[axis]
-    return block, blocks
 
 
 @functools.lru_cache(maxsize=4096)
@@ -63,7 +38,7 @@ def held_share(old: Spec, old_sizes: Sizes, new: Spec, new_sizes: Sizes, rank: i
     n_new = math.prod(s for _, s in new_sizes) if new_sizes else 1
     n_old = math.prod(s for _, s in old_sizes) if old_sizes else 1
     both = min(n_new, n_old)
-    new_coords, old_coords = _coords(new_sizes, n_new), _coords(old_sizes, both)
+    new_coords, old_coords = device_coords(dict(new_sizes)), device_coords(dict(old_sizes), both)
     dict_new, dict_old = dict(new_sizes), dict(old_sizes)
     numerator = np.ones(n_new, dtype=np.int64)
     numerator[both:] = 0  # positions the old mesh lacks hold nothing
@@ -71,8 +46,8 @@ def held_share(old: Spec, old_sizes: Sizes, new: Spec, new_sizes: Sizes, rank: i
     old_entries = list(old) + [None] * (rank - len(old))
     new_entries = list(new) + [None] * (rank - len(new))
     for old_entry, new_entry in zip(old_entries, new_entries, strict=True):
-        j, nb = _blocks(new_entry, new_coords, dict_new)
-        i, na = _blocks(old_entry, old_coords, dict_old)
+        j, nb = block_index(new_entry, new_coords, dict_new)
+        i, na = block_index(old_entry, old_coords, dict_old)
         length = math.lcm(na, nb)  # the dimension as `length` units: both splits fall on units
         a, b = length // na, length // nb
         j = j[:both]
@@ -90,7 +65,7 @@ def to_receive(
     `new`, coming from `old`. Both layouts divide the array evenly."""
     numerator, denominator = held_share(old, old_sizes, new, new_sizes, rank)
     new_dict = dict(new_sizes)
-    nbytes = shard_bytes * math.prod(math.prod(new_dict[a] for a in _axes(e)) for e in new)
+    nbytes = shard_bytes * math.prod(math.prod(new_dict[a] for a in entry_axes(e)) for e in new)
     if nbytes % denominator == 0:
         return shard_bytes - (nbytes // denominator) * numerator
     held = [nbytes * int(n) // denominator for n in numerator]  # exact, in Python integers

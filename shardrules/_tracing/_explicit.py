@@ -37,6 +37,8 @@ from jax._src.core import ShapedArray, ShardingTypeError
 from jax._src.named_sharding import DuplicateSpecError
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._planning._blocks import entry_axes
+
 # What JAX raises for a result layout it cannot decide: JAX 0.10 raises a bare
 # AssertionError (listing the operands' types) for an element-wise operation on
 # operands laid out differently; it is only caught around one primitive's bind.
@@ -79,17 +81,11 @@ def spec_of(value: Any) -> PartitionSpec:
     return PartitionSpec(*spec, *([None] * (len(aval.shape) - len(spec))))
 
 
-def _axes(entry: Any) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 def _deduplicated(entries: Sequence[Any]) -> PartitionSpec:
     used: set[str] = set()
     out = []
     for entry in entries:
-        kept = tuple(a for a in _axes(entry) if a not in used)
+        kept = tuple(a for a in entry_axes(entry) if a not in used)
         used.update(kept)
         out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     return PartitionSpec(*out)
@@ -111,7 +107,7 @@ def inferred_spec(primitive: str, invals: Sequence[Any], params: dict[str, Any],
         return contraction_spec(invals[0], invals[1], params["dimension_numbers"])
     same = [spec_of(v) for v in invals if getattr(v, "shape", None) == aval.shape]
     if same:  # the most sharded operand of the result's shape (a broadcast mask is not)
-        return max(same, key=lambda spec: sum(len(_axes(e)) for e in spec))
+        return max(same, key=lambda spec: sum(len(entry_axes(e)) for e in spec))
     return PartitionSpec(*([None] * len(aval.shape)))
 
 

@@ -18,6 +18,7 @@ from .._errors import Diagnostic, error_for
 from .._language._rules import RuleSet
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, specs
+from .._planning._blocks import entry_axes
 
 Groups = str | PartitionSpec | None | Sequence["Groups"]
 
@@ -106,8 +107,7 @@ def _blocks(spec: PartitionSpec, rank: int, sizes: dict[str, int]) -> list[int]:
     entries = list(spec) + [None] * (rank - len(spec))
     out = []
     for entry in entries:
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-        out.append(math.prod(sizes[a] for a in axes))
+        out.append(math.prod(sizes[a] for a in entry_axes(entry)))
     return out
 
 
