@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from jax._src.core import ShardingTypeError
 from jax._src.named_sharding import DuplicateSpecError
-from jax.core import Tracer
 from jax.sharding import Mesh
 
 from .._language._rules import RuleSet
@@ -22,28 +20,9 @@ from .._planning._api import RulesLike, as_rules, shardings
 from .._planning._compile import compile_plan
 from ._constrain import constrained
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
+from ._groups import for_groups, moved, param_names, signature
 
 Groups = str | None | Sequence["Groups"]
-
-
-def _shardings_for(tree: Any, groups: Groups, rules: Any, mesh: Mesh, what: str, name: str = "") -> Any:
-    """Shardings for `tree` (an argument or the output) from `groups`: a group
-    name for the whole tree, `None` for "leave it to JAX", or a sequence with
-    one entry per element of a tuple/list tree. A lone array is matched as
-    `name` (its parameter's name), since it has no path of its own."""
-    if groups is None:
-        return None
-    if isinstance(groups, str):
-        leaves = jax.tree.leaves(tree)
-        if name and len(leaves) == 1 and leaves[0] is tree:
-            return shardings({name: tree}, rules, mesh, group=groups)[name]
-        return shardings(tree, rules, mesh, group=groups)
-    if not isinstance(tree, (tuple, list)) or len(tree) != len(groups):
-        got = f"a {type(tree).__name__}" + (f" of {len(tree)}" if isinstance(tree, (tuple, list)) else "")
-        raise TypeError(
-            f"{what}: {len(groups)} groups given for {got}; give one group per element, or one string"
-        )
-    return type(tree)(_shardings_for(t, g, rules, mesh, what) for t, g in zip(tree, groups, strict=True))
 
 
 def jit(
@@ -103,22 +82,6 @@ def jit(
     return RuleJit(fn, as_rules(rules), mesh, in_groups, out_groups, tuple(donate), activations, strict)
 
 
-def _placed(arg: Any, shardings: Any) -> Any:
-    """`arg` with each concrete array leaf moved to its sharding in `shardings`
-    (a matching pytree, or `None` for "JAX decides") where it is not there."""
-    if shardings is None:
-        return arg
-
-    def one(sharding: Any, leaf: Any) -> Any:
-        if sharding is None or isinstance(leaf, Tracer) or not hasattr(leaf, "shape"):
-            return leaf
-        if isinstance(leaf, jax.Array) and leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
-            return leaf
-        return jax.device_put(leaf, sharding)
-
-    return jax.tree.map(one, shardings, arg, is_leaf=lambda x: x is None)
-
-
 def _is_top_level() -> bool:
     """Whether no JAX transformation is tracing the caller."""
     from jax._src import core
@@ -140,11 +103,10 @@ def _typed(arg: Any, shardings: Any) -> Any:
     return jax.tree.map(one, shardings, arg, is_leaf=lambda x: x is None)
 
 
-def _signature(args: tuple[Any, ...]) -> Any:
-    leaves, treedef = jax.tree_util.tree_flatten(args)
-    return treedef, tuple(
-        (tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x).__name__))) for x in leaves
-    )
+class _Entry(NamedTuple):
+    jitted: Any
+    in_shardings: tuple[Any, ...] | None
+    mesh: Mesh
 
 
 class RuleJit:
@@ -168,8 +130,7 @@ class RuleJit:
             activations if activations is not None and activations in rules.group_names else None
         )
         self.strict = strict
-        self._compiled: dict[Any, Any] = {}
-        self._in_shardings: dict[Any, Any] = {}
+        self._compiled: dict[Any, _Entry] = {}  # per argument signature
         functools.update_wrapper(self, fn)
 
     def _mesh(self) -> Mesh:
@@ -205,31 +166,38 @@ class RuleJit:
         scope, the operation, its operands' shapes and specs, the result's
         spec, and `by` ("rule" with the rule's location, "jax", "inferred" or
         "auto_axes"). Empty on a mesh with `Auto` axes."""
-        mesh = self._mesh()
+        entry = self._entry(args)
         found: list[Decision] = []
-        if is_explicit(mesh):
-            self.jitted(*args)
-            shardings = self._in_shardings.get(_signature(args))
-            if shardings is not None:  # traced with the layouts the step runs with
-                args = tuple(_typed(a, s) for a, s in zip(args, shardings, strict=True))
-            with self._context(mesh):
-                jax.make_jaxpr(self._body(mesh, found))(*args)
+        if is_explicit(entry.mesh):
+            if entry.in_shardings is not None:  # traced with the layouts the step runs with
+                args = tuple(_typed(a, s) for a, s in zip(args, entry.in_shardings, strict=True))
+            with self._context(entry.mesh):
+                jax.make_jaxpr(self._body(entry.mesh, found))(*args)
         return found
 
     def jitted(self, *args: Any) -> Any:
         """The `jax.jit`-wrapped function for arguments shaped like `args`."""
-        key = _signature(args)
+        return self._entry(args).jitted
+
+    def _entry(self, args: tuple[Any, ...]) -> _Entry:
+        """The compiled function, argument shardings and mesh for arguments
+        shaped like `args`, made on the first call with their signature."""
+        key = signature(args)
         found = self._compiled.get(key)
         if found is not None:
             return found
         mesh = self._mesh()
+
+        def plan(tree: Any, group: str) -> Any:
+            return shardings(tree, self.rules, mesh, group=group)
+
         in_shardings = None
         if self.in_groups is not None:
             if len(self.in_groups) != len(args):
                 raise TypeError(f"in_groups has {len(self.in_groups)} entries for {len(args)} arguments")
-            names = self._names(len(args))
+            names = param_names(self.fn, len(args))
             in_shardings = tuple(
-                _shardings_for(a, g, self.rules, mesh, "in_groups", n)
+                for_groups(a, g, plan, "in_groups", n)
                 for a, g, n in zip(args, self.in_groups, names, strict=True)
             )
         out_shardings = None
@@ -239,15 +207,14 @@ class RuleJit:
                     out_shape = jax.eval_shape(self.fn, *jax.tree.map(untyped, args))
                 except (ShardingTypeError, DuplicateSpecError) as err:
                     raise closed_over_error(self.fn, err, self.rules) from None
-            out_shardings = _shardings_for(out_shape, self.out_groups, self.rules, mesh, "out_groups")
-        found = jax.jit(
+            out_shardings = for_groups(out_shape, self.out_groups, plan, "out_groups")
+        jitted = jax.jit(
             self._body(mesh),
             in_shardings=in_shardings,
             out_shardings=out_shardings,
             donate_argnums=self.donate,
         )
-        self._compiled[key] = found
-        self._in_shardings[key] = in_shardings
+        found = self._compiled[key] = _Entry(jitted, in_shardings, mesh)
         for arg, group in zip(args, self.in_groups or (), strict=False):  # once per signature
             leaves = jax.tree.leaves(arg)
             if isinstance(group, str) and not (len(leaves) == 1 and leaves[0] is arg):
@@ -255,28 +222,17 @@ class RuleJit:
                 _check.warn_about(compile_plan(arg, self.rules, mesh, group), stacklevel=4)
         return found
 
-    def _names(self, n: int) -> list[str]:
-        """The parameter names of the first `n` positional arguments, where known."""
-        try:
-            params = list(inspect.signature(self.fn).parameters.values())
-        except (TypeError, ValueError):
-            params = []
-        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        return (names + [""] * n)[:n]
-
     def __call__(self, *args: Any) -> Any:
-        jitted = self.jitted(*args)
-        mesh = self._mesh()
-        shardings = self._in_shardings.get(_signature(args))
-        if is_explicit(mesh) and shardings is not None:
+        entry = self._entry(args)
+        if entry.in_shardings is not None and is_explicit(entry.mesh):
             # On Explicit axes the layout is the arguments' type: one not yet laid out
             # as its group says (a NumPy array, an array on one device) is moved first.
-            args = tuple(_placed(a, s) for a, s in zip(args, shardings, strict=True))
-        with self._context(mesh):
-            return jitted(*args)
+            args = tuple(moved(a, s) for a, s in zip(args, entry.in_shardings, strict=True))
+        with self._context(entry.mesh):
+            return entry.jitted(*args)
 
     def lower(self, *args: Any) -> Any:
         """`jax.jit(...).lower(*args)` for the function calls with these shapes use."""
-        jitted = self.jitted(*args)
-        with self._context(self._mesh()):
-            return jitted.lower(*args)
+        entry = self._entry(args)
+        with self._context(entry.mesh):
+            return entry.jitted.lower(*args)

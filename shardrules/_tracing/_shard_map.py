@@ -7,11 +7,10 @@ import functools
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._errors import Diagnostic, error_for
@@ -19,6 +18,7 @@ from .._language._rules import RuleSet
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, specs
 from .._planning._blocks import entry_axes
+from ._groups import for_groups, moved, param_names, signature
 
 Groups = str | PartitionSpec | None | Sequence["Groups"]
 
@@ -75,32 +75,14 @@ def shard_map(
     return RuleShardMap(fn, as_rules(rules), mesh, tuple(in_groups), out_groups, check_vma)
 
 
-def _leaf_names(fn: Callable[..., Any], n: int) -> list[str]:
-    import inspect
-
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return (names + [""] * n)[:n]
-
-
 def _specs_for(tree: Any, groups: Groups, rules: RuleSet, mesh: Mesh, what: str, name: str = "") -> Any:
-    """The spec pytree (a prefix of `tree`) that `groups` gives `tree`."""
-    if groups is None:
-        return PartitionSpec()
-    if isinstance(groups, PartitionSpec):
-        return groups
-    if isinstance(groups, str):
-        leaves = jax.tree.leaves(tree)
-        if name and len(leaves) == 1 and leaves[0] is tree:
-            return specs({name: tree}, rules, mesh, group=groups)[name]
-        return specs(tree, rules, mesh, group=groups)
-    if not isinstance(tree, (tuple, list)) or len(tree) != len(groups):
-        got = f"a {type(tree).__name__}" + (f" of {len(tree)}" if isinstance(tree, (tuple, list)) else "")
-        raise TypeError(f"{what}: {len(groups)} groups given for {got}; give one group per element, or one")
-    return type(tree)(_specs_for(t, g, rules, mesh, what) for t, g in zip(tree, groups, strict=True))
+    """The spec pytree (a prefix of `tree`) that `groups` gives `tree`: `None`
+    is replicated, a `PartitionSpec` is taken as it is."""
+
+    def plan(subtree: Any, group: str) -> Any:
+        return specs(subtree, rules, mesh, group=group)
+
+    return for_groups(tree, groups, plan, what, name, none=PartitionSpec(), literal=PartitionSpec)
 
 
 def _blocks(spec: PartitionSpec, rank: int, sizes: dict[str, int]) -> list[int]:
@@ -134,6 +116,13 @@ def _global_out(local: Any, groups: Groups, rules: RuleSet, mesh: Mesh) -> Any:
     return jax.tree.map(globalised, local, guess, is_leaf=lambda s: s is None)
 
 
+class _Entry(NamedTuple):
+    mapped: Any
+    in_specs: tuple[Any, ...]
+    out_specs: Any
+    in_shardings: tuple[Any, ...]  # in_specs as NamedShardings of the mesh
+
+
 class RuleShardMap:
     """The function `shardrules.shard_map` returns: call it like `fn` on the
     whole arrays."""
@@ -149,7 +138,7 @@ class RuleShardMap:
     ):
         self.fn, self.rules, self.mesh = fn, rules, mesh
         self.in_groups, self.out_groups, self.check_vma = in_groups, out_groups, check_vma
-        self._compiled: dict[Any, tuple[Any, Any, Any]] = {}
+        self._compiled: dict[Any, _Entry] = {}  # per argument signature
         functools.update_wrapper(self, fn)
 
     def _mesh(self) -> Mesh:
@@ -159,33 +148,30 @@ class RuleShardMap:
         assert isinstance(mesh, Mesh)
         return mesh
 
-    def _build(self, args: tuple[Any, ...]) -> tuple[Any, Any, Any]:
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        key = treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+    def _build(self, args: tuple[Any, ...]) -> _Entry:
+        key = signature(args)
         found = self._compiled.get(key)
         if found is not None:
             return found
         mesh = self._mesh()
         if len(self.in_groups) != len(args):
             raise TypeError(f"in_groups has {len(self.in_groups)} entries for {len(args)} arguments")
-        names = _leaf_names(self.fn, len(args))
+        names = param_names(self.fn, len(args))
         in_specs = tuple(
             _specs_for(a, g, self.rules, mesh, "in_groups", n)
             for a, g, n in zip(args, self.in_groups, names, strict=True)
         )
+        in_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), in_specs, is_leaf=_is_spec)
         shapes = tuple(  # typed with their layouts: on Explicit axes in_specs must match the types
             jax.tree.map(
-                lambda spec, x: jax.tree.map(
-                    lambda leaf: jax.ShapeDtypeStruct(
-                        np.shape(leaf), leaf.dtype, sharding=NamedSharding(mesh, spec)
-                    ),
-                    x,
+                lambda sharding, x: jax.tree.map(
+                    lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding), x
                 ),
-                spec_tree,
+                shardings,
                 arg,
-                is_leaf=_is_spec,
+                is_leaf=lambda s: isinstance(s, NamedSharding),
             )
-            for spec_tree, arg in zip(in_specs, args, strict=True)
+            for shardings, arg in zip(in_shardings, args, strict=True)
         )
         probe = jax.shard_map(
             self.fn, mesh=mesh, in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False
@@ -201,23 +187,22 @@ class RuleShardMap:
         mapped = jax.shard_map(
             self.fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=self.check_vma
         )
-        found = self._compiled[key] = (mapped, in_specs, out_specs)
+        found = self._compiled[key] = _Entry(mapped, in_specs, out_specs, in_shardings)
         return found
 
     def specs(self, *args: Any) -> tuple[Any, Any]:
         """`(in_specs, out_specs)` for arguments shaped like `args`."""
-        _, in_specs, out_specs = self._build(args)
-        return in_specs, out_specs
+        entry = self._build(args)
+        return entry.in_specs, entry.out_specs
 
     def __call__(self, *args: Any) -> Any:
-        mapped, in_specs, _ = self._build(args)
-        mesh = self._mesh()
+        entry = self._build(args)
+        # inputs not laid out as their specs say are moved first (inside jit: resharded)
         placed = tuple(
-            jax.tree.map(lambda s, x: _laid_out(x, NamedSharding(mesh, s)), spec, arg, is_leaf=_is_spec)
-            for spec, arg in zip(in_specs, args, strict=True)
+            moved(arg, shardings, _mesh.pin) for arg, shardings in zip(args, entry.in_shardings, strict=True)
         )
         try:
-            return mapped(*placed)
+            return entry.mapped(*placed)
         except ValueError as err:
             varying = _VARYING.search(str(err))
             if varying is None or "out_specs" not in str(err):
@@ -253,17 +238,3 @@ def _varying_output(mapped: RuleShardMap, found: re.Match[str], err: Exception) 
 
 def _is_spec(x: Any) -> bool:
     return isinstance(x, PartitionSpec) or x is None
-
-
-def _laid_out(tree: Any, sharding: NamedSharding) -> Any:
-    """Every array leaf of `tree` with `sharding`: moved when it is not
-    (inside `jax.jit`: resharded or constrained)."""
-
-    def one(x: Any) -> Any:
-        if isinstance(x, Tracer):
-            return _mesh.pin(x, sharding)
-        if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
-            return x
-        return jax.device_put(x, sharding)
-
-    return jax.tree.map(one, tree)
