@@ -16,7 +16,9 @@ How a page is read: its fenced blocks are taken in order.
   (`shardrules._cli._main.main`), stdout and stderr together; `$ echo $?` prints the
   status of the command before it. The lines under a command are its output.
   A block of commands alone has its output shown by the ```text block after it.
-- ```python blocks run in the page's namespace (one per `##` section on
+- A ```python block whose first line is a comment `# NAME.py` is a module that
+  a command imports: it is written to that file, not run.
+- Other ```python blocks run in the page's namespace (one per `##` section on
   diagnostics.md, starting with `sr`, `jax`, `jnp`, `S`, `f32`, `NamedSharding`
   and `P`, as its introduction says; one for the whole page on the others).
   What a block prints, followed by the rendering of a `ShardRulesError` it
@@ -286,6 +288,8 @@ class PageRun:
         first = block.text.split("\n", 1)[0]
         if block.lang == "shard" and (named := re.fullmatch(r"# (\S+\.shard)", first.strip())):
             return named[1]
+        if block.lang == "python" and (named := re.fullmatch(r"# (\S+\.py)", first.strip())):
+            return named[1]
         if saved := re.findall(r"saved as `([^`]+)`", block.paragraph):
             return saved[-1]
         return self.page.default_files.get(block.lang)
@@ -363,6 +367,9 @@ class PageRun:
     # -- Python
 
     def block_python(self, block: Block) -> None:
+        if re.fullmatch(r"# (\S+\.py)", block.text.split("\n", 1)[0].strip()):
+            self.write(block)  # a module a command imports (`--step MODULE:FUNCTION`)
+            return
         if SIGNATURE.fullmatch(block.text.strip()):
             self.signature(block)
             return

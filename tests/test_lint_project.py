@@ -265,7 +265,7 @@ def test_unknown_keys_are_usage_errors_that_suggest_a_key(project, capsys):
     assert "did you mean `replicated-tolerance`?" in err
     assert (
         "(known keys: device-memory, exclude, group, hosts, lint-included, mesh, replicated-threshold, "
-        "replicated-tolerance, shapes, strict)"
+        "replicated-tolerance, shapes, step, strict)"
     ) in err
     write("pyproject.toml", "[tool.shardrules]\nzzz = 1\n")
     assert "did you mean" not in run(["lint", "sharding"], capsys)[2]

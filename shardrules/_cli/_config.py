@@ -118,6 +118,7 @@ KEYS: dict[str, Callable[[str, Any, str], Any]] = {
     "replicated-threshold": _size,
     "replicated-tolerance": _tolerance,
     "shapes": _string,
+    "step": _string,
     "strict": _bool,
 }
 """Every key `[tool.shardrules]` may hold, with the check of its value."""
@@ -194,6 +195,7 @@ _OPTIONS = {
     "replicated-threshold": "replicated_threshold",
     "replicated-tolerance": "replicated_tolerance",
     "shapes": "shapes",
+    "step": "step",
     "strict": "strict",
 }
 

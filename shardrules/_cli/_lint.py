@@ -71,7 +71,7 @@ def _load(path: str) -> tuple[RuleSet, list[Diagnostic]] | Result:
     return rules, found
 
 
-def _sizes(rules: RuleSet, mesh: Mapping[str, int] | None) -> dict[str, int] | None:
+def sizes_for(rules: RuleSet, mesh: Mapping[str, int] | None) -> dict[str, int] | None:
     if mesh is not None:
         return dict(mesh)
     if rules.mesh is None or any(not isinstance(a.size, int) for a in rules.mesh.axes):
@@ -99,7 +99,7 @@ def lint_file(
     if isinstance(loaded, Result):
         return loaded
     rules, load_found = loaded
-    sizes = _sizes(rules, mesh)
+    sizes = sizes_for(rules, mesh)
     if hosts is not None:
         try:
             check_hosts(sizes, hosts)

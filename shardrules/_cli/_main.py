@@ -15,7 +15,7 @@ from .._errors import ShardRulesError
 from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._version import __version__
-from . import _config, _discover, _lint, _plans, _render
+from . import _config, _discover, _lint, _options, _plans, _render, _step
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         help="rule files (.shard), or folders to search for top-level *.shard files "
         "(a file that another rule file includes is checked through it); default: the current folder",
     )
-    _plan_options(lint)
+    _options.plan_options(lint)
+    _options.step_option(lint, "warn about each layout no activation rule gives (SR208)")
     lint.add_argument(
         "--strict",
         action=argparse.BooleanOptionalAction,
@@ -111,7 +112,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Show how the rules lay out the shapes on the mesh, leaf by leaf, with totals.",
     )
     explain.add_argument("rules", metavar="RULES", help="the rule file (.shard)")
-    _plan_options(explain)
+    _options.plan_options(explain)
+    _options.step_option(explain, "show how each contraction's result layout is decided")
     explain.add_argument("--path", metavar="REGEX", help="show only leaves whose path this regex matches")
     explain.add_argument(
         "--html", metavar="FILE", help="also write the plan as a self-contained HTML page to FILE"
@@ -119,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--pictures",
         metavar="N",
-        type=_count,
+        type=_options.count,
         default=3,
         help="draw which devices hold which blocks of the N largest arrays shown (default 3; 0: none)",
     )
@@ -151,44 +153,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _plan_options(parser: argparse.ArgumentParser) -> None:
-    """The options that say what to plan for; each may also be set in
-    `[tool.shardrules]` (see `_config`), which is why none has a default here."""
-    parser.add_argument(
-        "--mesh",
-        metavar="AXIS=SIZE,...",
-        help="axis sizes, e.g. fsdp=32,model=8 (default: the sizes in the file's mesh line)",
-    )
-    parser.add_argument(
-        "--shapes",
-        metavar="SOURCE",
-        help="module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
-        "or a .json file of {path: [shape, dtype]}; only headers are read",
-    )
-    parser.add_argument("--group", help="the rules group to plan (default: params)")
-    parser.add_argument(
-        "--hosts",
-        type=int,
-        metavar="N",
-        help="the mesh's devices are spread over N hosts (consecutive devices in mesh order per host); "
-        "report bytes per host as well as per device",
-    )
-    parser.add_argument(
-        "--device-memory", metavar="SIZE", help="per-device budget, e.g. 80GiB; more is an error (SR110)"
-    )
-    parser.add_argument(
-        "--replicated-threshold",
-        metavar="SIZE",
-        help="warn about fully replicated arrays this large or larger (default: 64MiB)",
-    )
-    parser.add_argument(
-        "--replicated-tolerance",
-        metavar="FRACTION",
-        help="the largest share of the planned bytes that may be fully replicated, e.g. 0.25 or 25%% "
-        "(default: 25%%); more is an error (SR116)",
-    )
-
-
 def _shard_files(
     paths: Sequence[Path], exclude: Sequence[str] = (), force_exclude: bool = False
 ) -> list[Path]:
@@ -196,17 +160,6 @@ def _shard_files(
     `_discover.shard_files`: hidden folders, installed packages, `--exclude`
     and `[tool.shardrules] exclude` are skipped)."""
     return _discover.shard_files(paths, exclude, force_exclude)
-
-
-def _count(text: str) -> int:
-    """A count of 0 or more, for argparse (which names the option on an error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; give 0 or more")
-    return value
 
 
 def _lines(text: str) -> list[str]:
@@ -311,9 +264,10 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
 
 
 def _lint_one(path: str, args: argparse.Namespace, inputs: _Inputs) -> _lint.Result:
-    """`lint_file` of one rule file with the command line's shapes, mesh and options."""
+    """`lint_file` of one rule file with the command line's shapes, mesh and
+    options; with `--step`, the step's findings too (its decisions: `args.decisions`)."""
     tree, mesh, budget, threshold, tolerance = inputs
-    return _lint.lint_file(
+    result = _lint.lint_file(
         path,
         tree,
         mesh,
@@ -323,6 +277,9 @@ def _lint_one(path: str, args: argparse.Namespace, inputs: _Inputs) -> _lint.Res
         hosts=args.hosts,
         replicated_tolerance=tolerance,
     )
+    if getattr(args, "step", None) and not result.errors:
+        _step.add_findings(result, args.step, mesh, args)
+    return result
 
 
 def _lint_command(args: argparse.Namespace) -> int:
@@ -362,9 +319,19 @@ def _explain_command(args: argparse.Namespace) -> int:
         except re.error as err:
             raise _lint.UsageError(f"--path {args.path!r}: not a regular expression: {err}") from None
     _config.apply(args, _config.for_paths([args.rules]))
-    if not args.shapes:
-        raise _lint.UsageError("give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules]")
+    if not args.shapes and not args.step:
+        raise _lint.UsageError(
+            "give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules] "
+            "(or a step to trace: --step MODULE:FUNCTION)"
+        )
+    args.decisions = None
     result = _lint_one(args.rules, args, _inputs(args))
+    if args.decisions:
+        _render.write_table(
+            _step.rows(args.decisions), sys.stdout, _render.use_rich(sys.stdout), _step.HEADER
+        )
+        if result.plan is not None:
+            sys.stdout.write("\n")
     if result.plan is not None:
         rows = _render.explain_rows(result.plan, args.path, args.hosts)
         header = _render.HOST_HEADER if args.hosts is not None else _render.HEADER

@@ -72,7 +72,7 @@ def plan_file(path: str, tree: Any, mesh: dict[str, int] | None, group: str | No
     the_plan: Plan | None = None
     try:
         rules = load(path)
-        the_plan = compile_plan(tree, rules, _lint._sizes(rules, mesh), group or "params")
+        the_plan = compile_plan(tree, rules, _lint.sizes_for(rules, mesh), group or "params")
     except ShardRulesError:
         pass
     if the_plan is not None and the_plan.ok:

@@ -198,9 +198,23 @@ def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def _function_shapes(spec: str) -> Any:
+    fn = import_callable(spec, "mymodel.shapes:llama_70b")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        raise ShapeSourceError(f"{spec!r} must be callable with no arguments") from None
+    except ValueError:  # no signature to inspect (some builtins): just try it
+        pass
+    return jax.eval_shape(fn)
+
+
+def import_callable(spec: str, example: str) -> Callable[..., Any]:
+    """The callable `module:attr` names (`attr` may be dotted), imported with
+    the working directory searched first, as `python -m` would; a
+    `ShapeSourceError` saying what is wrong otherwise (`example`: a spec to show)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ShapeSourceError(f"{spec!r}: write `module:function`, e.g. `mymodel.shapes:llama_70b`")
+        raise ShapeSourceError(f"{spec!r}: write `module:function`, e.g. `{example}`")
     # The working directory is searched first, as `python -m` would, only while importing.
     added = os.getcwd() not in sys.path and "" not in sys.path
     if added:
@@ -219,11 +233,4 @@ def _function_shapes(spec: str) -> Any:
             raise ShapeSourceError(f"{spec!r}: {module_name!r} has no attribute {attr!r}") from None
     if not callable(obj):
         raise ShapeSourceError(f"{spec!r} is not callable")
-    fn: Callable[[], Any] = obj
-    try:
-        inspect.signature(fn).bind()
-    except TypeError:
-        raise ShapeSourceError(f"{spec!r} must be callable with no arguments") from None
-    except ValueError:  # no signature to inspect (some builtins): just try it
-        pass
-    return jax.eval_shape(fn)
+    return obj

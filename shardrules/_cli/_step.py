@@ -1,0 +1,188 @@
+"""`--step MODULE:FUNCTION` for `shardrules lint` and `explain`: trace a train
+step on Explicit mesh axes (no data moves, nothing runs) and list how the
+layout of each contraction, and of each result JAX could not lay out alone,
+was chosen; lint reports the forward-pass layouts no activation rule gives
+(SR208).
+
+`FUNCTION(rules, mesh)` returns `(step, args)`: a `shardrules.jit` step built
+with those rules (and, usually, that mesh) and a tuple of example arguments,
+arrays or `jax.ShapeDtypeStruct`s. The mesh has the sizes of `--mesh` or the
+file's `mesh` line, the axis types the line states (`Explicit` where it states
+none, as `jax.make_mesh` makes them) and simulated CPU devices, unless
+`JAX_PLATFORMS` names another platform.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._errors import Diagnostic, ShardRulesError
+from .._language._rules import RuleSet
+from .._planning._plan import spec_str
+from .._planning._shapes import ShapeSourceError, import_callable
+from ._lint import UsageError
+
+_EXAMPLE = "train:check_step"
+
+
+def _ensure_devices(count: int) -> list[Any]:
+    """`count` devices: simulated CPU ones when JAX has not started yet (and
+    no platform is asked for in `JAX_PLATFORMS`)."""
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        if not os.environ.get("JAX_PLATFORMS"):
+            jax.config.update("jax_platforms", "cpu")
+        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            jax.config.update("jax_num_cpu_devices", max(count, 1))
+    devices = jax.devices()
+    if len(devices) < count:
+        raise UsageError(
+            f"--step: the mesh needs {count} devices and JAX has {len(devices)} "
+            f"({devices[0].platform}); set XLA_FLAGS=--xla_force_host_platform_device_count={count} "
+            "with JAX_PLATFORMS=cpu, or lint for a smaller --mesh"
+        )
+    return devices[:count]
+
+
+def step_mesh(rules: RuleSet, sizes: Mapping[str, int]) -> Any:
+    """The mesh a step is traced on: `sizes`, the types the `mesh` line states
+    (Explicit where it states none), simulated CPU devices."""
+    import jax
+    from jax.sharding import AxisType
+
+    declared = dict(zip(rules.mesh.names, rules.mesh.axis_types, strict=True)) if rules.mesh else {}
+    types = tuple(AxisType.Auto if declared.get(name) == "auto" else AxisType.Explicit for name in sizes)
+    if AxisType.Explicit not in types:
+        raise UsageError(
+            "--step: the mesh line declares every axis `auto`, so XLA lays out every value and there is "
+            "nothing for the rules to decide; state `explicit` axes to check a step for JAX's default meshes"
+        )
+    devices = _ensure_devices(math.prod(sizes.values()))
+    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
+
+
+def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> list[Any]:
+    """The `Decision`s of the step `spec` names, for `rules` on a mesh of `sizes`.
+
+    **Raises:** `UsageError` for a step that cannot be imported, called or
+    traced; `ShardRulesError` from the rules (SR117, SR103, ...)."""
+    from .._tracing._jit import RuleJit
+
+    try:
+        factory = import_callable(spec, _EXAMPLE)
+    except ShapeSourceError as err:
+        raise UsageError(f"--step {err}") from None
+    if sizes is None:
+        raise UsageError(
+            "--step needs the mesh's sizes: pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line"
+        )
+    mesh = step_mesh(rules, sizes)
+    try:
+        made = factory(rules, mesh)
+    except ShardRulesError:
+        raise
+    except Exception as err:
+        raise UsageError(
+            f"--step {spec}: calling it with (rules, mesh) raised {type(err).__name__}: {err}"
+        ) from None
+    if not (
+        isinstance(made, tuple)
+        and len(made) == 2
+        and isinstance(made[0], RuleJit)
+        and isinstance(made[1], (tuple, list))
+    ):
+        got = type(made).__name__ if not isinstance(made, tuple) else f"a tuple of {len(made)}"
+        raise UsageError(
+            f"--step {spec} returned {got}; return the step and its example arguments, e.g. "
+            "`return sr.jit(train_step, rules, mesh, in_groups=(...)), (params, opt_state, batch)`"
+        )
+    step, args = made
+    try:
+        return step.decisions(*args)
+    except ShardRulesError:
+        raise
+    except Exception as err:
+        raise UsageError(f"--step {spec}: tracing the step raised {type(err).__name__}: {err}") from None
+
+
+def _entries(spec: Any) -> str:
+    return ", ".join(
+        "_" if e is None else e if isinstance(e, str) else "(" + ", ".join(e) + ")" for e in spec
+    )
+
+
+def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
+    """SR208 for each forward-pass layout JAX could not decide and no rule
+    gives (the gradient's follow the forward pass and are not listed)."""
+    spans = dict(rules.group_span_items)
+    span = spans.get("activations")
+    out = []
+    for d in decisions:
+        if d.by not in ("inferred", "auto_axes") or d.scope.endswith("(backward)"):
+            continue
+        operands = ", ".join(f"{shape} {spec_str(s)}" for shape, s in d.operands) or "none"
+        how = (
+            f"inferred as {spec_str(d.spec)}"
+            if d.by == "inferred"
+            else f"computed under `jax.sharding.auto_axes` as {spec_str(d.spec)}"
+        )
+        where = f"in scope `{d.scope}`" if d.scope else "outside every named scope"
+        if d.scope:
+            hint = f'to write it in the file, add `"{d.scope}$" -> ({_entries(d.spec)})` under `rules activations:`'
+        else:
+            hint = (
+                "wrap the code that makes it in `jax.named_scope(NAME)` and add "
+                f'`"NAME$" -> ({_entries(d.spec)})` under `rules activations:`'
+            )
+        out.append(
+            Diagnostic(
+                "SR208",
+                "warning",
+                f"no activation rule gives the layout of `{d.primitive}` {where} on Explicit axes: "
+                f"{how} (operands: {operands})",
+                span,
+                d.scope or None,
+                hint,
+                paths=((d.scope, d.shape),),
+                cause=f"`{d.primitive}` {how} (operands: {operands})",
+            )
+        )
+    return out
+
+
+HEADER = ("scope", "operation", "operands", "result", "decided by")
+
+
+def rows(decisions: Sequence[Any]) -> list[tuple[str, ...]]:
+    """One row of `explain --step`'s table per decision."""
+    out = []
+    for d in decisions:
+        operands = ", ".join(f"{shape} {spec_str(s)}" for shape, s in d.operands)
+        by = f"rule {d.rule}" if d.by == "rule" else d.by
+        out.append((d.scope or "(no scope)", d.primitive, operands, f"{d.shape} {spec_str(d.spec)}", by))
+    return out
+
+
+def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: Any) -> None:
+    """Trace the step `spec` for the rule file `result` is about and add its
+    findings to `result` (its decisions to `args.decisions`)."""
+    from .._errors import ordered
+    from .._language._load import load
+    from ._lint import sizes_for
+
+    try:
+        rules = load(result.file)
+    except ShardRulesError:  # lint reports why
+        return
+    try:
+        decisions = trace(spec, rules, sizes_for(rules, mesh))
+    except ShardRulesError as err:
+        result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *err.diagnostics]))
+        return
+    args.decisions = decisions
+    result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *findings(decisions, rules)]))

@@ -1,0 +1,229 @@
+"""`shardrules lint --step` and `explain --step`: a train step traced on Explicit
+mesh axes, each layout JAX leaves ambiguous listed (SR208 when no activation
+rule gives it), and every way of naming a step wrongly refused with a message."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shardrules._cli._main import main
+
+RULES = """\
+mesh data=4, model=2
+
+rules params:
+  "up$"   -> (_, model)
+  "down$" -> (model, _)
+
+rules activations:
+  "up$" -> (data, model)
+
+rules inputs:
+  "x|y" -> (data, _)
+"""
+
+STEP = """\
+import jax
+import jax.numpy as jnp
+
+import shardrules as sr
+
+def forward(params, x):
+    with jax.named_scope("up"):
+        h = jax.nn.gelu(x @ params["up"])
+    with jax.named_scope("down"):
+        return h @ params["down"]
+
+
+def sgd(params, batch):
+    loss_fn = lambda p: jnp.mean((forward(p, batch["x"]) - batch["y"]) ** 2)
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def shapes():
+    S = jax.ShapeDtypeStruct
+    params = {"up": S((16, 64), jnp.float32), "down": S((64, 16), jnp.float32)}
+    batch = {"x": S((32, 16), jnp.float32), "y": S((32, 16), jnp.float32)}
+    return params, batch
+
+
+def check_step(rules, mesh):
+    return sr.jit(sgd, rules, mesh, in_groups=("params", "inputs")), shapes()
+
+
+def mesh_types(rules, mesh):
+    global SEEN
+    SEEN = tuple(t.name for t in mesh.axis_types), dict(mesh.shape)
+    return check_step(rules, mesh)
+
+
+def strict_step(rules, mesh):
+    return sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), strict=True), shapes()
+
+
+def not_a_pair(rules, mesh):
+    return sr.jit(sgd, rules, mesh)
+
+
+def plain_jit(rules, mesh):
+    return jax.jit(sgd), shapes()
+
+
+def no_arguments():
+    return None
+
+
+def raises(rules, mesh):
+    raise RuntimeError("no checkpoint here")
+"""
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A folder with tp.shard and a module of steps (a fresh module name each
+    time, so that no test sees another's import), as the current folder."""
+    module = f"steps_{next(_names)}"
+    (tmp_path / "tp.shard").write_text(RULES)
+    (tmp_path / f"{module}.py").write_text(STEP)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path, module
+
+
+def _lint_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[dict]]:
+    code = main(["lint", *argv, "--format", "json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_lint_warns_about_each_forward_layout_no_rule_gives(project, capsys) -> None:
+    _, module = project
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:check_step")
+    step = [f for f in found if f["code"] == "SR208"]
+    assert code == 0 and len(step) == 1  # a warning: the run passes
+    (finding,) = step
+    assert finding["severity"] == "warning" and finding["path"] == "down"
+    assert "inferred as P('data', None)" in finding["message"]
+    assert "(32, 64) P('data', 'model'), (64, 16) P('model', None)" in finding["message"]
+    assert finding["line"] == 7  # the `rules activations:` header
+    assert '`"down$" -> (data, _)` under `rules activations:`' in finding["hint"]
+    assert main(["lint", "tp.shard", "--step", f"{module}:check_step", "--strict"]) == 1
+
+
+def test_adding_the_hinted_rule_settles_it(project, capsys) -> None:
+    folder, module = project
+    text = RULES.replace('  "up$" -> (data, model)\n', '  "up$" -> (data, model)\n  "down$" -> (data, _)\n')
+    (folder / "tp.shard").write_text(text)
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:check_step")
+    assert code == 0 and [f for f in found if f["code"] == "SR208"] == []
+    assert main(["explain", "tp.shard", "--step", f"{module}:check_step"]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith("down ") and "dot_general" in line)
+    assert "(32, 16) P('data', None)" in row and "rule tp.shard:9:3" in row
+
+
+def test_explain_lists_every_decision(project, capsys) -> None:
+    _, module = project
+    assert main(["explain", "tp.shard", "--step", f"{module}:check_step"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0].split() == ["scope", "operation", "operands", "result", "decided", "by"]
+    rows = [line.split("  ")[0].strip() for line in lines[1:] if line.strip()]
+    assert rows == ["up", "down", "down (backward)", "down (backward)", "up (backward)"]
+    assert "rule tp.shard:8:3" in lines[1] and lines[2].rstrip().endswith("inferred")
+    assert "SR208" in captured.err  # the finding, on stderr as explain prints findings
+
+
+def test_the_mesh_has_the_declared_types_explicit_where_unstated(project, capsys) -> None:
+    folder, module = project
+    text = RULES.replace("mesh data=4, model=2", "mesh data=4, model=2 auto")
+    (folder / "tp.shard").write_text(text.replace('"up$" -> (data, model)', '"up$" -> (data, _)'))
+    assert main(["lint", "tp.shard", "--step", f"{module}:mesh_types", "--mesh", "data=2,model=4"]) == 0
+    seen = sys.modules[module].SEEN
+    assert seen == (("Explicit", "Auto"), {"data": 2, "model": 4})
+    capsys.readouterr()
+
+
+def test_an_all_auto_mesh_has_nothing_to_check(project, capsys) -> None:
+    folder, module = project
+    (folder / "tp.shard").write_text(RULES.replace("mesh data=4", "mesh auto data=4"))
+    assert main(["lint", "tp.shard", "--step", f"{module}:check_step"]) == 2
+    assert "declares every axis `auto`" in capsys.readouterr().err
+
+
+def test_a_strict_step_reports_its_error(project, capsys) -> None:
+    _, module = project
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:strict_step")
+    assert code == 1
+    (error,) = found
+    assert error["code"] == "SR117" and error["path"] == "down" and '"down$" -> (data, _)' in error["hint"]
+
+
+@pytest.mark.parametrize(
+    ("attr", "said"),
+    [
+        ("not_a_pair", "returned RuleJit; return the step and its example arguments"),
+        ("plain_jit", "returned a tuple of 2; return the step"),
+        ("no_arguments", "raised TypeError"),
+        ("raises", "raised RuntimeError: no checkpoint here"),
+        ("missing", "has no attribute 'missing'"),
+    ],
+)
+def test_a_step_named_wrongly_is_a_usage_error(project, capsys, attr: str, said: str) -> None:
+    _, module = project
+    assert main(["lint", "tp.shard", "--step", f"{module}:{attr}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardrules lint: --step") and said in err
+
+
+def test_sizes_are_needed(project, capsys) -> None:
+    folder, module = project
+    (folder / "tp.shard").write_text(RULES.replace("mesh data=4, model=2", "mesh data, model"))
+    assert main(["lint", "tp.shard", "--step", f"{module}:check_step"]) == 2
+    assert "--step needs the mesh's sizes" in capsys.readouterr().err
+    assert main(["lint", "tp.shard", "--step", f"{module}:check_step", "--mesh", "data=4,model=2"]) == 0
+
+
+def test_more_devices_than_jax_has_is_a_usage_error(project, capsys) -> None:
+    _, module = project
+    assert main(["lint", "tp.shard", "--step", f"{module}:check_step", "--mesh", "data=8,model=2"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "the mesh needs 16 devices and JAX has 8" in err
+        and "--xla_force_host_platform_device_count=16" in err
+    )
+
+
+def test_the_step_can_be_set_in_pyproject(project, capsys) -> None:
+    folder, module = project
+    (folder / "pyproject.toml").write_text(f'[tool.shardrules]\nstep = "{module}:check_step"\n')
+    code, found = _lint_json(capsys, "tp.shard")
+    assert code == 0 and [f["code"] for f in found] == ["SR208"]
+
+
+def test_a_fresh_process_gets_simulated_cpu_devices(tmp_path: Path) -> None:
+    """The command line alone, with no XLA_FLAGS: JAX starts with as many CPU
+    devices as the mesh needs."""
+    (tmp_path / "tp.shard").write_text(RULES)
+    (tmp_path / "fresh_steps.py").write_text(STEP)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "shardrules", "lint", "tp.shard", "--step", "fresh_steps:check_step"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "SR208" in done.stdout and "Found 0 errors and 1 warning." in done.stdout
+    assert textwrap.dedent(done.stderr).strip() == ""
