@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import shardrules as sr
 from shardrules._language._format import byte_size_text
 from shardrules._language._parse import parse
-from shardrules._language._rules import Alias, Comment, Item, RuleLine
+from shardrules._language._syntax import Alias, Comment, Item, RuleLine
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from .._errors import ShardRulesError
 from .._language._files import MAX_FILE_BYTES
 from .._language._parse import parse
-from .._language._rules import Include
+from .._language._syntax import Include
 from . import _config
 
 # Folders never searched when a folder is given (name it to search it anyway).

@@ -13,7 +13,8 @@ from .._errors import Diagnostic, Findings, Span, did_you_mean
 from . import _regex
 from ._includes import Statements
 from ._names import unknown_name
-from ._rules import AxisGroup, Entry, MeshDecl, ResolvedEntry, ResolvedSpec, Rule, RuleLine, Spec
+from ._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule
+from ._syntax import Entry, MeshDecl, RuleLine, Spec
 
 _AUTO_OPTIONS = ("min_bytes",)
 

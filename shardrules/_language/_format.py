@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from ._parse import parse
-from ._rules import (
+from ._syntax import (
     Alias,
     AxisRef,
     Comment,

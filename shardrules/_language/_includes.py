@@ -16,7 +16,7 @@ from pathlib import Path
 from .._errors import Diagnostic, Findings, Span, error_for
 from ._files import MAX_FILE_BYTES, MAX_TOTAL_BYTES, read_rule_file, resolved
 from ._parse import parse
-from ._rules import Alias, Include, MeshDecl, RuleLine, RulesHeader
+from ._syntax import Alias, Include, MeshDecl, RuleLine, RulesHeader
 
 MAX_INCLUDE_DEPTH = 16
 """How deep `include`s may nest."""

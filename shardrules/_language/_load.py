@@ -24,7 +24,8 @@ from ._build import build_rules
 from ._files import MAX_FILE_BYTES, read_rule_file, resolved
 from ._includes import Statements, read_statements
 from ._names import check_mesh, resolve_aliases
-from ._rules import MeshDecl, Rule, RuleSet
+from ._rules import Rule, RuleSet
+from ._syntax import MeshDecl
 
 
 def load(path: str | os.PathLike[str], *, include_root: str | os.PathLike[str] | None = None) -> RuleSet:

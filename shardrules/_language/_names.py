@@ -8,7 +8,7 @@ Aliases resolve to mesh axes, through other aliases if need be (`alias batch =
 from __future__ import annotations
 
 from .._errors import Findings, Span, did_you_mean
-from ._rules import Alias, AxisRef, MeshDecl
+from ._syntax import Alias, AxisRef, MeshDecl
 
 
 def check_mesh(meshes: list[MeshDecl], errors: Findings) -> MeshDecl | None:

@@ -14,7 +14,7 @@ import lark.exceptions
 from .._errors import Diagnostic, RuleSyntaxError, Span
 from .._gcpause import paused
 from . import _grammar, _hints
-from ._rules import (
+from ._syntax import (
     Alias,
     AxisRef,
     Comment,

@@ -15,7 +15,8 @@ import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from .._errors import Diagnostic, error_for
-from .._language._rules import MeshDecl, RuleSet
+from .._language._rules import RuleSet
+from .._language._syntax import MeshDecl
 
 MeshLike = Mesh | AbstractMesh | Mapping[str, int]
 

@@ -1,0 +1,155 @@
+"""The rule language's file layer: what one rule file says, as written
+(`RuleFile` and its statements). The formatter prints it back and
+`parse(format(f)) == f`; `_rules` holds what a file means once resolved.
+
+Source spans never take part in equality, so two files that differ only in layout compare equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from .._errors import Span
+
+
+def span_field() -> Any:
+    """A dataclass field for a source span: not compared, not shown."""
+    return dataclasses.field(default=None, compare=False, repr=False)
+
+
+_span = span_field
+
+
+# ------------------------------------------------------------------ file layer
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshAxis:
+    """A `mesh` line's axis: `size` an int, `"*"` or `None`; `type` as written on it, or `None`."""
+
+    name: str
+    size: int | Literal["*"] | None = None
+    span: Span | None = _span()
+    type: Literal["explicit", "auto"] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshDecl:
+    """A `mesh` line; `type` is the one written after `mesh`, for every axis."""
+
+    axes: tuple[MeshAxis, ...]
+    span: Span | None = _span()
+    type: Literal["explicit", "auto"] | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.axes)
+
+    @property
+    def axis_types(self) -> tuple[Literal["explicit", "auto"] | None, ...]:
+        """Each axis's type: its own, else the line's, else `None`."""
+        return tuple(a.type or self.type for a in self.axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Include:
+    path: str
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisRef:
+    """A mesh axis or alias named in a spec; `optional` for a trailing `?`."""
+
+    name: str
+    optional: bool = False
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """`alias name = target`: target is a tuple of names; `()` means `_`."""
+
+    name: str
+    target: tuple[AxisRef, ...]
+    is_tuple: bool = False
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class RulesHeader:
+    group: str
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One spec entry, written as `kind`:
+
+    - `"axes"`: `axes` holds one name (`model`, `model?`) or, if `is_tuple`,
+      several (`(data, fsdp)`); `optional` is the tuple's own trailing `?`;
+    - `"unsharded"`: `_`;
+    - `"ellipsis"`: `...`.
+    """
+
+    kind: Literal["axes", "unsharded", "ellipsis"]
+    axes: tuple[AxisRef, ...] = ()
+    is_tuple: bool = False
+    optional: bool = False
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The right-hand side of a rule, written as `kind`:
+
+    - `"entries"`: `(e1, e2, ...)`;
+    - `"replicated"`;
+    - `"auto"`: `auto(axes, name=value, ...)`, with `auto_axes` one `Entry`
+      of kind `"axes"` and `options` the `name=value` pairs (values in bytes);
+    - `"logical"`: each leaf's own logical axis names, read through the aliases.
+    """
+
+    kind: Literal["entries", "replicated", "auto", "logical"]
+    entries: tuple[Entry, ...] = ()
+    auto_axes: Entry | None = None
+    options: tuple[tuple[str, int], ...] = ()
+    span: Span | None = _span()
+    option_spans: tuple[Span | None, ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleLine:
+    """`"pattern" -> spec`, or `default -> spec` when `pattern` is `None`."""
+
+    pattern: str | None
+    spec: Spec
+    span: Span | None = _span()
+    pattern_span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
+class Comment:
+    """`# text` (text includes the `#`); `trailing` if it ends a statement's line."""
+
+    text: str
+    trailing: bool = False
+    span: Span | None = _span()
+
+
+Statement = MeshDecl | Include | Alias | RulesHeader | RuleLine
+Item = Statement | Comment
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleFile:
+    """One rule file as written: its statements and comments in source order."""
+
+    items: tuple[Item, ...]
+    name: str = dataclasses.field(default="<string>", compare=False)
+    source: str = dataclasses.field(default="", compare=False, repr=False)
+
+    @property
+    def statements(self) -> tuple[Statement, ...]:
+        return tuple(i for i in self.items if not isinstance(i, Comment))
