@@ -8,6 +8,11 @@ params = sr.apply(params, rules, mesh)
 ```
 """
 
+from ._convert._common import Conversion as Conversion
+from ._convert._flax import convert_flax as convert_flax
+from ._convert._hf import convert_hf as convert_hf
+from ._convert._maxtext import convert_maxtext as convert_maxtext
+from ._convert._regex import convert_regex as convert_regex
 from ._errors import Diagnostic as Diagnostic
 from ._errors import GroupNotFoundError as GroupNotFoundError
 from ._errors import IncludeNotFoundError as IncludeNotFoundError
@@ -33,10 +38,10 @@ from ._placement._reshard import reshard as reshard
 from ._placement._sharded_init import init as init
 from ._planning._api import check as check
 from ._planning._api import plan as plan
-from ._planning._api import shardings as shardings
-from ._planning._api import specs as specs
 from ._planning._golden import assert_plan_matches as assert_plan_matches
 from ._planning._inputs import check_devices as check_devices
+from ._planning._layouts import shardings as shardings
+from ._planning._layouts import specs as specs
 from ._planning._plan import LeafPlan as LeafPlan
 from ._planning._plan import Plan as Plan
 from ._planning._shapes import load_shapes as load_shapes
@@ -47,6 +52,7 @@ from ._tracing._shard_map import shard_map as shard_map
 from ._version import __version__ as __version__
 
 __all__ = [
+    "Conversion",
     "Diagnostic",
     "GroupNotFoundError",
     "IncludeNotFoundError",
@@ -70,6 +76,10 @@ __all__ = [
     "check",
     "check_devices",
     "constrain",
+    "convert_flax",
+    "convert_hf",
+    "convert_maxtext",
+    "convert_regex",
     "format_text",
     "init",
     "jit",

@@ -4,8 +4,10 @@ map in docs/architecture.md.
 Stages sit in a stack, each importing only those below it:
 
     _cli → _placement | _tracing → _planning → _interop → _language → _errors
+    _cli → _convert → _language
 
-`_placement` and `_tracing` stand side by side and never import each other.
+`_placement` and `_tracing` stand side by side and never import each other;
+`_convert` (other projects' rules to rule files) needs only the language.
 Every import counts: at the top of a module, inside a function (a lazy
 import), under `if TYPE_CHECKING:`, and `importlib.import_module` or
 `__import__` of a literal name. `_language` and `_errors` need neither JAX nor
@@ -35,10 +37,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "_gcpause": frozenset(),
     "_language": LANGUAGE,
     "_interop": INTEROP,
+    "_convert": LANGUAGE | {"_convert"},
     "_planning": PLANNING,
     "_placement": PLANNING | {"_placement"},
     "_tracing": PLANNING | {"_tracing"},
-    "_cli": PLANNING | {"_placement", "_tracing", "_cli"},
+    "_cli": PLANNING | {"_placement", "_tracing", "_convert", "_cli"},
 }
 """For each stage (a folder, or a base module), the stages it may import."""
 

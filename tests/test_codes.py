@@ -67,6 +67,13 @@ LINT_CASES = {
     ),
     "SR016": ('rules params:\n  "w" -> (..., fsdp, ...)\n', None, SIZES, (2, 22), "`...` stands for"),
     "SR018": ('rules params:\n  "w" -> (fsdp)\n', {"w": S(8)}, SIZES, None, "did you mean `params`?"),
+    "SR019": (
+        'rules params:\n  "w" -> (fsdp) if elemnts > 3\n',
+        None,
+        SIZES,
+        (2, 20),
+        "did you mean `elements`?",
+    ),
     "SR101": ('rules params:\n  "w" -> (modle)\n', None, SIZES, (2, 11), "did you mean `model`?"),
     "SR102": ('rules params:\n  "w" -> (fsdp, fsdp)\n', None, SIZES, (2, 10), "only one dimension"),
     "SR103": (
@@ -150,6 +157,21 @@ LINT_CASES = {
         SIZES,
         (4, 3),
         "the rest of the file was checked",
+    ),
+    # an alias with alternatives: `model` is taken by the fixed `heads`, `expert` is not in the mesh
+    "SR119": (
+        'alias heads = model\nalias mlp = (fsdp, expert) | model\nrules params:\n  "w" -> (mlp, heads)\n',
+        {"w": S(8, 8)},
+        SIZES,
+        (4, 11),
+        "`| _`",
+    ),
+    "SR209": (
+        'mesh data, fsdp, model\nalias mlp = (fsdp, modle) | _ | model\nrules params:\n  "w" -> (mlp)\n',
+        None,
+        SIZES,
+        (2, 20),
+        "did you mean `model`?",
     ),
 }
 GROUPS = {"SR018": "parms"}
@@ -248,6 +270,7 @@ def test_sr206_logical_name_without_an_alias(tmp_path):
 # SR008 and SR009 are triggered in test_hardening.py, SR017 in test_patterns.py; SR206 (a boxed tree) just above;
 # SR117 needs a traced function on Explicit axes: tests/test_explicit.py (strict=True);
 # SR118 a shard_map: tests/test_shard_map.py; SR208 a train step: tests/test_cli_step.py;
+# SR120 needs arrays placed (lint places nothing): tests/test_unconstrained.py;
 # SR112 and SR114 need two processes: tests/test_multihost.py starts them and checks their messages
 # (SR114: test_a_process_that_died_is_named_before_jax_gives_up, and in one process with a fake
 # key-value store, test_processes_that_do_not_post_are_named_sr114).
@@ -266,6 +289,7 @@ TESTED_ELSEWHERE = {
     "SR114",
     "SR117",
     "SR118",
+    "SR120",
     "SR206",
     "SR208",
 }

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-COMPARED = {"api.md", "cli.md", "diagnostics.md", "explicit-axes.md"}  # run by test_docs.py
+COMPARED = {"api.md", "cli.md", "convert.md", "diagnostics.md", "explicit-axes.md"}  # run by test_docs.py
 FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<lang>\w+)[ ]*\n(?P<body>.*?)^(?P=indent)```[ ]*$", re.M | re.S)
 SKIP = re.compile(r"<!--\s*not-tested:\s*(?P<reason>.*?)\s*-->\s*$")
 # page -> how many blocks it skips, and why (each skip needs a reason here too)

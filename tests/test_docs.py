@@ -11,7 +11,10 @@ How a page is read: its fenced blocks are taken in order.
   `shapes.json`, as its introduction says). Every json block must be a shapes
   file that `sr.load_shapes` reads.
 - ```toml blocks named by "saved as `NAME`" (a `pyproject.toml` with settings)
-  are written the same way; others are illustrations and are not read.
+  and ```yaml blocks named so or by a first line `# NAME.yml` (a MaxText
+  config to convert) are written the same way; others are illustrations and
+  are not read. On convert.md (`Page.json_shapes` false) json blocks are
+  written as they are, not read as shapes files (a transformers plan).
 - ```console blocks: each `$ shardrules ARGS` runs in-process
   (`shardrules._cli._main.main`), stdout and stderr together; `$ echo $?` prints the
   status of the command before it. The lines under a command are its output.
@@ -94,6 +97,7 @@ class Page:
     text_is_output: bool = True  # every ```text block shows an output
     fresh_sections: bool = False  # each `##` section in its own folder and namespace
     prelude: dict[str, Any] = dataclasses.field(default_factory=dict)
+    json_shapes: bool = True  # every json block is a shapes file
 
 
 PAGES = {
@@ -115,6 +119,7 @@ PAGES = {
     "cli.md": Page("cli.md", min_checks=17, text_is_output=False),
     "api.md": Page("api.md", min_checks=42),
     "explicit-axes.md": Page("explicit-axes.md", min_checks=2),
+    "convert.md": Page("convert.md", min_checks=17, text_is_output=False, json_shapes=False),
 }
 
 
@@ -290,6 +295,8 @@ class PageRun:
             return named[1]
         if block.lang == "python" and (named := re.fullmatch(r"# (\S+\.py)", first.strip())):
             return named[1]
+        if block.lang == "yaml" and (named := re.fullmatch(r"# (\S+\.ya?ml)", first.strip())):
+            return named[1]
         if saved := re.findall(r"saved as `([^`]+)`", block.paragraph):
             return saved[-1]
         return self.page.default_files.get(block.lang)
@@ -320,8 +327,13 @@ class PageRun:
     def block_toml(self, block: Block) -> None:
         self.write(block)
 
+    def block_yaml(self, block: Block) -> None:
+        self.write(block)
+
     def block_json(self, block: Block) -> None:
         path = self.write(block)
+        if not self.page.json_shapes:
+            return
         if path is None:  # an illustration of the format: still a shapes file
             path = self.folder / "example.json"
             path.write_text(block.text, encoding="utf-8")

@@ -6,6 +6,8 @@ words (SR117)."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -328,3 +330,228 @@ def test_a_step_inside_another_trace_and_a_closed_over_array_with_out_groups() -
     with pytest.raises(sr.PlanError) as info:
         closed(params)
     assert info.value.code == "SR117" and "closes over" in str(info.value)
+
+
+def test_a_vmapped_equinox_linear_takes_the_rule_in_its_own_dimension_order() -> None:
+    """`jax.vmap(eqx.nn.Linear)` contracts to (out, batch) and transposes to the
+    scope's (batch, out): the rule, written for the output, gives the contraction
+    its spec reordered; with strict=True the hint names a rule that settles it."""
+    eqx = pytest.importorskip("equinox")
+    mesh = explicit_mesh()
+    text = 'rules params:\n  "weight$" -> (_, model)\n  default -> replicated\nrules inputs:\n  "x" -> (data, model)\n'
+    linear = eqx.nn.Linear(16, 8, key=jax.random.key(0))  # weight (8, 16): its contraction runs over `model`
+    x = np.random.default_rng(4).standard_normal((32, 16)).astype(np.float32)
+
+    def f(m, x: jax.Array) -> jax.Array:
+        with jax.named_scope("lin"):
+            return jax.vmap(m)(x)
+
+    expected = np.asarray(jax.jit(f)(linear, x))
+
+    def run(rules: sr.RuleSet, strict: bool = False) -> tuple[jax.Array, list]:
+        placed = sr.apply(linear, rules, mesh)
+        xs = sr.apply({"x": x}, rules, mesh, group="inputs")["x"]
+        step = sr.jit(f, rules, mesh, in_groups=("params", None), strict=strict)
+        return step(placed, xs), step.decisions(placed, xs)
+
+    out, decided = run(sr.loads(text + 'rules activations:\n  "lin$" -> (data, _)\n', name="eqx.shard"))
+    dot = [d for d in decided if d.primitive == "dot_general"]
+    assert [(d.shape, d.spec, d.by) for d in dot] == [((8, 32), P(None, "data"), "rule")]
+    assert jax.typeof(out).sharding.spec == P("data", None)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-6)
+
+    with pytest.raises(sr.PlanError) as info:  # no activation rule: strict says which to add
+        run(sr.loads(text + 'rules activations:\n  "unused" -> replicated\n', name="eqx.shard"), strict=True)
+    assert info.value.code == "SR117" and "`dot_general` in scope `lin/eqx.nn.Linear`" in str(info.value)
+    hinted = re.search(r"add `(.*)` under `rules activations:`", info.value.hint)
+    assert hinted is not None and hinted.group(1).endswith("-> (data, _)"), (
+        info.value.hint
+    )  # the output's order
+    rules = sr.loads(text + f"rules activations:\n  {hinted.group(1)}\n", name="eqx.shard")
+    out, decided = run(rules, strict=True)  # the hinted rule settles it: no SR117 again
+    assert [(d.spec, d.by) for d in decided if d.primitive == "dot_general"] == [(P(None, "data"), "rule")]
+    assert jax.typeof(out).sharding.spec == P("data", None)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_contraction_used_only_inside_its_scope_takes_no_rule() -> None:
+    """A rule describes its scope's output: a contraction of the same rank whose
+    result stays inside the scope (attention scores) is left to JAX or inferred,
+    and strict=True says which scope to wrap it in."""
+    mesh = explicit_mesh()
+    rules = sr.loads(
+        'rules inputs:\n  "q|k" -> (data, model)\nrules activations:\n  "attn$" -> (data, model)\n',
+        name="attn.shard",
+    )
+    rng = np.random.default_rng(5)
+    q, k = (rng.standard_normal((32, 16)).astype(np.float32) for _ in range(2))
+
+    def f(q: jax.Array, k: jax.Array) -> jax.Array:
+        with jax.named_scope("attn"):
+            scores = q @ k.T  # (32, 32), contracted over `model`: ambiguous
+            return jax.nn.softmax(scores, -1) @ k
+
+    step = sr.jit(f, rules, mesh, in_groups=("inputs", "inputs"))
+    dots = [d for d in step.decisions(q, k) if d.primitive == "dot_general"]
+    assert [d.by for d in dots] == ["inferred", "rule"], dots
+    np.testing.assert_allclose(np.asarray(step(q, k)), np.asarray(jax.jit(f)(q, k)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(sr.PlanError) as info:
+        sr.jit(f, rules, mesh, in_groups=("inputs", "inputs"), strict=True)(q, k)
+    assert info.value.code == "SR117" and "not an output of scope `attn`" in info.value.hint
+    assert 'jax.named_scope(NAME)` and add `"attn/NAME$" -> (data, _)`' in info.value.hint
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["scan", "scan-of-remat"])
+def test_the_gradient_inside_a_scan_is_backward_and_takes_no_rule(remat: bool) -> None:
+    """Rules describe the forward pass: inside a scanned (and rematerialised)
+    layer, the gradient's contractions are listed as `(backward)`, none takes a
+    rule's spec, and the numbers are those of one device."""
+    mesh = explicit_mesh()
+    rules = sr.loads(
+        r"""rules params:
+  "up$"   -> (_, _, model)
+  "down$" -> (_, model, _)
+rules activations:
+  "layer/up$" -> (data, model)
+rules inputs:
+  "x|y" -> (data, _)
+""",
+        name="scan.shard",
+    )
+    rng = np.random.default_rng(6)
+    params = {
+        "up": (rng.standard_normal((3, 16, 32)) * 0.2).astype(np.float32),
+        "down": (rng.standard_normal((3, 32, 16)) * 0.2).astype(np.float32),
+    }
+    batch = {k: rng.standard_normal((32, 16)).astype(np.float32) for k in ("x", "y")}
+
+    def loss(p: dict, batch: dict) -> jax.Array:
+        def layer(h: jax.Array, w: dict) -> tuple[jax.Array, None]:
+            with jax.named_scope("layer"):
+                with jax.named_scope("up"):
+                    u = jax.nn.relu(h @ w["up"])
+                with jax.named_scope("down"):
+                    return h + u @ w["down"], None
+
+        h = jax.lax.scan(jax.checkpoint(layer) if remat else layer, batch["x"], p)[0]
+        return jnp.mean((h - batch["y"]) ** 2)
+
+    step = sr.jit(jax.value_and_grad(loss), rules, mesh, in_groups=("params", "inputs"))
+    decided = [d for d in step.decisions(params, batch) if d.primitive == "dot_general"]
+    forward = [(d.scope, d.by) for d in decided if not d.scope.endswith("(backward)")]
+    assert forward == [("layer/up", "rule"), ("layer/down", "inferred")]  # one each
+    backward = [d for d in decided if d.scope.endswith("(backward)")]
+    assert {d.scope for d in backward} == {"layer/up (backward)", "layer/down (backward)"}, decided
+    assert len(backward) >= 4 and not [d for d in backward if d.by == "rule"], backward
+    got = step(sr.apply(params, rules, mesh), sr.apply(batch, rules, mesh, group="inputs"))
+    want = jax.jit(jax.value_and_grad(loss))(params, batch)
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=2e-5)
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    # On Auto axes too, the gradient gets no constraints: one per forward layer output.
+    auto = sr.jit(jax.value_and_grad(loss), rules, auto_mesh(), in_groups=("params", "inputs"))
+    assert auto.lower(params, batch).as_text().count("sdy.sharding_constraint") == 1
+
+
+@pytest.mark.parametrize("residual", ["outside", "inside"])
+def test_a_scope_repeated_by_a_loop_has_each_use_matched(residual: str) -> None:
+    """`with jax.named_scope("attn")` in a Python loop, without per-layer names:
+    each use's output is matched as `attn`, whether the residual add is outside
+    the scope or inside it (the next use then takes the output in)."""
+    rules = sr.loads('rules activations:\n  "attn$" -> (data, model)\n', name="loop.shard")
+    rng = np.random.default_rng(7)
+    w, x = (
+        rng.standard_normal((16, 16)).astype(np.float32) / 4,
+        rng.standard_normal((32, 16)).astype(np.float32),
+    )
+
+    def f(w: jax.Array, x: jax.Array) -> jax.Array:
+        for _ in range(2):
+            with jax.named_scope("attn"):
+                h = jnp.tanh(x @ w)
+                if residual == "inside":
+                    x = x + h
+            if residual == "outside":
+                x = x + h
+        return x
+
+    auto = jax.jit(sr.auto_constrain(f, rules, auto_mesh()))
+    assert auto.lower(w, x).as_text().count("sdy.sharding_constraint") == 2
+    step = sr.jit(f, rules, explicit_mesh())
+    dots = [(d.scope, d.spec, d.by) for d in step.decisions(w, x) if d.primitive == "dot_general"]
+    assert dots == [("attn", P("data", "model"), "rule")] * 2
+    np.testing.assert_allclose(np.asarray(step(w, x)), np.asarray(jax.jit(f)(w, x)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_rule_for_a_scope_whose_outputs_are_numbered_warns() -> None:
+    """One use of a scope that makes several outputs has them matched as `S/0`,
+    `S/1`: a rule for `S` alone would match none, which is said, not silent."""
+    rules = sr.loads('rules activations:\n  "attn$" -> (data, model)\n', name="two.shard")
+
+    def f(x: jax.Array) -> jax.Array:
+        with jax.named_scope("attn"):
+            a, b = x * 2, x + 1
+        return a @ b
+
+    with pytest.warns(sr.ShardRulesWarning, match=r"`attn/0`, `attn/1`") as caught:
+        jax.jit(sr.auto_constrain(f, rules, auto_mesh())).lower(jnp.ones((8, 8)))
+    warning = caught[0].message
+    assert isinstance(warning, sr.ShardRulesWarning) and warning.code == "SR201"
+    assert warning.span is not None and (warning.span.file, warning.span.line) == ("two.shard", 2)
+    assert '"attn/\\d+$"' in warning.hint
+
+
+def test_an_activation_rule_over_an_explicit_and_an_auto_axis_is_sr207_at_call_time() -> None:
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    text = 'rules params:\n  "up$" -> (_, model)\nrules activations:\n  "up$" -> {}\nrules inputs:\n  "x" -> (data, _)\n'
+    rng = np.random.default_rng(8)
+    params, x = (
+        {"up": rng.standard_normal((16, 32)).astype(np.float32)},
+        rng.standard_normal((32, 16)).astype(np.float32),
+    )
+
+    def f(p: dict, x: jax.Array) -> jax.Array:
+        with jax.named_scope("up"):
+            return jnp.tanh(x @ p["up"])
+
+    rules = sr.loads(text.format("(data, model)"), name="mixed.shard")
+    with pytest.raises(sr.PlanError) as info:
+        sr.jit(f, rules, mesh, in_groups=("params", "inputs"))(params, x)
+    err = info.value
+    assert err.code == "SR207" and err.span is not None and (err.span.line, err.span.col) == (4, 12)
+    assert "mixed.shard:4:12" in str(err) and "Explicit axes (data) and Auto axes (model)" in str(err)
+    assert "`(data, _)`" in err.hint and "axis_types" in err.hint
+    rules = sr.loads(text.format("(data, _)"), name="mixed.shard")  # the fix the hint gives
+    out = sr.jit(f, rules, mesh, in_groups=("params", "inputs"))(params, x)
+    assert jax.typeof(out).sharding.spec == P("data", None)
+    np.testing.assert_allclose(np.asarray(out), np.tanh(x @ params["up"]), rtol=1e-5, atol=1e-6)
+
+
+def test_the_hinted_rule_settles_an_ambiguous_elementwise_operation_under_strict() -> None:
+    """Not only contractions: a `jnp.where` over cases laid out differently is
+    ambiguous to JAX; the rule SR117 hints at gives it its layout, and strict=True
+    then raises no more."""
+    mesh = explicit_mesh()
+    text = 'rules inputs:\n  "a" -> (data, _)\n  "b" -> replicated\nrules activations:\n'
+    rng = np.random.default_rng(9)
+    a, b = (rng.standard_normal((32, 16)).astype(np.float32) for _ in range(2))
+
+    def f(a: jax.Array, b: jax.Array) -> jax.Array:
+        with jax.named_scope("pick"):
+            return jnp.where(a > 0, a, b)
+
+    def run(rules: sr.RuleSet) -> tuple[jax.Array, list]:
+        step = sr.jit(f, rules, mesh, in_groups=("inputs", "inputs"), strict=True)
+        return step(a, b), step.decisions(a, b)
+
+    with pytest.raises(sr.PlanError) as info:
+        run(sr.loads(text + '  "unused" -> replicated\n', name="pick.shard"))
+    assert info.value.code == "SR117" and "`select_n` in scope `pick`" in str(info.value)
+    hinted = re.search(r"add `(.*)` under `rules activations:`", info.value.hint)
+    assert hinted is not None and hinted.group(1) == '"pick$" -> (data, _)', info.value.hint
+    out, decided = run(sr.loads(text + f"  {hinted.group(1)}\n", name="pick.shard"))
+    assert [(d.primitive, d.spec, d.by, d.rule) for d in decided] == [
+        ("select_n", P("data", None), "rule", "pick.shard:5:3")
+    ]
+    assert jax.typeof(out).sharding.spec == P("data", None)
+    np.testing.assert_allclose(np.asarray(out), np.where(a > 0, a, b))

@@ -471,15 +471,41 @@ def specs(draw: st.DrawFn, names: Sequence[str], axes: Sequence[str]) -> str:
     entries: list[str] = []
     ellipsis = False
     for _ in range(draw(st.integers(0, 4))):
-        kind = draw(st.sampled_from(["axes", "axes", "axes", "_", "..."]))
+        kind = draw(st.sampled_from(["axes", "axes", "axes", "_", "...", "unconstrained"]))
         if kind == "..." and not ellipsis:
             ellipsis = True
             entries.append("...")
-        elif kind == "_":
-            entries.append("_")
+        elif kind in ("_", "unconstrained"):
+            entries.append(kind)
         else:
             entries.append(draw(refs(names)))
     return "(" + w() + f"{w()},{w()}".join(entries) + w() + ")"
+
+
+DTYPE_NAMES = st.sampled_from(["float32", "bfloat16", "int8", "bool", "float8_e4m3fn", "uint4"])
+
+
+@st.composite
+def guards(draw: st.DrawFn) -> str:
+    """`if COND (and COND)*` with irregular spacing: sizes with units for
+    `bytes`, counts for `elements`, dtype names alone or in lists."""
+    w = lambda: draw(WS)  # noqa: E731
+    conditions = []
+    for _ in range(draw(st.integers(1, 3))):
+        variable = draw(st.sampled_from(["elements", "bytes", "dtype"]))
+        if variable == "dtype":
+            op = draw(st.sampled_from(["==", "!=", "in", "not in"]))
+            if op in ("in", "not in"):
+                names = draw(st.lists(DTYPE_NAMES, min_size=1, max_size=3))
+                value = "(" + w() + f"{w()},{w()}".join(names) + w() + ")"
+            else:
+                value = draw(DTYPE_NAMES)
+            op = f"{draw(WS1)}{op.replace(' ', draw(WS1))}{draw(WS1)}"  # words: spaces needed
+        else:
+            op = draw(st.sampled_from(["<", "<=", ">", ">=", "==", "!="]))
+            value = draw(SIZES) if variable == "bytes" else str(draw(st.integers(0, 2**40)))
+        conditions.append(f"{variable}{w()}{op}{w()}{value}")
+    return "if " + w() + f" {w()}and{w()} ".join(conditions)
 
 
 @st.composite
@@ -492,19 +518,27 @@ def rule_files(draw: st.DrawFn) -> str:
 
     # aliases: targets name axes or aliases drawn earlier, so there is no cycle;
     # they are then written in any order (forward references are allowed).
+    # Some aliases have alternatives (`a | (b, c) | _`), which name axes and
+    # aliases of one alternative only.
     alias_names = draw(st.lists(st.sampled_from(ALIASES), max_size=4, unique=True))
     alias_lines = []
-    for i, name in enumerate(alias_names):
-        targets = axes + alias_names[:i]
-        form = draw(st.sampled_from(["name", "name", "tuple", "_"]))
-        if form == "_":
-            target = "_"
-        elif form == "name":
-            target = draw(st.sampled_from(targets))
-        else:
-            inner = draw(st.lists(st.sampled_from(targets), min_size=1, max_size=3, unique=True))
-            target = "(" + w() + f"{w()},{w()}".join(inner) + w() + ")"
-        alias_lines.append(f"alias{w1()}{name}{w()}={w()}{target}")
+    single: list[str] = []  # aliases of one alternative so far
+    for name in alias_names:
+        targets = axes + single
+        count = draw(st.sampled_from([1, 1, 2, 3]))
+        alternatives = []
+        for _ in range(count):
+            form = draw(st.sampled_from(["name", "name", "tuple", "_"]))
+            if form == "_":
+                alternatives.append("_")
+            elif form == "name":
+                alternatives.append(draw(st.sampled_from(targets)))
+            else:
+                inner = draw(st.lists(st.sampled_from(targets), min_size=1, max_size=3, unique=True))
+                alternatives.append("(" + w() + f"{w()},{w()}".join(inner) + w() + ")")
+        if count == 1:
+            single.append(name)
+        alias_lines.append(f"alias{w1()}{name}{w()}={w()}" + f"{w()}|{w()}".join(alternatives))
     names = axes + alias_names
 
     # groups, each opened one or more times; one `default` per group at most
@@ -518,7 +552,8 @@ def rule_files(draw: st.DrawFn) -> str:
                 head = "default"
             else:
                 head = '"' + draw(patterns()) + '"'
-            statements.append(f"{head}{w()}->{w()}{draw(specs(names, axes))}")
+            guard = f" {w()}{draw(guards())}" if draw(st.integers(0, 2)) == 0 else ""
+            statements.append(f"{head}{w()}->{w()}{draw(specs(names, axes))}{guard}")
 
     others = list(alias_lines)
     if draw(st.booleans()):
@@ -597,6 +632,19 @@ def _check_aligned(out: str) -> None:
                 _check_run(run, 0, (kind.__name__, out))
                 run = []
         _check_run(run, 0, (kind.__name__, out))
+
+    # the `if` of the guarded rules of a run: one column, one space after the longest of their specs
+    guarded: list[tuple[int, int]] = []  # (column of `if`, end of the spec), 1-based
+    for number in range(1, len(lines) + 1):
+        item = by_line.get(number)
+        if isinstance(item, RuleLine):
+            if item.guard:
+                assert item.guard_span is not None and item.spec.span is not None
+                guarded.append((item.guard_span.col, item.spec.span.end_col))
+        elif not isinstance(item, Comment):
+            _check_run(guarded, 1, ("if", out))
+            guarded = []
+    _check_run(guarded, 1, ("if", out))
 
     trailing = {
         c.span.line: c.span.col for c in parse(out).items if isinstance(c, Comment) and c.trailing and c.span

@@ -22,13 +22,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Top-level packages made unimportable in the subprocess.
-BLOCKED = ("flax", "optax", "equinox", "torch", "torchax", "orbax", "safetensors")
+BLOCKED = ("flax", "optax", "equinox", "torch", "torchax", "orbax", "safetensors", "yaml")
 
 # Every entry point that needs a framework: name -> (extra it needs, a statement
 # calling it). The statement runs after the preamble below (`sr`, `jax`, `jnp`,
 # `np`, `RULES`, `MESH`, `TMP` are defined) and must raise ImportError.
 ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "load_orbax": ("orbax", "sr.load_orbax(TMP / 'no-checkpoint', RULES, MESH)"),
+    "convert_maxtext": ("yaml", "sr.convert_maxtext(TMP / 'base.yml')"),
 }
 
 _HOOK = f"""
@@ -89,7 +90,7 @@ def test_the_hook_blocks_every_framework(tmp_path):
     body = """
     import importlib
     for name in ("flax", "flax.linen", "flax.nnx", "optax", "equinox", "torch", "torchax",
-                 "orbax.checkpoint", "safetensors"):
+                 "orbax.checkpoint", "safetensors", "yaml"):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -154,6 +155,12 @@ def test_core_api_works_without_any_framework(tmp_path):
                    "--shapes", str(TMP / "shapes.json")])
     assert status == 0, status
 
+    # Converting needs no framework; only reading a MaxText YAML file needs PyYAML.
+    assert sr.convert_flax([("embed", "fsdp")]).exact
+    assert sr.convert_maxtext({"mesh_axes": ["fsdp"], "logical_axis_rules": [["embed", "fsdp"]]}).exact
+    assert sr.convert_hf({"layers.*.q": "colwise"}).exact
+    assert sr.convert_regex([("kernel", P("model"))]).exact
+
     import sys
     loaded_frameworks = sorted({m.split(".")[0] for m in sys.modules} & set(BLOCKED))
     assert not loaded_frameworks, loaded_frameworks
@@ -185,7 +192,7 @@ def test_every_extra_named_is_declared():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for name, (extra, _) in ENTRY_POINTS.items():
         assert extra in extras, f"{name} names the extra {extra!r}, which pyproject.toml does not declare"
-    for package in ("flax", "optax", "equinox", "torchax", "orbax"):
+    for package in ("flax", "optax", "equinox", "torchax", "orbax", "yaml"):
         assert package in extras, f"no extra installs {package}"
     # .safetensors files are read by shardrules itself (see the checkpoint test above)
     assert "safetensors" not in extras

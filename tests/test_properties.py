@@ -153,7 +153,10 @@ _TERMINALS = {
     # keywords (Lark names the anonymous ones after their text)
     **{
         kw.upper(): _word(st.just(kw))
-        for kw in ("mesh", "include", "alias", "rules", "default", "replicated", "auto", "explicit")
+        for kw in (
+            *("mesh", "include", "alias", "rules", "default", "replicated", "auto", "explicit"),
+            *("unconstrained", "if", "and", "not", "in"),  # a spec entry; guards
+        )
     },
 }
 

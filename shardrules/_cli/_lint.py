@@ -14,6 +14,7 @@ from .._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, ordered
 from .._language._load import iter_rules, load_partial
 from .._language._rules import RuleSet
 from .._planning import _check
+from .._planning._choice import alternative_warnings
 from .._planning._compile import compile_plan
 from .._planning._hosts import HostsError, check_hosts
 from .._planning._mesh import declared_sizes
@@ -132,6 +133,7 @@ def lint_file(
     if empty is not None:
         found += _check.unused_axis_warnings(empty)
     found += _check.axis_type_warnings(rules)
+    found += alternative_warnings(rules, sizes)
     if sizes is None:
         hint = "pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line (not `*`)"
         found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]

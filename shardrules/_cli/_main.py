@@ -15,7 +15,7 @@ from .._errors import ShardRulesError
 from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._version import __version__
-from . import _config, _discover, _lint, _options, _plans, _render, _step
+from . import _config, _convert, _discover, _lint, _options, _plans, _render, _step
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -150,6 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     _plans.add_options(diff, sides=True)
     diff.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     diff.set_defaults(run=_plans.run_diff)
+
+    _convert.add_parser(commands)
     return parser
 
 

@@ -132,7 +132,10 @@ def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
             else f"computed under `jax.sharding.auto_axes` as {spec_str(d.spec)}"
         )
         where = f"in scope `{d.scope}`" if d.scope else "outside every named scope"
-        if d.scope:
+        if d.hint:  # the rule for the scope output the result is laid out like, in its dimensions
+            hint = d.hint.replace(" (or pass strict=False to infer it)", "")
+            hint = f"to write it in the file, {hint}" if hint.startswith("add ") else hint
+        elif d.scope:
             hint = f'to write it in the file, add `"{d.scope}$" -> ({_entries(d.spec)})` under `rules activations:`'
         else:
             hint = (

@@ -11,6 +11,8 @@ import re
 
 from .._errors import Diagnostic, Findings, Span, did_you_mean
 from . import _regex
+from ._format import guard_text
+from ._guards import check_guard
 from ._includes import Statements
 from ._names import unknown_name
 from ._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule
@@ -30,6 +32,7 @@ def build_rules(
     aliases: dict[str, tuple[str, ...]],
     *,
     partial: list[Diagnostic] | None = None,
+    alternatives: dict[str, tuple[tuple[str, ...], ...]] | None = None,
 ) -> tuple[dict[str, tuple[Rule, ...]], dict[str, Rule]]:
     """Each group's rules in file order, and each group's `default`.
 
@@ -39,6 +42,8 @@ def build_rules(
       problems are added to `found.errors`.
     - `mesh`: the file's checked `mesh` line, or `None`.
     - `aliases`: the resolved aliases (`resolve_aliases`).
+    - `alternatives`: the aliases with alternatives, resolved (`resolve_aliases`
+      fills it): a spec entry naming one is settled when a leaf is planned.
 
     - `partial`: for `shardrules lint`, which plans what it can of a file with
       errors: a rule whose spec has an error is kept with an `"unresolved"`
@@ -48,7 +53,7 @@ def build_rules(
     **Returns:** `(groups, defaults)`; a rule with an error is left out (but see
     `partial`). Every `rules GROUP:` header makes its group, even one with no rules.
     """
-    specs = _Specs(mesh, aliases, {a.name for a in found.alias_decls}, found.errors)
+    specs = _Specs(mesh, aliases, {a.name for a in found.alias_decls}, found.errors, alternatives or {})
     groups: dict[str, list[Rule]] = {}
     defaults: dict[str, Rule] = {}
     counts: dict[str, int] = {}
@@ -74,7 +79,14 @@ def build_rules(
                     reason = "its pattern has an error, so the rules after it plan the leaves it would take"
                     partial.append(_not_planned(line, reason, found.errors[before]))
                 continue  # a pattern that cannot be matched takes no leaf
+        guard = check_guard(line, guard_text(line.guard) if line.guard else "", found.errors)
+        guard_failed = len(found.errors) > before  # SR019
         spec = specs.resolve(line.spec)
+        if guard_failed:  # a guard that cannot be evaluated takes no leaf
+            if partial is not None:
+                reason = "its guard has an error, so the rules after it plan the leaves it would take"
+                partial.append(_not_planned(line, reason, found.errors[before]))
+            continue
         if spec is None:
             if partial is None:
                 continue
@@ -89,7 +101,7 @@ def build_rules(
             )
             partial.append(_not_planned(line, reason, why))
             spec = ResolvedSpec("unresolved", span=line.spec.span)
-        rule = Rule(group, line.pattern, spec, line.spec, index, line.span, line.pattern_span)
+        rule = Rule(group, line.pattern, spec, line.spec, index, line.span, line.pattern_span, guard)
         if line.pattern is None:
             if group in defaults:
                 found.errors.error(
@@ -162,11 +174,12 @@ class _Specs:
     aliases: dict[str, tuple[str, ...]]
     declared: set[str]  # every alias name defined, including those that failed to resolve
     errors: Findings
+    alternatives: dict[str, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def failed_aliases(self) -> set[str]:
         """Aliases defined but not resolved (their definition has an error)."""
-        return self.declared - set(self.aliases)
+        return self.declared - set(self.aliases) - set(self.alternatives)
 
     def resolve(self, spec: Spec) -> ResolvedSpec | None:
         """`spec` with every name resolved to mesh axes, or `None` (and errors)."""
@@ -176,6 +189,7 @@ class _Specs:
             return ResolvedSpec("replicated", span=spec.span)
         if spec.kind == "logical":  # resolved per leaf, from its names, when compiled
             named = [*(mesh.names if mesh else ()), *(a for axes in aliases.values() for a in axes)]
+            named += [a for alts in self.alternatives.values() for alt in alts for a in alt]
             return ResolvedSpec("logical", span=spec.span, logical_axes=tuple(dict.fromkeys(named)))
         if spec.kind == "auto":
             assert spec.auto_axes is not None
@@ -201,7 +215,14 @@ class _Specs:
                     spec.auto_axes.span,
                     "auto() already skips dimensions that do not divide",
                 )
-            if entry is not None and not entry.axes:
+            if entry is not None and any(g.is_choice for g in entry.groups):
+                self.errors.error(
+                    "SR016",
+                    "an alias with alternatives has no meaning inside auto()",
+                    spec.auto_axes.span,
+                    "auto() needs fixed mesh axes: name them, or an alias of one alternative",
+                )
+            elif entry is not None and not entry.axes:
                 self.errors.error("SR016", "auto() needs at least one mesh axis", spec.auto_axes.span)
             if len(self.errors) > before or entry is None:
                 return None
@@ -231,17 +252,32 @@ class _Specs:
         groups: list[AxisGroup] = []
         axes = set(mesh.names) if mesh else set()
         for ref in entry.axes:
+            if ref.name == "unconstrained":  # the keyword, read as a name inside `(...)` and `auto(...)`
+                self.errors.error(
+                    "SR016",
+                    "`unconstrained` stands for a whole dimension and cannot be one of its mesh axes",
+                    ref.span,
+                    "write it alone as the dimension's entry, e.g. `(batch, unconstrained)`",
+                )
+                return None
             if ref.name in aliases:
                 names = aliases[ref.name]
+            elif ref.name in self.alternatives:  # settled per spec when a leaf is planned
+                order = list(self.alternatives).index(ref.name)
+                alts = self.alternatives[ref.name]
+                groups.append(AxisGroup((), ref.optional, ref.span, ref.name, alts, order))
+                continue
             elif ref.name in self.declared and ref.name not in axes:
                 return None  # an alias whose definition failed: that error is reported already
             elif ref.name == "_" or (mesh is not None and ref.name not in axes):
-                unknown_name(ref, axes, aliases, self.errors)
+                unknown_name(ref, axes, {**aliases, **dict.fromkeys(self.alternatives, ())}, self.errors)
                 return None
             else:
                 names = (ref.name,)
             if names:
                 groups.append(AxisGroup(names, ref.optional, ref.span, ref.name))
+        if entry.optional and any(g.is_choice for g in groups):  # merged once the choice is settled
+            return ResolvedEntry("axes", tuple(groups), span=entry.span, optional=True)
         if entry.optional and groups:  # `(a, b)?`: the whole tuple, or nothing
             written = "(" + ", ".join(r.name for r in entry.axes) + ")"
             groups = [AxisGroup(tuple(a for g in groups for a in g.axes), True, entry.span, written)]

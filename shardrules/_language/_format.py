@@ -1,7 +1,8 @@
 """The canonical printer: a `RuleFile` back to text, in one layout.
 
 Rules are indented two spaces under their group header; the `->` of
-consecutive rules line up, as do the `=` of consecutive aliases; entries are
+consecutive rules line up, as do the `=` of consecutive aliases and the `if`
+of the guarded rules among consecutive rules; entries are
 separated by `, `; sizes print in the largest unit that is exact; comments are
 kept (trailing ones two spaces after the code, aligned within a run of lines);
 runs of blank lines become one, with none at the start or the end.
@@ -15,8 +16,10 @@ from collections.abc import Sequence
 from ._parse import parse
 from ._syntax import (
     Alias,
+    AliasTarget,
     AxisRef,
     Comment,
+    Condition,
     Entry,
     Include,
     Item,
@@ -73,6 +76,8 @@ def entry_text(entry: Entry) -> str:
         return "_"
     if entry.kind == "ellipsis":
         return "..."
+    if entry.kind == "unconstrained":
+        return "unconstrained"
     if not entry.is_tuple:
         return _ref_text(entry.axes[0])
     inner = ", ".join(_ref_text(r) for r in entry.axes)
@@ -91,12 +96,31 @@ def spec_text(spec: Spec) -> str:
     return "(" + ", ".join(entry_text(e) for e in spec.entries) + ")"
 
 
+def guard_text(guard: Sequence[Condition]) -> str:
+    """A rule's guard in canonical form, `if bytes >= 1MiB and dtype in (float32, bfloat16)`."""
+    return "if " + " and ".join(_condition_text(c) for c in guard)
+
+
+def _condition_text(cond: Condition) -> str:
+    def value(v: int | str) -> str:
+        return byte_size_text(v) if cond.variable == "bytes" and isinstance(v, int) else str(v)
+
+    if cond.op in ("in", "not in"):
+        return f"{cond.variable} {cond.op} ({', '.join(value(v) for v in cond.values)})"
+    return f"{cond.variable} {cond.op} {' '.join(value(v) for v in cond.values)}"
+
+
 def _alias_target(alias: Alias) -> str:
-    if not alias.target:
+    """The alias's alternatives, `a | (b, c) | _` (one: as it alone)."""
+    return " | ".join(_alternative_text(alt) for alt in alias.alternatives)
+
+
+def _alternative_text(alt: AliasTarget) -> str:
+    if not alt.target:
         return "_"
-    if not alias.is_tuple:
-        return alias.target[0].name
-    return "(" + ", ".join(r.name for r in alias.target) + ")"
+    if not alt.is_tuple:
+        return alt.target[0].name
+    return "(" + ", ".join(r.name for r in alt.target) + ")"
 
 
 @dataclasses.dataclass
@@ -109,10 +133,11 @@ class _Line:
     comment: str | None = None  # a trailing comment
     kind: str = ""  # "comment", "rule", "alias" or another statement's kind
     blank_before: bool = False
+    guard: str = ""  # a rule's `if ...`, after `right` (aligned later)
 
     @property
     def code(self) -> str:
-        return self.left + self.sep + self.right
+        return self.left + self.sep + self.right + (" " + self.guard if self.guard else "")
 
 
 class _Printer:
@@ -140,6 +165,7 @@ class _Printer:
             record.blank_before = blank
             records.append(record)
         self.align(records, "rule")
+        self.align_guards(records)
         self.align(records, "alias")
         return self.with_comments(records)
 
@@ -159,7 +185,8 @@ class _Printer:
             return _Line(f"rules {stmt.group}:", kind="header")
         assert isinstance(stmt, RuleLine)
         head = "default" if stmt.pattern is None else f'"{stmt.pattern}"'
-        return _Line(INDENT + head, " -> ", spec_text(stmt.spec), kind="rule")
+        guard = guard_text(stmt.guard) if stmt.guard else ""
+        return _Line(INDENT + head, " -> ", spec_text(stmt.spec), kind="rule", guard=guard)
 
     @staticmethod
     def align(records: list[_Line], kind: str) -> None:
@@ -178,6 +205,28 @@ class _Printer:
                 flush()
             if record.kind == kind:
                 run.append(record)
+            elif record.kind != "comment":
+                flush()
+        flush()
+
+    @staticmethod
+    def align_guards(records: list[_Line]) -> None:
+        """Pad the specs of guarded rules so that their `if`s line up over a
+        run of rule lines (runs as in `align`); unguarded rules are not padded."""
+        run: list[_Line] = []
+
+        def flush() -> None:
+            width = max((len(r.right) for r in run), default=0)
+            for r in run:
+                r.right = r.right.ljust(width)
+            run.clear()
+
+        for record in records:
+            if record.blank_before:
+                flush()
+            if record.kind == "rule":
+                if record.guard:
+                    run.append(record)
             elif record.kind != "comment":
                 flush()
         flush()

@@ -116,30 +116,40 @@ def _build_ruleset(text: str, name: str, real: Path, root: Path, *, explicit_roo
     if found.errors:
         raise error_for(found.errors, found.sources)
     mesh = check_mesh(found.meshes, found.errors)
-    aliases = resolve_aliases(found.alias_decls, mesh, found.errors)
-    groups, defaults = build_rules(found, mesh, aliases)
+    alternatives: dict[str, tuple[tuple[str, ...], ...]] = {}
+    aliases = resolve_aliases(found.alias_decls, mesh, found.errors, alternatives)
+    groups, defaults = build_rules(found, mesh, aliases, alternatives=alternatives)
     if found.errors:
         raise error_for(found.errors, found.sources)
-    return _ruleset(name, found, mesh, aliases, groups, defaults)
+    return _ruleset(name, found, mesh, (aliases, alternatives), groups, defaults)
 
 
 def _ruleset(
     name: str,
     found: Statements,
     mesh: MeshDecl | None,
-    aliases: dict[str, tuple[str, ...]],
+    resolved: tuple[dict[str, tuple[str, ...]], dict[str, tuple[tuple[str, ...], ...]]],
     groups: dict[str, tuple[Rule, ...]],
     defaults: dict[str, Rule],
 ) -> RuleSet:
+    """The `RuleSet`; `resolved`: the aliases of one alternative, and those with
+    alternatives (in the order of their `alias` lines)."""
+    aliases, alternatives = resolved
+    named = {**aliases, **alternatives}
+    first = {}  # each alias's first definition (a second is SR012)
+    for alias in reversed(found.alias_decls):
+        first[alias.name] = alias
     return RuleSet(
         name=name,
         mesh=mesh,
         alias_items=tuple(sorted(aliases.items())),
-        alias_span_items=tuple((a.name, a.span) for a in found.alias_decls if a.name in aliases),
+        alias_span_items=tuple((a.name, a.span) for a in found.alias_decls if a.name in named),
         group_span_items=tuple(found.headers.items()),
         group_items=tuple(groups.items()),
         default_items=tuple(defaults.items()),
         source_items=tuple(found.sources.items()),
+        alternative_items=tuple(alternatives.items()),
+        alternative_decls=tuple(first[n] for n in alternatives),
     )
 
 
@@ -159,14 +169,15 @@ def load_partial(path: str) -> tuple[RuleSet | None, list[Diagnostic], dict[str,
         with paused():
             found = read_statements(text, display, real, top, explicit_root=False)
             mesh = check_mesh(found.meshes, found.errors)
-            aliases = resolve_aliases(found.alias_decls, mesh, found.errors)
+            alternatives: dict[str, tuple[tuple[str, ...], ...]] = {}
+            aliases = resolve_aliases(found.alias_decls, mesh, found.errors, alternatives)
             notes: list[Diagnostic] = []
-            groups, defaults = build_rules(found, mesh, aliases, partial=notes)
+            groups, defaults = build_rules(found, mesh, aliases, partial=notes, alternatives=alternatives)
     except ShardRulesError as err:  # unreadable, or a syntax error: nothing to plan
         if isinstance(err, IncludeNotFoundError) and err.span is None:
             raise  # the file itself is missing: the caller's usage error
         return None, list(err.diagnostics), dict(getattr(err, "_sources", {}))
-    rules = _ruleset(display, found, mesh, aliases, groups, defaults)
+    rules = _ruleset(display, found, mesh, (aliases, alternatives), groups, defaults)
     return rules, [*found.errors, *notes] if found.errors else [], dict(found.sources)
 
 

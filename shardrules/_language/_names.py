@@ -7,6 +7,8 @@ Aliases resolve to mesh axes, through other aliases if need be (`alias batch =
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .._errors import Findings, Span, did_you_mean
 from ._syntax import Alias, AxisRef, MeshDecl
 
@@ -32,6 +34,8 @@ def check_mesh(meshes: list[MeshDecl], errors: Findings) -> MeshDecl | None:
             errors.error("SR014", f"mesh axis `{axis.name}` listed twice", axis.span)
         if axis.name == "_":
             errors.error("SR014", "`_` means unsharded and cannot name a mesh axis", axis.span)
+        if axis.name == "unconstrained":
+            errors.error("SR014", "`unconstrained` is a spec keyword and cannot name a mesh axis", axis.span)
         seen[axis.name] = axis.span
         stars += axis.size == "*"
     if stars > 1:
@@ -45,12 +49,20 @@ def check_mesh(meshes: list[MeshDecl], errors: Findings) -> MeshDecl | None:
 
 
 def resolve_aliases(
-    alias_decls: list[Alias], mesh: MeshDecl | None, errors: Findings
+    alias_decls: list[Alias],
+    mesh: MeshDecl | None,
+    errors: Findings,
+    alternatives: dict[str, tuple[tuple[str, ...], ...]] | None = None,
 ) -> dict[str, tuple[str, ...]]:
-    """Each alias that resolves → the mesh axes it stands for, following
-    aliases of aliases. A name defined twice (SR012), named like a mesh axis or
-    `_` (SR013), in a cycle (SR011) or pointing at an unknown name (SR010) is
-    reported in `errors` and left out, as is every alias that uses it."""
+    """Each alias of one alternative that resolves → the mesh axes it stands
+    for, following aliases of aliases. A name defined twice (SR012), named like
+    a mesh axis or `_` (SR013), in a cycle (SR011) or pointing at an unknown name
+    or at an alias with alternatives (SR010) is reported in `errors` and left
+    out, as is every alias that uses it.
+
+    Aliases with alternatives (`alias embed = (fsdp, expert) | fsdp | _`) go
+    into `alternatives` instead, in the order of their `alias` lines: each
+    alternative's mesh axes (see `_alternatives`)."""
     axes = set(mesh.names) if mesh else set()
     decls: dict[str, Alias] = {}
     for alias in alias_decls:
@@ -73,6 +85,9 @@ def resolve_aliases(
         if alias.name == "_":
             errors.error("SR013", "`_` means unsharded and cannot be an alias", alias.span)
             continue
+        if alias.name == "unconstrained":
+            errors.error("SR013", "`unconstrained` is a spec keyword and cannot be an alias", alias.span)
+            continue
         decls[alias.name] = alias
 
     resolved: dict[str, tuple[str, ...]] = {}
@@ -84,6 +99,16 @@ def resolve_aliases(
         if name in failed:
             return None
         alias = decls[name]
+        if alias.more:  # an alias with alternatives stands for no fixed axes
+            errors.error(
+                "SR010",
+                f"alias `{name}` has alternatives, so it cannot be named in the target of alias `{trail[-1]}`",
+                next((r.span for r in decls[trail[-1]].target if r.name == name), None),
+                f"name mesh axes or aliases of one alternative here, or give `{trail[-1]}` "
+                "alternatives of its own",
+            )
+            failed.add(trail[-1])
+            return None
         if name in trail:
             loop = trail[trail.index(name) :]
             failed.update(loop)
@@ -92,6 +117,15 @@ def resolve_aliases(
             return None
         out: list[str] = []
         for ref in alias.target:
+            if ref.name == "unconstrained":
+                errors.error(
+                    "SR010",
+                    "`unconstrained` cannot be what an alias stands for",
+                    ref.span,
+                    "write `unconstrained` in the spec itself, e.g. `(batch, unconstrained)`",
+                )
+                failed.add(name)
+                return None
             if ref.name == "_" and len(alias.target) > 1:
                 errors.error(
                     "SR010",
@@ -118,6 +152,10 @@ def resolve_aliases(
 
     for name in decls:
         try:
+            if decls[name].more:
+                if alternatives is not None:
+                    _alternatives(decls[name], decls, resolve, alternatives, errors)
+                continue
             resolve(name, ())
         except RecursionError:
             errors.error(
@@ -128,6 +166,54 @@ def resolve_aliases(
             )
             break
     return resolved
+
+
+def _alternatives(
+    alias: Alias,
+    decls: dict[str, Alias],
+    resolve: Callable[[str, tuple[str, ...]], tuple[str, ...] | None],
+    out: dict[str, tuple[tuple[str, ...], ...]],
+    errors: Findings,
+) -> None:
+    """Resolve each alternative of `alias` into `out[alias.name]`: its mesh
+    axes, through aliases of one alternative; `()` for `_`. A name that is
+    neither an alias nor an axis of the `mesh` line is kept, not SR010: that
+    alternative never applies on such a mesh (lint's SR209 says so), as in
+    MaxText's rules for meshes without some axes. An alias with alternatives
+    named in one is SR010."""
+    found: list[tuple[str, ...]] = []
+    for alt in alias.alternatives:
+        names: list[str] = []
+        for ref in alt.target:
+            if ref.name == "_" and len(alt.target) > 1:
+                errors.error(
+                    "SR010",
+                    "`_` (unsharded) cannot be one of several axes in an alias",
+                    ref.span,
+                    "list only mesh axes or aliases in the tuple, or write `_` as an alternative of its own",
+                )
+                return
+            if ref.name in decls and decls[ref.name].more:
+                what = (
+                    "itself" if ref.name == alias.name else f"alias `{ref.name}`, which has alternatives too"
+                )
+                errors.error(
+                    "SR010",
+                    f"an alternative of alias `{alias.name}` names {what}",
+                    ref.span,
+                    "an alternative names mesh axes or aliases of one alternative; "
+                    f"write the alternatives of `{ref.name}` out here",
+                )
+                return
+            if ref.name in decls:
+                sub = resolve(ref.name, (alias.name,))
+                if sub is None:
+                    return
+                names.extend(sub)
+            else:  # a mesh axis, or a name this mesh lacks (see above)
+                names.append(ref.name)
+        found.append(tuple(names))
+    out[alias.name] = tuple(found)
 
 
 def unknown_name(

@@ -13,9 +13,10 @@ import lark.exceptions
 
 from .._errors import Diagnostic, RuleSyntaxError, Span
 from .._gcpause import paused
-from . import _grammar, _hints
+from . import _grammar, _guards, _hints
 from ._syntax import (
     Alias,
+    AliasTarget,
     AxisRef,
     Comment,
     Entry,
@@ -56,6 +57,7 @@ _DESCRIBE = {
     "LPAR": "`(`",
     "RPAR": "`)`",
     "STAR": "`*`",
+    "COMPARE": "a comparison (`>=`, `<`, `==`, ...)",
 }
 
 
@@ -144,10 +146,13 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
     else:  # UnexpectedEOF
         expected = set(getattr(err, "expected", ()) or ())
         found, width = "end of file", 1
+    expected.discard("IF")  # a guard may end any rule: naming it in every error after a spec is noise
     line_text = text.split("\n")[line - 1] if line <= text.count("\n") + 1 else ""
     arrow = line_text.find("->")
     if 0 <= arrow < col - 1:  # in a spec: one written as Python gets its translation
         hint = _hints.python_spec_hint(line_text[arrow + 2 :]) or hint
+        if _guards.in_guard(line_text[arrow + 2 : col - 1]):
+            hint = _guards.syntax_hint(found)
     if not hint and found not in ("end of line", "end of file"):
         source = text.split("\n")[line - 1] if line <= text.count("\n") + 1 else ""
         hint = _hints.layout_hint(source[: col - 1], source[col - 1 :], expected) if source[col - 1 :] else ""
@@ -225,20 +230,27 @@ class _Builder:
         return Include(str(tree.children[0])[1:-1], self.span(tree))
 
     def alias(self, tree: Any) -> Alias:
-        name, target = tree.children
-        if target.data == "alias_unsharded":
+        name, *targets = tree.children
+        first, *more = [self.alias_target(t) for t in targets]
+        return Alias(str(name), first.target, first.is_tuple, self.span(tree), tuple(more), first.span)
+
+    def alias_target(self, tree: Any) -> AliasTarget:
+        """One alternative of an alias: `name`, `(a, b)` or `_`."""
+        if tree.data == "alias_unsharded":
             refs: tuple[AxisRef, ...] = ()
         else:
-            refs = tuple(AxisRef(str(t), False, self.span(t)) for t in target.children)
-        return Alias(str(name), refs, target.data == "alias_tuple", self.span(tree))
+            refs = tuple(AxisRef(str(t), False, self.span(t)) for t in tree.children)
+        return AliasTarget(refs, tree.data == "alias_tuple", self.span(tree))
 
     def rules_header(self, tree: Any) -> RulesHeader:
         return RulesHeader(str(tree.children[0]), self.span(tree))
 
     def rule(self, tree: Any) -> RuleLine:
-        head, _arrow, spec = tree.children
+        head, _arrow, spec, *guard = tree.children
         pattern = None if head.type == "DEFAULT" else str(head)[1:-1]
-        return RuleLine(pattern, self.spec(spec), self.span(tree), self.span(head))
+        conditions = _guards.conditions(guard[0], self.span, self.byte_size) if guard else ()
+        guard_span = self.span(guard[0]) if guard else None
+        return RuleLine(pattern, self.spec(spec), self.span(tree), self.span(head), conditions, guard_span)
 
     # specs
 
@@ -270,6 +282,8 @@ class _Builder:
             return Entry("unsharded", span=span)
         if tree.data == "entry_ellipsis":
             return Entry("ellipsis", span=span)
+        if tree.data == "entry_unconstrained":
+            return Entry("unconstrained", span=span)
         if tree.data == "axis_ref":
             return Entry("axes", (self.axis_ref(tree),), span=span)
         refs = tuple(self.axis_ref(c) for c in tree.children if isinstance(c, lark.Tree))

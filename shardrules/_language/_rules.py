@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from .._errors import Diagnostic, Span, did_you_mean, error_for
 from . import _regex
-from ._syntax import MeshDecl, Spec
+from ._guards import Guard
+from ._syntax import Alias, MeshDecl, Spec
 from ._syntax import span_field as _span
 
 # ------------------------------------------------------------------ resolved layer
@@ -25,21 +26,38 @@ from ._syntax import span_field as _span
 @dataclasses.dataclass(frozen=True)
 class AxisGroup:
     """Mesh axes that one name in a spec stands for, e.g. an alias of a tuple.
-    An optional group is dropped where the dimension does not divide by it."""
+    An optional group is dropped where the dimension does not divide by it.
+
+    For an alias with alternatives (`alias embed = (fsdp, expert) | fsdp | _`),
+    `axes` is `()` and `alternatives` holds each alternative's mesh axes (`()`
+    for `_`): which one the group stands for is settled per spec when a leaf is
+    planned (`_planning._choice`), aliases in the order of their `alias` lines
+    (`order`)."""
 
     axes: tuple[str, ...]
     optional: bool
     span: Span | None = _span()
     written: str = dataclasses.field(default="", compare=False, repr=False)
+    alternatives: tuple[tuple[str, ...], ...] = ()
+    order: int = 0
+
+    @property
+    def is_choice(self) -> bool:
+        """Whether this group is an alias with alternatives, still to be settled."""
+        return bool(self.alternatives)
 
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedEntry:
-    """One spec entry with aliases resolved; `kind` as in `Entry`."""
+    """One spec entry with aliases resolved; `kind` as in `Entry`. `optional`:
+    a whole tuple's `?` over groups that hold a choice, `(embed, model)?`; the
+    groups are made one optional group once the choice is settled (without a
+    choice, they are one already)."""
 
-    kind: Literal["axes", "unsharded", "ellipsis"]
+    kind: Literal["axes", "unsharded", "ellipsis", "unconstrained"]
     groups: tuple[AxisGroup, ...] = ()
     span: Span | None = _span()
+    optional: bool = False
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -76,7 +94,14 @@ class ResolvedSpec:
         """Whether compiling it needs the mesh's axis sizes (`?` or `auto`)."""
         if self.kind == "auto":
             return True
-        return any(g.optional for e in self.entries for g in e.groups)
+        return any(g.optional or e.optional for e in self.entries for g in e.groups)
+
+    @property
+    def choice_axes(self) -> tuple[str, ...]:
+        """Every mesh axis an alternative of an alias in this spec names: axes it
+        may use, depending on the choice (not in `axes`)."""
+        found = (a for e in self.entries for g in e.groups for alt in g.alternatives for a in alt)
+        return tuple(dict.fromkeys(found))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +115,9 @@ class Rule:
     - `spec`: the resolved spec.
     - `index`: position in its group (0-based, includes expanded).
     - `span`: where the rule is written; `str(rule.span)` is `file:line:col`.
+    - `guard`: the rule's `if ...` (a `Guard`: `guard.holds(shape, dtype)`,
+      `str(guard)` as written), or `None`: the rule applies to a leaf its
+      pattern matches only where the guard holds.
     """
 
     group: str
@@ -99,6 +127,7 @@ class Rule:
     index: int
     span: Span | None = _span()
     pattern_span: Span | None = _span()
+    guard: Guard | None = None
 
     @property
     def is_default(self) -> bool:
@@ -180,7 +209,10 @@ class RuleSet:
 
     - `name`: the top-level file's name.
     - `mesh`: the `mesh` line (`MeshDecl`), or `None`.
-    - `aliases`: alias name → the mesh axes it stands for.
+    - `aliases`: alias name → the mesh axes it stands for (aliases of one
+      alternative).
+    - `alternatives`: alias name → its alternatives' mesh axes, in order (`()`
+      for `_`), for each alias with alternatives, in the order of the `alias` lines.
     - `groups`: group name → its rules in order (a `default` rule, if any, is in
       `defaults`, not here).
     - `defaults`: group name → its `default` rule.
@@ -199,6 +231,8 @@ class RuleSet:
     group_span_items: tuple[tuple[str, Span | None], ...] = dataclasses.field(
         default=(), compare=False, repr=False
     )
+    alternative_items: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = ()
+    alternative_decls: tuple[Alias, ...] = dataclasses.field(default=(), compare=False, repr=False)
     _plan_cache: PlanCache = dataclasses.field(
         default_factory=lambda: PlanCache(), init=False, compare=False, repr=False
     )
@@ -206,6 +240,10 @@ class RuleSet:
     @property
     def aliases(self) -> Mapping[str, tuple[str, ...]]:
         return dict(self.alias_items)
+
+    @property
+    def alternatives(self) -> Mapping[str, tuple[tuple[str, ...], ...]]:
+        return dict(self.alternative_items)
 
     @property
     def groups(self) -> Mapping[str, tuple[Rule, ...]]:

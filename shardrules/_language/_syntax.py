@@ -68,13 +68,34 @@ class AxisRef:
 
 
 @dataclasses.dataclass(frozen=True)
+class AliasTarget:
+    """One alternative of an alias, as written: a tuple of names (`is_tuple`
+    for `(a, b)`); `()` means `_`."""
+
+    target: tuple[AxisRef, ...]
+    is_tuple: bool = False
+    span: Span | None = _span()
+
+
+@dataclasses.dataclass(frozen=True)
 class Alias:
-    """`alias name = target`: target is a tuple of names; `()` means `_`."""
+    """`alias name = target`: target is a tuple of names; `()` means `_`.
+
+    `more` holds the alternatives written after the first, `alias name = a | b | _`
+    (`()` for an alias of one alternative); `alternatives` gives them all.
+    """
 
     name: str
     target: tuple[AxisRef, ...]
     is_tuple: bool = False
     span: Span | None = _span()
+    more: tuple[AliasTarget, ...] = ()
+    target_span: Span | None = _span()
+
+    @property
+    def alternatives(self) -> tuple[AliasTarget, ...]:
+        """Every alternative in order, the first (`target`) included."""
+        return (AliasTarget(self.target, self.is_tuple, self.target_span), *self.more)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +111,11 @@ class Entry:
     - `"axes"`: `axes` holds one name (`model`, `model?`) or, if `is_tuple`,
       several (`(data, fsdp)`); `optional` is the tuple's own trailing `?`;
     - `"unsharded"`: `_`;
-    - `"ellipsis"`: `...`.
+    - `"ellipsis"`: `...`;
+    - `"unconstrained"`: `unconstrained` (the compiler chooses the layout).
     """
 
-    kind: Literal["axes", "unsharded", "ellipsis"]
+    kind: Literal["axes", "unsharded", "ellipsis", "unconstrained"]
     axes: tuple[AxisRef, ...] = ()
     is_tuple: bool = False
     optional: bool = False
@@ -120,13 +142,37 @@ class Spec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Condition:
+    """One condition of a rule's guard, as written: `variable op value`
+    (`elements >= 16384`), or for `op` `"in"`/`"not in"` a list of values
+    (`dtype in (float32, bfloat16)`).
+
+    A value is an `int` where it was a whole number (for `bytes`, any size,
+    in bytes: `1MiB` is `1048576`), else the text as written. Which variables,
+    operators and values make sense is checked when the rules are built
+    (SR019, `_guards`).
+    """
+
+    variable: str
+    op: str  # `<`, `<=`, `>`, `>=`, `==`, `!=`, `in`, `not in`
+    values: tuple[int | str, ...]
+    span: Span | None = _span()
+    variable_span: Span | None = _span()
+    op_span: Span | None = _span()
+    value_spans: tuple[Span | None, ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
 class RuleLine:
-    """`"pattern" -> spec`, or `default -> spec` when `pattern` is `None`."""
+    """`"pattern" -> spec`, or `default -> spec` when `pattern` is `None`;
+    `guard`: the conditions of a trailing `if ... and ...` (`()` without one)."""
 
     pattern: str | None
     spec: Spec
     span: Span | None = _span()
     pattern_span: Span | None = _span()
+    guard: tuple[Condition, ...] = ()
+    guard_span: Span | None = _span()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ from .._planning import _check, _inputs, _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
 from .._planning._compile import compile_leaves
+from .._planning._concrete import require_concrete
 from .._planning._plan import LeafPlan, Plan
 from . import _multihost
 from ._exchange import join_timeout
@@ -126,6 +127,7 @@ def apply(
     tree, restore = to_jax(tree, plain_torch="error", what="apply")  # torchax tensors: their jax arrays
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     the_plan.raise_for_errors()
+    require_concrete(the_plan)  # SR120: `unconstrained` is for activations, not for placing
     budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
     problems = _inputs.placement_diagnostics(the_plan, leaves, resolved)
     if budget is not None:

@@ -30,6 +30,7 @@ from .._errors import Diagnostic, ShardRulesError, error_for
 from .._language._rules import RuleSet
 from .._planning import _check, _inputs, _mesh
 from .._planning._compile import compile_leaves
+from .._planning._concrete import is_concrete, unconstrained_diagnostics
 from .._planning._plan import LeafPlan, Plan
 from . import _agree, _exchange, _fingerprint
 
@@ -104,13 +105,13 @@ def _plan_local(
     shapes: list[Any] = []
     for lp, leaf in zip(first.leaves, leaves, strict=True):
         shape = None
-        if lp.spec is not None and _is_host(leaf) and np.shape(leaf):
+        if is_concrete(lp.spec) and lp.spec is not None and _is_host(leaf) and np.shape(leaf):
             shape = global_shape(tuple(np.shape(leaf)), lp.spec, mesh)
         shapes.append(jax.ShapeDtypeStruct(shape, leaf.dtype) if shape is not None else leaf)
     the_plan, _ = compile_leaves(jax.tree_util.tree_unflatten(first.treedef, shapes), ruleset, mesh, group)
     problems = []
     for lp, leaf, target in zip(the_plan.leaves, leaves, shapes, strict=True):
-        if lp.spec is None or not _is_host(leaf) or not np.shape(leaf):
+        if lp.spec is None or not is_concrete(lp.spec) or not _is_host(leaf) or not np.shape(leaf):
             continue
         if global_shape(tuple(np.shape(leaf)), lp.spec, mesh) != target.shape:
             problems.append(
@@ -201,7 +202,7 @@ def prepare(
     else:
         the_plan, leaves = compile_leaves(tree, ruleset, mesh, group)
         problems = []
-    problems = list(the_plan.errors) + problems
+    problems = list(the_plan.errors) + problems or unconstrained_diagnostics(the_plan)  # SR120
     if budget is None:  # the limit the devices of this process report (others' cannot be asked)
         budget = _mesh.memory_limit(mesh.local_mesh)
     if not problems:

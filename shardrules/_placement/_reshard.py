@@ -20,6 +20,7 @@ from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
 from .._planning._compile import compile_leaves
+from .._planning._concrete import unconstrained_diagnostics
 from .._planning._plan import LeafPlan, Plan
 from . import _fingerprint, _multihost
 
@@ -106,7 +107,7 @@ def _prepare(
     assert isinstance(resolved, jax.sharding.Mesh)
     tree, restore = to_jax(tree, plain_torch="error", what="reshard")
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
-    problems = list(the_plan.errors)
+    problems = list(the_plan.errors) or unconstrained_diagnostics(the_plan)  # SR120
     if not problems:
         problems = input_diagnostics(the_plan, leaves, resolved)
     if not problems:

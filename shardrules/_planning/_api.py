@@ -1,7 +1,14 @@
-"""The planning entry points: `plan`, `check`, `specs`, `shardings`.
+"""The planning entry points: `plan`, `check`, and the `specs` and
+`shardings` that placement uses.
 
 Each takes a tree (plain, Flax, NNX, Equinox, Optax, torchax), the rules (a
 `RuleSet` or a path) and a mesh, and compiles a `Plan`; nothing moves.
+
+`specs` and `shardings` here are what every placing caller imports (`jit`,
+`shard_map`, `init`, `load_checkpoint`, `load_orbax`): they refuse a layout
+with an `unconstrained` dimension (SR120). The public `shardrules.specs` and
+`shardrules.shardings`, which return such dimensions as
+`PartitionSpec.UNCONSTRAINED`, are in `_layouts`.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from .._language._rules import RuleSet
 from . import _check, _inputs, _mesh
 from ._check import DEFAULT_REPLICATED_THRESHOLD, DEFAULT_REPLICATED_TOLERANCE
 from ._compile import compile_plan
+from ._concrete import require_concrete
 from ._mesh import MeshLike
 from ._plan import Plan
 
@@ -155,44 +163,28 @@ def check(
 
 
 def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: str = "params") -> Any:
-    """The `PartitionSpec` for every leaf, as a pytree like `tree`.
-
-    Leaves that are not arrays get `None`. Specs have one entry per array
-    dimension. Use them as `shard_map` `in_specs`/`out_specs`, or with
-    `NamedSharding`.
-
-    **Arguments:** as for `shardrules.plan`.
-
-    **Returns:** a pytree of `PartitionSpec` (and `None`).
-
-    **Raises:** `PlanError` (with every problem found) if the rules do not fit.
-
-    ```python
-    specs = shardrules.specs(params, rules, mesh)
-    specs["layers"]["attn"]["q_proj"]["kernel"]   # P(None, 'fsdp', 'model')
-    ```
-    """
+    """The `PartitionSpec` pytree of `shardrules.specs` (`_layouts.specs`), for
+    placing arrays: what `shard_map` gives as its specs. A dimension a rule
+    leaves `unconstrained` is an error here (SR120): placing needs a concrete
+    layout."""
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=False, what="specs")
-    tree = to_jax(tree)[0]
-    return compile_plan(tree, ruleset, resolved, group).specs()
+    the_plan = compile_plan(to_jax(tree)[0], ruleset, resolved, group)
+    the_plan.raise_for_errors()
+    require_concrete(the_plan)
+    return the_plan.specs()
 
 
 def shardings(
     tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None, *, group: str = "params"
 ) -> Any:
-    """The `NamedSharding` for every leaf, as a pytree like `tree`.
-
-    For `jax.jit(..., in_shardings=..., out_shardings=...)` and checkpoint
-    restore targets. Leaves that are not arrays get `None`.
-
-    **Arguments:** as for `shardrules.plan`, but the mesh must have devices: the
-    argument, else the ambient mesh, else the rule file's `mesh` line.
-
-    **Returns:** a pytree of `NamedSharding` (and `None`).
-    """
+    """The `NamedSharding` pytree of `shardrules.shardings` (`_layouts.shardings`),
+    for placing arrays: what `jit` gives as its in/out shardings and `init`,
+    `load_checkpoint` and `load_orbax` lay arrays out in. A dimension a rule
+    leaves `unconstrained` is an error here (SR120)."""
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="shardings")
-    tree = to_jax(tree)[0]
-    the_plan = compile_plan(tree, ruleset, resolved, group)
+    the_plan = compile_plan(to_jax(tree)[0], ruleset, resolved, group)
+    the_plan.raise_for_errors()
+    require_concrete(the_plan)
     return the_plan.shardings(resolved)  # type: ignore[arg-type]

@@ -14,11 +14,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from jax.sharding import PartitionSpec
+
+UNCONSTRAINED = "unconstrained"
+"""How plan files and reports write `PartitionSpec.UNCONSTRAINED`."""
 
 
 def entry_axes(entry: Any) -> tuple[str, ...]:
-    """The mesh axes of one `PartitionSpec` entry (`None` → `()`)."""
-    if entry is None:
+    """The mesh axes of one `PartitionSpec` entry (`None` → `()`). An
+    unconstrained entry (`PartitionSpec.UNCONSTRAINED`, or `"unconstrained"`
+    as a plan file writes it) names none: it counts as unsharded."""
+    if entry is None or entry is PartitionSpec.UNCONSTRAINED or entry == UNCONSTRAINED:
         return ()
     return (entry,) if isinstance(entry, str) else tuple(entry)
 

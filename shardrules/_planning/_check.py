@@ -12,6 +12,7 @@ Codes (catalogue: docs/diagnostics.md):
 - SR203 (warning): a sharded spec on a scalar.
 - SR204 (warning): a large array fully replicated.
 - SR205 (warning): a mesh axis no rule uses.
+- SR209 (warning): an alternative of an alias that never applies (`_choice`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .._errors import Diagnostic, ShardRulesWarning
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
 from . import _mesh
+from ._choice import alternative_warnings
 from ._match import by_key, search_all
 from ._plan import LeafPlan, LeafPlans, Plan, format_bytes, plural
 
@@ -44,7 +46,14 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
         if groups is None:
             groups = by_key(paths)  # as in matching: digit-blind patterns tried once per key
         taken_by: dict[int, tuple[Rule, int]] = {}
-        for i in search_all(rule.pattern, paths, groups):
+        matched = search_all(rule.pattern, paths, groups)
+        if rule.guard is not None:  # the leaves its guard refuses were never its to take
+            admitted = [i for i in matched if _admits(rule, arrays[i])]
+            if matched and not admitted:
+                out.append(_refused(rule, [arrays[i] for i in matched]))
+                continue
+            matched = admitted
+        for i in matched:
             leaf = arrays[i]
             if leaf.rule is not None:
                 first, count = taken_by.get(id(leaf.rule), (leaf.rule, 0))
@@ -67,8 +76,10 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
             where = earlier[0][0].location
         else:
             where = ", ".join(f"{r.location} ({plural(n, 'leaf', 'leaves')})" for r, n in earlier)
-        matched = sum(n for _, n in earlier)
-        what = "the one leaf it matches is" if matched == 1 else f"all {matched} leaves it matches are"
+        count = sum(n for _, n in earlier)
+        what = "the one leaf it matches is" if count == 1 else f"all {count} leaves it matches are"
+        if rule.guard is not None:
+            what = what.replace("it matches", "it matches and its guard admits")
         out.append(
             Diagnostic(
                 "SR202",
@@ -99,6 +110,29 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
                 )
             )
     return out
+
+
+def _admits(rule: Rule, leaf: LeafPlan) -> bool:
+    assert rule.guard is not None and leaf.shape is not None
+    return leaf.dtype is None or rule.guard.holds(leaf.shape, leaf.dtype)
+
+
+def _refused(rule: Rule, leaves: list[LeafPlan]) -> Diagnostic:
+    """SR201 for a guarded rule whose pattern matches leaves its guard all refuses."""
+    largest = max(leaves, key=lambda leaf: leaf.nbytes)
+    shown = f"`{largest.path}`, shape {largest.shape}, {largest.dtype}, {format_bytes(largest.nbytes)}"
+    which = (
+        f"the one leaf its pattern matches ({shown})"
+        if len(leaves) == 1
+        else (f"all {len(leaves)} leaves its pattern matches (the largest: {shown})")
+    )
+    return Diagnostic(
+        "SR201",
+        "warning",
+        f"rule `{rule.pattern}` applies to no leaf: its guard (`{rule.guard}`) refuses {which}",
+        rule.guard.span if rule.guard is not None and rule.guard.span is not None else rule.span,
+        hint="check the guard's numbers and dtypes against these leaves; or delete the rule",
+    )
 
 
 DEFAULT_REPLICATED_TOLERANCE = 0.25
@@ -139,7 +173,10 @@ def tolerance_diagnostics(
     rules mean to shard something (a group of only `replicated` rules, such as
     pure data parallelism, is replicated on purpose and never draws it).
     Scalars and size-1 arrays, always replicated, are not counted."""
-    if not any(rule.spec.axes or rule.spec.kind in ("auto", "logical") for rule in _group_rules(plan)):
+    if not any(
+        rule.spec.axes or rule.spec.choice_axes or rule.spec.kind in ("auto", "logical")
+        for rule in _group_rules(plan)
+    ):
         return []
     share, replicated, total = replicated_share(plan)
     if share <= tolerance or replicated < threshold:
@@ -223,7 +260,12 @@ def unused_axis_warnings(plan: Plan) -> list[Diagnostic]:
         axes = {name: 0 for name in rules.mesh.names}
     else:
         return []
-    used = {a for group in rules.group_names for rule in iter_rules(rules, group) for a in _names_used(rule)}
+    used = {
+        a
+        for group in rules.group_names
+        for rule in iter_rules(rules, group)
+        for a in (*_names_used(rule), *rule.spec.choice_axes)  # an alias's alternatives count
+    }
     spans = {a.name: a.span for a in rules.mesh.axes} if rules.mesh is not None else {}
     if rules.mesh is not None and any(a not in axes for a in rules.mesh.names if a in used):
         # The mesh lacks axes the file uses (SR101 says so, once): its extra axes are
@@ -318,4 +360,5 @@ def all_warnings(plan: Plan, replicated_threshold: int = DEFAULT_REPLICATED_THRE
         *replication_warnings(plan, replicated_threshold),
         *unused_axis_warnings(plan),
         *axis_type_warnings(plan.rules),
+        *alternative_warnings(plan.rules, None if plan.mesh is None else _mesh.sizes_of(plan.mesh)),
     ]

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec
 from .._errors import Diagnostic, Span, did_you_mean
 from .._gcpause import paused
 from .._interop._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
+from .._language._format import spec_text
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
 from . import _logical
@@ -124,8 +125,10 @@ def _compile(
     group_rules = list(iter_rules(rules, group))
     diagnostics: list[Diagnostic] = []
     broken = _check_rules(group_rules, rules, sizes, diagnostics)
-    first = Matcher(group_rules).first
+    matcher = Matcher(group_rules)
+    first = matcher.first
     default = rules.defaults.get(group)
+    guarded = matcher.guarded or (default is not None and default.guard is not None)
 
     # A leaf's plan is its path and its kind: (shape, dtype, rule, spec, bytes per
     # device, why), the same for every array of one shape and dtype that one rule
@@ -143,7 +146,7 @@ def _compile(
             kinds.append(0)
             continue
         shape, dtype = signature
-        rule = first(path) or default
+        rule = _fitting(matcher, default, path, shape, dtype) if guarded else first(path) or default
         key = (id(rule), shape, dtype)
         kind = kind_of.get(key)
         if kind is None:
@@ -214,6 +217,17 @@ def _plan_one(
     return spec, shard_bytes(info, spec, sizes), "default" if rule.is_default else "rule"
 
 
+def _fitting(
+    matcher: Matcher, default: Rule | None, path: str, shape: tuple[int, ...], dtype: np.dtype
+) -> Rule | None:
+    """The rule for an array at `path` in a group with guards: the first whose
+    pattern matches and whose guard holds, else `default` if its guard holds."""
+    rule = matcher.first_fitting(path, shape, dtype)
+    if rule is None and default is not None and matcher.holds(default, shape, dtype):
+        return default
+    return rule
+
+
 def _check_group(rules: RuleSet, group: str) -> None:
     rules.group(group)
 
@@ -259,7 +273,7 @@ def _check_rules(
                     if axis not in lacking:
                         out.append(_unknown_axis(axis, rule.spec.span, axis, sizes))
                     broken.add(id(rule))
-    for name in rules.aliases:
+    for name in [*rules.aliases, *rules.alternatives]:
         if sizes is not None and name in sizes:
             out.append(
                 Diagnostic(
@@ -323,13 +337,21 @@ def _unmatched(leaves: list[LeafInfo], rules: RuleSet, group: str) -> Diagnostic
     first = leaves[0]
     name = f"`{first.path}`" if first.path else "a lone array (no path)"
     cause = f"matches no rule in group `{group}` of {rules.name}"
+    hint = f"add rules for these paths, or a fallback such as `default -> replicated` under `rules {group}:`"
+    default = rules.defaults.get(group)
+    if default is not None and default.guard is not None:  # the default's guard refused them
+        cause += f", and the guard of its `default` (`{default.guard}`, at {default.location}) does not hold"
+        hint = (
+            f'write that fallback as a pattern rule, `"." -> {spec_text(default.written)} {default.guard}`, '
+            "and end the group with an unguarded `default -> replicated`"
+        )
     return Diagnostic(
         "SR105",
         "error",
         f"array leaf {name} (shape {first.shape}, {first.dtype}) {cause}",
         dict(rules.group_span_items).get(group),
         first.path,
-        f"add rules for these paths, or a fallback such as `default -> replicated` under `rules {group}:`",
+        hint,
         tuple((leaf.path, leaf.shape) for leaf in leaves),
         cause,
     )

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType, Mesh, PartitionSpec
 
 from .._language._rules import RuleSet
-from ._blocks import entry_axes
+from ._blocks import UNCONSTRAINED, entry_axes
 from ._mesh import sizes_of
 from ._plan import LeafPlans, Plan
 
@@ -87,9 +87,17 @@ def _mesh_rows(mesh: Any, rules: Any = None) -> tuple[tuple[str, int, str], ...]
 
 
 def _entries(spec: PartitionSpec | None) -> tuple[Entry, ...] | None:
+    """A spec's entries as a file holds them; an unconstrained one as `"unconstrained"`."""
     if spec is None:
         return None
-    return tuple(e if e is None or isinstance(e, str) else tuple(str(a) for a in e) for e in spec)
+    return tuple(
+        UNCONSTRAINED
+        if e is PartitionSpec.UNCONSTRAINED
+        else e
+        if e is None or isinstance(e, str)
+        else tuple(str(a) for a in e)
+        for e in spec
+    )
 
 
 def rule_label(leaf_rule: Any, why: str, folder: str, where: str | None = None) -> str:
@@ -343,7 +351,11 @@ def plan_of(table: Table) -> Plan:
     parts: list[tuple[Any, ...]] = []
     for shape, dtype, spec, label, per_device in table.parts:
         why = label if label in _WHY else "rule"
-        pspec = None if spec is None else PartitionSpec(*spec)
+        pspec = (
+            None
+            if spec is None
+            else PartitionSpec(*(PartitionSpec.UNCONSTRAINED if e == UNCONSTRAINED else e for e in spec))
+        )
         dt = None if dtype is None else jnp.dtype(dtype)
         parts.append((shape, dt, None, pspec, per_device, why, label if why == "rule" else None))
     order = sorted(range(len(table.paths)), key=table.paths.__getitem__)

@@ -114,7 +114,9 @@ def fragment(plan: Plan, top: int = 20) -> str:
     rows = []
     for rule in rules:
         n, b = covered.get(id(rule), (0, 0))
-        pattern = "default" if rule.pattern is None else rule.pattern
+        pattern = ("default" if rule.pattern is None else rule.pattern) + (
+            f" {rule.guard}" if rule.guard else ""
+        )
         rows.append((rule.location, pattern, plural(n, "leaf", "leaves"), format_bytes(b)))
     parts.append(f"<h3>Rules of <code>{escape(plan.group)}</code></h3>")
     parts.append(_table(("rule", "pattern", "leaves", "bytes"), rows, {2, 3}) if rows else "<p>no rules</p>")

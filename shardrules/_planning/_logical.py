@@ -9,7 +9,8 @@ is an alias of the rule file, else a mesh axis, so the file's `alias` lines
 play the part of Flax's `logical_axis_rules`.
 
 As in Flax, a name that is neither leaves its dimension unsharded; shardrules
-says so with an SR206 warning. A leaf that carries no names is an SR113 error.
+says so with an SR206 warning. An alias with alternatives plays the part of a
+name's several rules (`_choice`). A leaf that carries no names is an SR113 error.
 
 The names live on the boxes around the arrays, which the compiler never sees,
 so this module reads them from the tree and fills in the plan's `logical`
@@ -28,6 +29,7 @@ from .._errors import Diagnostic
 from .._interop._paths import LeafInfo, box_types
 from .._language._load import iter_rules
 from .._language._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule, RuleSet
+from ._choice import choice_group
 from ._dtypes import jax_holds
 from ._mesh import MeshLike, sizes_of
 from ._plan import LeafPlan, Plan, plural
@@ -196,6 +198,10 @@ def _leaf_spec(
         groups: list[AxisGroup] = []
         for name in entry if isinstance(entry, (tuple, list)) else (entry,):
             if not isinstance(name, str):  # None, or Flax's UNCONSTRAINED: unsharded
+                continue
+            choice = choice_group(rules, name, span)
+            if choice is not None:  # settled by `leaf_spec`, after the fixed names
+                groups.append(choice)
                 continue
             if name in rules.aliases:
                 axes = rules.aliases[name]

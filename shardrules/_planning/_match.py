@@ -19,6 +19,12 @@ done once per key:
 
 So for each key the matcher keeps the short list of rules still to try; for
 most trees that list is one rule, known to match.
+
+A rule with a guard (`if elements >= 16384`) applies only where its guard
+holds for the leaf's shape and dtype, so a guarded rule known to match a key
+does not end that key's list: `first_fitting` asks its guard, per kind of
+leaf, and goes on where it refuses. `first` ignores guards; a group without
+any is matched by it alone, at no extra cost.
 """
 
 from __future__ import annotations
@@ -146,6 +152,7 @@ class Matcher:
 
     def __init__(self, rules: Sequence[Rule]):
         self.rules = tuple(r for r in rules if r.pattern is not None)
+        self.guarded = any(r.guard is not None for r in self.rules)
         entries = []
         for rule in self.rules:
             assert rule.pattern is not None
@@ -158,9 +165,10 @@ class Matcher:
         # key → the rules still to try for paths with that key: (search, literal, rule),
         # with search None for a rule known to match.
         self._by_key: dict[bytes, tuple[tuple[Search | None, bytes, Rule], ...]] = {}
+        self._fits: dict[tuple[int, tuple[int, ...], Any], bool] = {}  # guards, per rule and kind of leaf
 
     def first(self, path: str) -> Rule | None:
-        """The first rule matching `path`, or `None`."""
+        """The first rule matching `path`, or `None`; guards are not asked (see `first_fitting`)."""
         text = path.encode("utf-8", "surrogatepass")  # `path_bytes`, inline: once per leaf
         key = text.translate(_KEY)
         todo = self._by_key.get(key)
@@ -173,6 +181,35 @@ class Matcher:
                 return rule
         return None
 
+    def first_fitting(self, path: str, shape: tuple[int, ...], dtype: Any) -> Rule | None:
+        """The first rule matching `path` whose guard (if any) holds for an
+        array of `shape` and `dtype`, or `None`. (`first` where no rule has a guard.)"""
+        if not self.guarded:
+            return self.first(path)
+        text = path.encode("utf-8", "surrogatepass")
+        key = text.translate(_KEY)
+        todo = self._by_key.get(key)
+        if todo is None:
+            todo = self._todo(key)
+            if len(self._by_key) < _MAX_KEYS:
+                self._by_key[key] = todo
+        for search, literal, rule in todo:
+            matched = search is None or (literal in text and search(text) is not None)
+            if matched and self.holds(rule, shape, dtype):
+                return rule
+        return None
+
+    def holds(self, rule: Rule, shape: tuple[int, ...], dtype: Any) -> bool:
+        """Whether `rule`'s guard (if any) holds for an array of `shape` and
+        `dtype`, worked out once per rule and kind of leaf."""
+        if rule.guard is None:
+            return True
+        key = (id(rule), shape, dtype)
+        found = self._fits.get(key)
+        if found is None:
+            found = self._fits[key] = rule.guard.holds(shape, dtype)
+        return found
+
     def _todo(self, key: bytes) -> tuple[tuple[Search | None, bytes, Rule], ...]:
         todo: list[tuple[Search | None, bytes, Rule]] = []
         for key_literal, literal, search, blind, rule in self._entries:
@@ -182,7 +219,8 @@ class Matcher:
                 todo.append((search, literal, rule))
             elif search(key) is not None:
                 todo.append((None, literal, rule))
-                break  # every path with this key matches it: later rules never win
+                if rule.guard is None:
+                    break  # every path with this key matches it: later rules never win
         return tuple(todo)
 
 

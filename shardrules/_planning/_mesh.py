@@ -6,17 +6,19 @@ A mesh comes from, in order: the `mesh=` argument; JAX's ambient mesh
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import jax
-from jax.sharding import AbstractMesh, AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh, PartitionSpec
 
 from .._errors import Diagnostic, error_for
 from .._language._rules import RuleSet
 from .._language._syntax import MeshDecl
+from ._blocks import entry_axes
 
 MeshLike = Mesh | AbstractMesh | Mapping[str, int]
 
@@ -207,19 +209,63 @@ def memory_limit(mesh: Mesh) -> int | None:
 
 
 def pin(value: Any, target: Any) -> Any:
-    """Give a traced (or concrete) value the sharding `target`: a `NamedSharding`,
-    or a bare `PartitionSpec` for the ambient mesh.
+    """Give a traced (or concrete) value the sharding `target`: a `NamedSharding`
+    (or an `Unsettled` layout, see `sharding_for`), or a bare `PartitionSpec`
+    for the ambient mesh.
 
     `with_sharding_constraint` for meshes whose axes are `Auto`; for `Explicit`
     axes (the default of `jax.make_mesh` in new JAX) the layout is part of the
     type, and `jax.sharding.reshard` is what changes it.
+
+    An unconstrained dimension (`PartitionSpec.UNCONSTRAINED`, from a rule's
+    `unconstrained`) is left to the compiler by `with_sharding_constraint`;
+    `reshard` needs a concrete layout, so there the dimension keeps the one
+    the value has (unsharded if another dimension of `target` uses its axes).
     """
-    mesh = target.mesh if isinstance(target, jax.sharding.NamedSharding) else jax.sharding.get_abstract_mesh()
+    named = isinstance(target, (jax.sharding.NamedSharding, Unsettled))
+    mesh = target.mesh if named else jax.sharding.get_abstract_mesh()
     explicit = set(getattr(mesh, "explicit_axes", ()) or ())
-    spec = target.spec if isinstance(target, jax.sharding.NamedSharding) else target
-    used = {
-        a for entry in spec if entry is not None for a in (entry if isinstance(entry, tuple) else (entry,))
-    }
+    spec = target.spec if named else target
+    used = {a for entry in spec for a in entry_axes(entry)}
     if explicit and (used & explicit or not used - explicit):
+        if any(entry is PartitionSpec.UNCONSTRAINED for entry in spec):
+            spec = _kept(value, spec, used)
+            target = jax.sharding.NamedSharding(mesh, spec) if named else spec
         return jax.sharding.reshard(value, target)
     return jax.lax.with_sharding_constraint(value, target)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unsettled:
+    """A layout with unconstrained dimensions on a mesh without `Auto` axes, for
+    `pin`: JAX refuses it as a `NamedSharding`, and `pin` settles those
+    dimensions from the value's own layout."""
+
+    mesh: Mesh | AbstractMesh
+    spec: PartitionSpec
+
+
+def sharding_for(mesh: Mesh | AbstractMesh, spec: PartitionSpec) -> jax.sharding.NamedSharding | Unsettled:
+    """What `pin` takes to lay a value out as `spec` on `mesh`: the
+    `NamedSharding`, or, for unconstrained dimensions on a mesh with no `Auto`
+    axis (a `NamedSharding` JAX refuses), an `Unsettled` layout."""
+    unconstrained = any(entry is PartitionSpec.UNCONSTRAINED for entry in spec)
+    if unconstrained and AxisType.Auto not in tuple(mesh.axis_types):
+        return Unsettled(mesh, spec)
+    return jax.sharding.NamedSharding(mesh, spec)
+
+
+def _kept(value: Any, spec: PartitionSpec, used: set[str]) -> PartitionSpec:
+    """`spec` with each unconstrained entry replaced by the value's current
+    layout of that dimension, or unsharded where that uses axes `spec` uses."""
+    try:
+        current = tuple(jax.typeof(value).sharding.spec)
+    except (AttributeError, TypeError):  # no layout in its type: unsharded
+        current = ()
+    current += (None,) * (len(spec) - len(current))
+    return PartitionSpec(
+        *(
+            (None if set(entry_axes(now)) & used else now) if entry is PartitionSpec.UNCONSTRAINED else entry
+            for entry, now in zip(spec, current, strict=False)
+        )
+    )

@@ -341,9 +341,12 @@ def _short(span: Span) -> str:
 
 
 def spec_str(spec: PartitionSpec | None) -> str:
+    """`P('fsdp', None)`; an unconstrained dimension as `unconstrained`, as rules write it."""
     if spec is None:
         return "-"
-    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+    return (
+        "P(" + ", ".join("unconstrained" if e is PartitionSpec.UNCONSTRAINED else repr(e) for e in spec) + ")"
+    )
 
 
 def plural(n: int, noun: str, nouns: str = "") -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ._blocks import entry_axes
+from ._blocks import UNCONSTRAINED, entry_axes
 from ._dump import Entry, Kind, Table
 from ._plan import format_bytes, plural
 from ._transfer import to_receive
@@ -148,7 +148,7 @@ def spec_text(spec: tuple[Entry, ...] | None) -> str:
     """`P('fsdp', None)`, as `Plan.table` prints a spec; `-` for none."""
     if spec is None:
         return "-"
-    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+    return "P(" + ", ".join(UNCONSTRAINED if e == UNCONSTRAINED else repr(e) for e in spec) + ")"
 
 
 def _axes(spec: tuple[Entry, ...] | None) -> set[str]:

@@ -1,8 +1,9 @@
 """A rule's spec × an array's shape × the mesh's sizes → `PartitionSpec`.
 
-`...` is expanded, optional axes (`model?`) that do not divide their dimension
-are dropped, `auto` picks the largest dimension that divides, and every
-sharded dimension is checked to divide by the product of its mesh axes.
+`...` is expanded, aliases with alternatives are settled (`_choice`), optional
+axes (`model?`) that do not divide their dimension are dropped, `auto` picks
+the largest dimension that divides, and every sharded dimension is checked to
+divide by the product of its mesh axes.
 Problems are raised as `LeafError`s, which the compiler turns into
 diagnostics for the leaf's path and the rule's line.
 """
@@ -18,6 +19,8 @@ from .._errors import Span
 from .._interop._paths import LeafInfo
 from .._language._format import spec_text
 from .._language._rules import ResolvedEntry, Rule, RuleSet
+from . import _choice
+from ._blocks import entry_axes
 from ._plan import plural
 
 SpecEntry = Any  # None | str | tuple[str, ...]
@@ -75,7 +78,10 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
         at = next(i for i, e in enumerate(entries) if e.kind == "ellipsis")
         filler = [ResolvedEntry("unsharded")] * (len(shape) - len(written))
         entries = entries[:at] + filler + entries[at + 1 :]
-    taken = spec.axes  # an axis another entry uses is no way out of a division that fails
+    entries, unsettled = _choice.settle(entries, sizes, rules)  # aliases with alternatives
+    if unsettled is not None:
+        raise LeafError(*_choice.describe(unsettled, info, rules))
+    taken = tuple(a for e in entries for a in e.axes)  # an axis another entry uses is no way out
     return PartitionSpec(
         *(_dim(e, dim, d, info, sizes, taken) for d, (e, dim) in enumerate(zip(entries, shape, strict=True)))
     )
@@ -89,6 +95,8 @@ def _dim(
     sizes: dict[str, int] | None,
     taken: tuple[str, ...] = (),
 ) -> SpecEntry:
+    if entry.kind == "unconstrained":  # the compiler chooses (activations); placing refuses it: SR120
+        return PartitionSpec.UNCONSTRAINED
     if entry.kind != "axes":
         return None
     kept: list[str] = []
@@ -169,6 +177,5 @@ def shard_bytes(info: LeafInfo, spec: PartitionSpec, sizes: dict[str, int] | Non
         return info.nbytes
     count = 1
     for dim, entry in zip(info.shape, spec, strict=True):
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
-        count *= -(-dim // math.prod(sizes[a] for a in axes))
+        count *= -(-dim // math.prod(sizes[a] for a in entry_axes(entry)))  # `unconstrained`: unsharded
     return count * info.dtype.itemsize

@@ -127,10 +127,13 @@ def auto_constrain(
     Scopes are `jax.named_scope`s and what frameworks name with them: Flax
     linen module calls (e.g. `Model/block_0/up`), and Flax NNX module calls,
     named by their path in the model (e.g. `blocks/0/up`) for NNX modules
-    passed as arguments. A scope's outputs are the values
-    made inside it and used after it; a single output is matched as the
-    scope's path, several as `PATH/0`, `PATH/1`, ... in the order they are made.
-    Scopes that match no rule are left alone. Nothing in `fn` changes: the
+    passed as arguments. A scope's outputs are the values made inside one
+    use of it (each time code enters it: a Python loop over the same
+    `jax.named_scope` is several uses) and used after that use; a use's
+    single output is matched as the scope's path, several as `PATH/0`,
+    `PATH/1`, ... in the order they are made (a rule matching `PATH` but none
+    of those is warned about: SR201, a `ShardRulesWarning`). Scopes that match
+    no rule are left alone, and so is the gradient. Nothing in `fn` changes: the
     wrapper traces it, then evaluates the trace with the constraints added.
 
     **Arguments:**
@@ -145,16 +148,20 @@ def auto_constrain(
       cannot decide and no rule gives an error (SR117) instead of inferring it.
 
     On a mesh with `Explicit` axes (`jax.make_mesh`'s default), the rules also
-    settle what JAX leaves ambiguous: a contraction inside a matched scope
-    gets the rule's spec as its `out_sharding`, and a layout no rule gives is
-    inferred (see [Explicit and Auto axes](explicit-axes.md)).
+    settle what JAX leaves ambiguous: a contraction whose result becomes a
+    matched scope output (through element-wise operations or a transpose)
+    gets the rule's spec, in its own dimension order, as its `out_sharding`,
+    and a layout no rule gives is inferred (see
+    [Explicit and Auto axes](explicit-axes.md)).
 
     **Returns:** a function with `fn`'s signature. Wrap it in `jax.jit` (or use
     `shardrules.jit`); the constraints cost no retracing.
 
     **Raises:** when called, `PlanError` (SR103) naming the scope, its output's
     shape and the rule's line if a matched output's rank does not fit the rule;
-    `PlanError` (SR117) where JAX cannot lay a result out (see `strict`).
+    `PlanError` (SR117) where JAX cannot lay a result out (see `strict`);
+    `PlanError` (SR207) for a rule over an Explicit and an Auto axis of the
+    mesh at once.
 
     ```python
     step = jax.jit(shardrules.auto_constrain(model.apply, rules))

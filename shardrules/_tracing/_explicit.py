@@ -9,9 +9,14 @@ cannot infer. `auto_constrain` and `shardrules.jit` trace the function once
 without layouts, then evaluate the trace with the explicit layouts; for each
 operation:
 
-1. a contraction (`dot_general`) inside a scope that an activation rule
-   matches (the innermost such scope whose rule fits the result's rank) gets
-   that rule's spec as its `out_sharding`;
+1. a contraction (`dot_general`) of the forward pass whose result is laid
+   out like an output of its scope that an activation rule matches (it
+   becomes that output through element-wise operations, or a `transpose`
+   such as `jax.vmap` adds: see `_outputs`) gets that rule's spec, in the
+   result's own dimension order, as its `out_sharding` (the innermost such
+   scope whose rule fits). A contraction whose result is used only inside
+   its scope, or reshaped or reduced before it leaves it, takes no rule:
+   the rule describes the scope's output, not every value made inside it;
 2. any other operation is first left to JAX; when JAX finds its result's
    layout ambiguous, the layout is *inferred*: for a contraction, the
    operands' layouts of the dimensions the result keeps (batch dimensions,
@@ -19,8 +24,16 @@ operation:
    earlier dimension is dropped); for another operation, the layout of its
    most sharded operand of the same shape, else replicated. An operation JAX still
    refuses runs under `jax.sharding.auto_axes` with that layout. With
-   `strict=True`, the inference is an error (SR117) naming the operation's
-   scope, its operands' layouts and the rule line that would settle it.
+   `strict=True`, an inference in the forward pass is an error (SR117)
+   naming the operation's scope, its operands' layouts and the rule line
+   that settles it: a rule for the scope output the result is laid out
+   like, written in the output's dimensions, or, for a result that is no
+   scope's output, the named scope to wrap it in and its rule.
+
+The gradient's operations (a `transpose` in their name stack, and everything
+inside the loop bodies and remat regions of such an operation) never take a
+rule's layout: rules describe the forward pass. They are recorded under the
+scope of the forward operation they differentiate, as `SCOPE (backward)`.
 
 Every such decision is recorded as a `Decision`, which `RuleJit.decisions`
 lists.
@@ -29,6 +42,7 @@ lists.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,10 +67,15 @@ class Decision:
     - `primitive`: the JAX primitive, e.g. `"dot_general"`.
     - `operands`: the operands' shapes and specs, as `(shape, spec)`.
     - `shape`, `spec`: the result's shape and the spec it got.
-    - `by`: `"rule"` (an activation rule: see `rule`), `"inferred"` (JAX found
-      it ambiguous; see the module's docstring), or `"auto_axes"` (inferred,
-      and computed under `jax.sharding.auto_axes`).
+    - `by`: `"rule"` (an activation rule: see `rule`; for an operation other
+      than a contraction, JAX found it ambiguous and it was computed under
+      `jax.sharding.auto_axes` with the rule's layout), `"jax"`, `"inferred"`
+      (JAX found it ambiguous; see the module's docstring), or `"auto_axes"`
+      (inferred, and computed under `jax.sharding.auto_axes`).
     - `rule`: the deciding rule's `FILE:LINE:COL`, for `by == "rule"`.
+    - `hint`: for an inferred layout of the forward pass, how to write it in
+      the rule file instead: the rule line that settles it (what `strict=True`
+      says with SR117).
     """
 
     scope: str
@@ -66,6 +85,7 @@ class Decision:
     spec: PartitionSpec
     by: str
     rule: str | None = None
+    hint: str = ""
 
 
 def is_explicit(mesh: Any) -> bool:
@@ -156,17 +176,39 @@ def match_types(values: Sequence[Any], like: Sequence[Any]) -> list[Any]:
     return out
 
 
-def suggestion(scope: str, spec: PartitionSpec) -> str:
-    """The rule line that would settle an operation in `scope`."""
-    entries = ", ".join(
+def _entries(spec: Any) -> str:
+    return ", ".join(
         "_" if e is None else e if isinstance(e, str) else "(" + ", ".join(e) + ")" for e in spec
     )
+
+
+def suggestion(scope: str, spec: PartitionSpec, aligned: Sequence[Any] = ()) -> str:
+    """The rule line that would settle an operation in `scope` whose result
+    would be laid out as `spec`: a rule for the innermost scope output the
+    result is laid out like (`aligned`, see `_outputs`), written in that
+    output's dimensions; for a result that is no such output, the scope to
+    wrap it in first."""
     if not scope:
         return (
             "the operation is outside every named scope: wrap the code that makes it in "
-            f'`jax.named_scope(NAME)` and add `"NAME$" -> ({entries})` under `rules activations:`'
+            f'`jax.named_scope(NAME)` and add `"NAME$" -> ({_entries(spec)})` under `rules activations:`'
         )
-    return f'add `"{scope}$" -> ({entries})` under `rules activations:` (or pass strict=False to infer it)'
+    inside = sorted(
+        (e for e in aligned if scope == e.scope or scope.startswith(e.scope + "/")),
+        key=lambda e: -len(e.scope),
+    )
+    if not inside:
+        return (
+            f"its result is not an output of scope `{scope}` (it is used inside the scope, or reshaped or "
+            "reduced before it leaves it), so no rule for the scope gives its layout: wrap the code that "
+            f'makes it in `jax.named_scope(NAME)` and add `"{re.escape(scope)}/NAME$" -> ({_entries(spec)})` '
+            "under `rules activations:` (or pass strict=False to infer it)"
+        )
+    entry = inside[0]
+    return (
+        f'add `"{re.escape(entry.name)}$" -> ({_entries(entry.output_spec(tuple(spec)))})` under '
+        "`rules activations:` (or pass strict=False to infer it)"
+    )
 
 
 def closed_over_error(fn: Any, err: Exception, rules: Any) -> Exception:

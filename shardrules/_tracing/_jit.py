@@ -66,7 +66,8 @@ def jit(
 
     Meshes with `Explicit` axes (`jax.make_mesh`'s default) and `Auto` ones
     both work. On explicit axes the activation rules also give the result
-    layouts of the contractions in the scopes they match, and what JAX leaves
+    layouts of the contractions that make the scope outputs they match (in
+    the forward pass: the gradient follows it), and what JAX leaves
     ambiguous elsewhere is inferred (`decisions` lists every choice); the
     function is traced inside `jax.set_mesh(mesh)`. See
     [Explicit and Auto axes](explicit-axes.md).

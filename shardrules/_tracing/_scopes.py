@@ -2,18 +2,23 @@
 function and pin their sharding, without touching the model code.
 
 `jax.named_scope` (and frameworks that name module calls with it, such as Flax
-linen) records a name stack on every equation of a jaxpr. A value is an output
-of scope `X` when an equation inside `X` produces it and something outside `X`
-uses it (or the function returns it); what only the backward pass of a
-gradient uses is a residual, not an output. `auto_constrain` traces the function,
-finds those outputs, matches each scope's path against the `activations` rules,
-and evaluates the jaxpr again with a `with_sharding_constraint` right after each
-matched output is produced. Nested `jit` calls are inlined; the bodies of
-`scan`, `while`, `cond` and `remat` are rewritten in place.
+linen) records a name stack on every equation of a jaxpr. `_outputs` finds
+the outputs of each use of a scope (what an equation of the use makes and
+code outside it uses, or the function returns; what only the backward pass of
+a gradient uses is a residual, not an output) and the name each is matched
+under (`S`, or `S/0`, `S/1`, ... for a use with several). `auto_constrain`
+traces the function, matches those names against the `activations` rules,
+and evaluates the jaxpr again with a `with_sharding_constraint` right after
+each matched output is produced. Nested `jit` calls are inlined; the bodies of
+`scan`, `while`, `cond` and `remat` are rewritten in place. The gradient's
+equations, and everything inside their sub-computations, get no constraints.
 
 On a mesh with `Explicit` axes the trace is made without layouts and evaluated
-with them (see `_explicit`): the rules also give the contractions' result
-layouts, and sub-computations are traced again with their operands' layouts.
+with them (see `_explicit`, `_layouts`): the rules also give the layouts of
+the contractions whose results are laid out like a matched output, and
+sub-computations are traced again with their operands' layouts. A rule that
+lays a value out over an Explicit and an Auto axis at once is an error there
+(SR207).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,31 +35,21 @@ import jax
 import numpy as np
 from jax._src import source_info_util
 from jax.extend import core as jcore
+from jax.sharding import AxisType
 
-from .._errors import Diagnostic, error_for
+from .._errors import Diagnostic, ShardRulesWarning, error_for
 from .._interop._paths import LeafInfo
 from .._language._load import iter_rules
 from .._language._rules import RuleSet
+from .._planning._blocks import entry_axes
 from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
 from . import _explicit, _layouts
+from ._outputs import Aligned, Outputs, Where, analyse, forward_path, join, scope_path, transposed, under
 
 _INLINED = {"jit", "pjit", "closed_call", "core_call"}
 _OPAQUE = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
-
-
-def scope_path(eqn: Any) -> str | None:
-    """The `/`-joined scope names of an equation, or `None` for the backward pass."""
-    names = []
-    for item in eqn.source_info.name_stack.stack:
-        kind = type(item).__name__
-        if kind == "Transform":
-            if item.name == "transpose":
-                return None
-            continue
-        names.append(item.name)
-    return "/".join(names)
 
 
 @dataclasses.dataclass
@@ -75,24 +72,29 @@ class Constrainer:
         self._rules = list(iter_rules(self.rules, self.group)) if self.group is not None else []
         self._matcher = Matcher(self._rules)
         self._default = self.rules.defaults.get(self.group) if self.group is not None else None
+        self._warned: set[str] = set()
 
     def rule_for(self, path: str) -> Any:
         return self._matcher.first(path) or self._default
 
-    def scope_rule(self, path: str, shape: tuple[int, ...], dtype: Any) -> tuple[Any, Any] | None:
-        """`(spec, rule)` from the rule of the innermost scope containing `path`
-        whose pattern matches it and whose spec fits `shape`; the default rule
-        is not used (it would lay out every operation alike)."""
-        if not shape:
-            return None
-        for scope in _prefixes(path, ""):
-            rule = self._matcher.first(scope)
-            if rule is None:
+    def scope_rule(self, path: str, aligned: Sequence[Aligned], dtype: Any) -> tuple[Any, Any] | None:
+        """`(spec, rule)` for a result made in scope `path` and aligned with
+        the outputs `aligned` (see `_outputs`): the spec of the innermost
+        such output inside a scope holding `path` whose name a rule matches
+        and fits, reordered to the result's dimensions. The default rule is not
+        used (it would lay out every operation alike)."""
+        for entry in sorted((e for e in aligned if under(path, e.scope)), key=lambda e: -len(e.scope)):
+            rule = self._matcher.first(entry.name)
+            if rule is None or not entry.dims:
                 continue
             try:
-                return leaf_spec(rule, LeafInfo(scope, shape, np.dtype(dtype)), self.sizes, self.rules), rule
+                out = leaf_spec(
+                    rule, LeafInfo(entry.name, entry.shape, np.dtype(dtype)), self.sizes, self.rules
+                )
             except LeafError:
                 continue
+            self.check_axis_types(rule, out, entry.name)
+            return jax.sharding.PartitionSpec(*entry.spec_for(out)), rule
         return None
 
     def constrain(self, path: str, value: Any) -> Any:
@@ -106,74 +108,79 @@ class Constrainer:
         except LeafError as err:
             diag = Diagnostic(err.code, "error", f"scope output {err.message}", err.span, path, err.hint)
             raise error_for([diag], self.rules.sources) from None
+        self.check_axis_types(rule, spec, path)
         self.inserted.append((path, shape, spec))
         return pin(value, self.sharding(spec))
 
+    def check_axis_types(self, rule: Any, spec: Any, path: str) -> None:
+        """SR207: on a mesh with Explicit and Auto axes, a spec over both, which
+        neither `reshard` (Explicit axes) nor `with_sharding_constraint` (Auto
+        axes) can apply."""
+        mesh = self.abstract_mesh
+        if mesh is None:
+            return
+        types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+        used = [a for entry in spec for a in entry_axes(entry)]
+        explicit = [a for a in used if types.get(a) == AxisType.Explicit]
+        auto = [a for a in used if types.get(a) == AxisType.Auto]
+        if not (explicit and auto):
+            return
+        kept = [[a for a in entry_axes(entry) if a not in auto] for entry in spec]
+        one = ", ".join("_" if not k else k[0] if len(k) == 1 else "(" + ", ".join(k) + ")" for k in kept)
+        diag = Diagnostic(
+            "SR207",
+            "error",
+            f"activation rule `{rule.pattern or 'default'}` lays `{path}` out over Explicit axes "
+            f"({', '.join(explicit)}) and Auto axes ({', '.join(auto)}) of this mesh at once: neither "
+            "`jax.sharding.reshard` (Explicit axes only) nor `with_sharding_constraint` (Auto axes only) "
+            "can apply it",
+            rule.spec.span or rule.span,
+            path,
+            f"use axes of one type in the rule (its Explicit axes alone: `({one})`), or build the mesh "
+            "with one axis type (`jax.make_mesh(..., axis_types=(AxisType.Explicit,) * n)`)",
+        )
+        raise error_for([diag], self.rules.sources)
 
-def _prefixes(path: str, base: str) -> list[str]:
-    """Scopes that contain `path` and are strictly inside `base`, innermost first."""
-    parts = path.split("/") if path else []
-    skip = len(base.split("/")) if base else 0
-    return ["/".join(parts[:n]) for n in range(len(parts), skip, -1)]
-
-
-def _outputs(jaxpr: Any, base: str) -> dict[Any, list[str]]:
-    """For each variable, the scope paths (inside `base`) it is an output of."""
-    paths = [scope_path(e) for e in jaxpr.eqns]
-    users: dict[Any, list[str | None]] = {}
-    for eqn, path in zip(jaxpr.eqns, paths, strict=True):
-        for v in eqn.invars:
-            if isinstance(v, jcore.Var):
-                users.setdefault(v, []).append(_join(base, path))
-    returned = {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
-    out: dict[Any, list[str]] = {}
-    for eqn, path in zip(jaxpr.eqns, paths, strict=True):
-        if path is None:
-            continue
-        full = _join(base, path)
-        assert full is not None
-        for v in eqn.outvars:
-            used = users.get(v, [])
-            scopes = [
-                x
-                for x in _prefixes(full, base)
-                # Uses by the backward pass (`None`) are residuals, not outputs.
-                if v in returned or any(u is not None and not _under(u, x) for u in used)
-            ]
-            if scopes:
-                out[v] = scopes
-    return out
-
-
-def _join(base: str, path: str | None) -> str | None:
-    if path is None:
-        return None
-    return f"{base}/{path}" if base and path else base or path
-
-
-def _under(path: str, scope: str) -> bool:
-    return path == scope or path.startswith(scope + "/")
-
-
-def _names(jaxpr: Any, base: str, outputs: dict[Any, list[str]]) -> dict[tuple[Any, str], str]:
-    """The path each (variable, scope) is matched under: the scope's own path
-    when it has one output, `scope/i` (in order of production) when several."""
-    per_scope: dict[str, list[Any]] = {}
-    for eqn in jaxpr.eqns:
-        for v in eqn.outvars:
-            for scope in outputs.get(v, ()):
-                per_scope.setdefault(scope, []).append(v)
-    names = {}
-    for scope, vs in per_scope.items():
-        for i, v in enumerate(vs):
-            names[(v, scope)] = scope if len(vs) == 1 else f"{scope}/{i}"
-    return names
+    def check_names(self, found: Outputs) -> None:
+        """SR201 (a `ShardRulesWarning`): a rule matches the path of a scope
+        whose outputs are matched as `S/0`, `S/1`, ... (one use of it makes
+        several), and no rule matches those names; once per scope."""
+        for scope, names in found.several.items():
+            rule = self._matcher.first(scope)
+            if rule is None or scope in self._warned or any(self._matcher.first(n) for n in names):
+                continue
+            self._warned.add(scope)
+            shown = ", ".join(f"`{n}`" for n in dict.fromkeys(names))
+            diag = Diagnostic(
+                "SR201",
+                "warning",
+                f"activation rule `{rule.pattern}` matches scope `{scope}` but none of its outputs: "
+                f"one use of `{scope}` makes several, matched as {shown}",
+                rule.span,
+                scope,
+                f'match them with `"{re.escape(scope)}/\\d+$"` (or one rule per output), or return one '
+                "value from the scope; a scope used several times (a Python loop, a module called twice) "
+                'has each use\'s outputs matched on their own, and `jax.named_scope(f"layer_{i}")` names '
+                "each layer apart",
+            )
+            warnings.warn(ShardRulesWarning(diag, self.rules.sources), stacklevel=2)
 
 
 def interpret(
-    c: Constrainer, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], base: str = ""
+    c: Constrainer,
+    jaxpr: Any,
+    consts: Sequence[Any],
+    args: Sequence[Any],
+    base: str = "",
+    backward: bool = False,
+    seed: Sequence[list[Aligned]] | None = None,
+    live: Sequence[bool] | None = None,
 ) -> list[Any]:
-    """Evaluate `jaxpr`, constraining the outputs of matched scopes."""
+    """Evaluate `jaxpr` under scope `base`, constraining the outputs of matched
+    scopes; `backward`: it is (part of) a gradient, which gets no constraints
+    and no rule's layouts; for a sub-computation, `seed`: what its results are
+    aligned with, `live`: which of them the forward pass uses (see
+    `_outputs.analyse`)."""
     env: dict[Any, Any] = {}
 
     def read(v: Any) -> Any:
@@ -183,13 +190,16 @@ def interpret(
         env[v] = x
     for v, x in zip(jaxpr.invars, args, strict=True):
         env[v] = x
-    outputs = _outputs(jaxpr, base)
-    names = _names(jaxpr, base, outputs)
+    found = analyse(jaxpr, base, backward, seed, live)
+    c.check_names(found)
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
-        path = _join(base, scope_path(eqn)) or ""
+        back = backward or transposed(eqn)
+        path = join(base, forward_path(eqn)) or ""
         name = eqn.primitive.name
         name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+        aligned = [[] if back else found.aligned.get(v, []) for v in eqn.outvars]
+        used = [v in found.live for v in eqn.outvars]
         with contextlib.ExitStack() as stack:
             stack.enter_context(
                 source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack)
@@ -200,50 +210,53 @@ def interpret(
             if name in _INLINED:
                 inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
                 if isinstance(inner, jcore.ClosedJaxpr):
-                    results = interpret(c, inner.jaxpr, inner.consts, invals, path)
+                    results = interpret(c, inner.jaxpr, inner.consts, invals, path, back, aligned, used)
                 else:
-                    results = interpret(c, inner, (), invals, path)
+                    results = interpret(c, inner, (), invals, path, back, aligned, used)
             elif c.explicit:
-                results = _layouts.evaluate(c, eqn, invals, path, interpret)
-            else:
-                params = eqn.params if name in _OPAQUE else _rewrite_params(c, eqn.params, path)
+                results = _layouts.evaluate(c, eqn, invals, Where(path, back, aligned, used), interpret)
+            else:  # the gradient's sub-computations get no constraints
+                params = eqn.params if name in _OPAQUE or back else _rewrite_params(c, eqn.params, path, used)
                 results = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
                 if not eqn.primitive.multiple_results:
                     results = [results]
         for v, x in zip(eqn.outvars, results, strict=True):
-            for scope in outputs.get(v, ()):  # innermost first, so the outermost decides
-                x = c.constrain(names[(v, scope)], x)
+            for scope in found.outputs.get(v, ()):  # innermost first, so the outermost decides
+                x = c.constrain(found.names[(v, scope)], x)
             env[v] = x
     return [read(v) for v in jaxpr.outvars]
 
 
-def _rewrite_params(c: Constrainer, params: dict[str, Any], base: str) -> dict[str, Any]:
-    """Rewrite the sub-jaxprs of a control-flow or remat equation."""
+def _rewrite_params(c: Constrainer, params: dict[str, Any], base: str, live: list[bool]) -> dict[str, Any]:
+    """Rewrite the sub-jaxprs of a control-flow or remat equation whose results
+    the forward pass uses as `live` says (a sub-jaxpr with as many results as
+    the equation: a loop body, a branch, a remat's)."""
     out = dict(params)
     for key, value in params.items():
         if isinstance(value, jcore.ClosedJaxpr):
-            out[key] = _rewrite_closed(c, value, base)
+            out[key] = _rewrite_closed(c, value, base, live)
         elif isinstance(value, jcore.Jaxpr) and not value.constvars:
-            closed = _rewrite_closed(c, jcore.ClosedJaxpr(value, ()), base)
+            closed = _rewrite_closed(c, jcore.ClosedJaxpr(value, ()), base, live)
             out[key] = closed.jaxpr if not closed.consts else value
         elif isinstance(value, tuple) and value and all(isinstance(b, jcore.ClosedJaxpr) for b in value):
-            out[key] = tuple(_rewrite_closed(c, b, base) for b in value)
+            out[key] = tuple(_rewrite_closed(c, b, base, live) for b in value)
     return out
 
 
-def _rewrite_closed(c: Constrainer, closed: Any, base: str) -> Any:
+def _rewrite_closed(c: Constrainer, closed: Any, base: str, live: list[bool]) -> Any:
     if not _has_scopes(closed.jaxpr):
         return closed
     avals = [
         jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
         for v in closed.jaxpr.invars
     ]
-    fn = functools.partial(_run_closed, c, closed, base)
+    ours = live if len(closed.jaxpr.outvars) == len(live) else None
+    fn = functools.partial(_run_closed, c, closed, base, ours)
     return jax.make_jaxpr(fn)(*avals)
 
 
-def _run_closed(c: Constrainer, closed: Any, base: str, *args: Any) -> list[Any]:
-    return interpret(c, closed.jaxpr, closed.consts, args, base)
+def _run_closed(c: Constrainer, closed: Any, base: str, live: list[bool] | None, *args: Any) -> list[Any]:
+    return interpret(c, closed.jaxpr, closed.consts, args, base, live=live)
 
 
 def _has_scopes(jaxpr: Any) -> bool:

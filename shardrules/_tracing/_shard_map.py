@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -13,11 +12,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .._errors import Diagnostic, error_for
+from .._errors import Diagnostic, ShardRulesError, error_for
 from .._language._rules import RuleSet
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, specs
 from .._planning._blocks import entry_axes
+from .._planning._compile import compile_plan
+from . import _shard_map_errors as _errors
 from ._groups import for_groups, moved, param_names, signature
 
 Groups = str | PartitionSpec | None | Sequence["Groups"]
@@ -56,15 +57,19 @@ def shard_map(
     - `out_groups`: the same for the output: one entry for the whole output,
       or a sequence for a tuple output. An output leaf's spec is the one its
       group's rule gives the output's global shape (each device's block
-      times the blocks the spec makes).
-    - `check_vma`: passed to `jax.shard_map`.
+      times the blocks the spec makes). A lone array output has no path: its
+      group's rules are matched against `""` (return a dict to name it).
+    - `check_vma`: passed to `jax.shard_map`; with it (the default) an output
+      that varies along axes its out spec does not shard it over is SR118.
 
     **Returns:** a callable; `f(*args)` runs it, `f.specs(*args)` gives the
     `(in_specs, out_specs)` used for arguments of those shapes.
 
-    **Raises:** `PlanError` when the rules do not fit an argument or an output
-    (naming the leaf and the rule); `TypeError` when `in_groups` does not fit
-    the arguments.
+    **Raises:** `PlanError` when the rules or a `PartitionSpec` given do not
+    fit an argument or an output (naming the leaf and the rule), or an output
+    varies where its spec replicates (SR118); `GroupNotFoundError` (SR018);
+    `TypeError` when `in_groups`/`out_groups` do not fit the arguments or the
+    output, or `mesh` is not a `Mesh`.
 
     ```python
     step = shardrules.shard_map(local_sgd, rules, mesh, in_groups=("params", "inputs"),
@@ -72,6 +77,15 @@ def shard_map(
     params, loss = step(params, batch)   # the loss replicated: one value on every device
     ```
     """
+    if isinstance(in_groups, (str, PartitionSpec)) or not isinstance(in_groups, Sequence):
+        raise TypeError(
+            f"in_groups must have one entry per positional argument of the function, "
+            f"e.g. in_groups=({in_groups!r},); got {in_groups!r}"
+        )
+    _errors.check_groups(tuple(in_groups), "in_groups")
+    _errors.check_groups(out_groups, "out_groups")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(f"shard_map needs a jax.sharding.Mesh with devices, got {type(mesh).__name__}")
     return RuleShardMap(fn, as_rules(rules), mesh, tuple(in_groups), out_groups, check_vma)
 
 
@@ -97,12 +111,18 @@ def _global_out(local: Any, groups: Groups, rules: RuleSet, mesh: Mesh) -> Any:
     """Global output shapes from each device's block: a spec is planned for
     the block scaled by the whole mesh (its rule's spec depends on the rank,
     and an `auto` one on which dimensions are largest, which scaling keeps),
-    then the block is multiplied by the blocks that spec makes."""
+    then the block is multiplied by the blocks that spec makes. A leaf that no
+    rule fits keeps its block's shape: planning the outputs says what is wrong
+    with the shape that is known."""
     sizes = _mesh.sizes_of(mesh)
     devices = math.prod(sizes.values())
 
     def scaled(x: Any) -> Any:
         return jax.ShapeDtypeStruct(tuple(d * devices for d in x.shape), x.dtype)
+
+    def guessed(subtree: Any, group: str) -> Any:  # no error raised: the leaves that fail keep None
+        the_plan = compile_plan(subtree, rules, mesh, group)
+        return jax.tree_util.tree_unflatten(the_plan.treedef, [leaf.spec for leaf in the_plan.leaves])
 
     def globalised(x: Any, spec: Any) -> Any:
         if not isinstance(spec, PartitionSpec):
@@ -110,10 +130,62 @@ def _global_out(local: Any, groups: Groups, rules: RuleSet, mesh: Mesh) -> Any:
         blocks = _blocks(spec, len(x.shape), sizes)
         return jax.ShapeDtypeStruct(tuple(d * b for d, b in zip(x.shape, blocks, strict=True)), x.dtype)
 
-    guess = _specs_for(jax.tree.map(scaled, local), groups, rules, mesh, "out_groups")
-    if isinstance(guess, PartitionSpec):  # one spec for the whole output
-        return jax.tree.map(lambda x: globalised(x, guess), local)
-    return jax.tree.map(globalised, local, guess, is_leaf=lambda s: s is None)
+    guess = for_groups(
+        jax.tree.map(scaled, local),
+        groups,
+        guessed,
+        "out_groups",
+        none=PartitionSpec(),
+        literal=PartitionSpec,
+    )
+    return jax.tree.map(
+        lambda spec, sub: jax.tree.map(lambda x: globalised(x, spec), sub), guess, local, is_leaf=_is_spec
+    )
+
+
+def _local_out(rsm: RuleShardMap, mesh: Mesh, in_specs: Any, shapes: Any) -> tuple[Any, Any]:
+    """Each device's output blocks (`ShapeDtypeStruct`s) and the mesh axes each
+    may vary along, from one trace of the function as `jax.shard_map` runs it."""
+    seen: list[Any] = []
+
+    def body(*args: Any) -> tuple[()]:
+        seen.append(jax.tree.map(jax.typeof, rsm.fn(*args)))
+        return ()  # no output to check: the checks are ours, with the specs from the rules
+
+    probe = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=(), check_vma=rsm.check_vma)
+    jax.eval_shape(probe, *shapes)
+    avals = seen[-1]
+    local = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type), avals)
+    return local, jax.tree.map(_errors.varying_axes, avals)
+
+
+def _out_specs(rsm: RuleShardMap, outputs: Any, mesh: Mesh) -> Any:
+    """The out spec pytree for the global `outputs`; every out_groups entry's
+    problems in one error, SR105 naming the outputs."""
+    where = {id(sub): w for w, _, (sub,) in _errors.entries(rsm.out_groups, outputs)}
+    failed: list[ShardRulesError] = []
+
+    def plan(sub: Any, group: str) -> Any:
+        try:
+            return specs(sub, rsm.rules, mesh, group=group)
+        except ShardRulesError as err:
+            failed.append(
+                _errors.unmatched_outputs(err, sub, where.get(id(sub), ()), group, _name(rsm), rsm.rules)
+            )
+            return jax.tree.map(lambda _: PartitionSpec(), sub)
+
+    out_specs = for_groups(
+        outputs, rsm.out_groups, plan, "out_groups", none=PartitionSpec(), literal=PartitionSpec
+    )
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        raise error_for([d for err in failed for d in err.diagnostics], rsm.rules.sources)
+    return out_specs
+
+
+def _name(rsm: RuleShardMap) -> str:
+    return getattr(rsm.fn, "__name__", "the function")
 
 
 class _Entry(NamedTuple):
@@ -121,6 +193,7 @@ class _Entry(NamedTuple):
     in_specs: tuple[Any, ...]
     out_specs: Any
     in_shardings: tuple[Any, ...]  # in_specs as NamedShardings of the mesh
+    refused: tuple[Diagnostic, ...]  # SR118: outputs that vary where their out specs replicate
 
 
 class RuleShardMap:
@@ -154,49 +227,75 @@ class RuleShardMap:
         if found is not None:
             return found
         mesh = self._mesh()
+        fn = _name(self)
         if len(self.in_groups) != len(args):
-            raise TypeError(f"in_groups has {len(self.in_groups)} entries for {len(args)} arguments")
+            raise TypeError(
+                f"in_groups has {len(self.in_groups)} entries for {len(args)} arguments: give one entry "
+                f"per positional argument of `{fn}`"
+            )
         names = param_names(self.fn, len(args))
         in_specs = tuple(
             _specs_for(a, g, self.rules, mesh, "in_groups", n)
             for a, g, n in zip(args, self.in_groups, names, strict=True)
         )
+        sizes = _mesh.sizes_of(mesh)
+        _raise(
+            self,
+            _errors.literal_problems(
+                args,
+                self.in_groups,
+                sizes,
+                "in_groups",
+                divide=True,
+                describe=lambda w, p: _errors.argument_name(w, p, fn, names),
+            ),
+        )
+        in_specs = jax.tree.map(lambda s: PartitionSpec() if s is None else s, in_specs, is_leaf=_is_spec)
         in_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), in_specs, is_leaf=_is_spec)
         shapes = tuple(  # typed with their layouts: on Explicit axes in_specs must match the types
             jax.tree.map(
-                lambda sharding, x: jax.tree.map(
-                    lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding), x
-                ),
+                lambda sharding, x: jax.tree.map(lambda leaf: _typed(leaf, sharding), x),
                 shardings,
                 arg,
                 is_leaf=lambda s: isinstance(s, NamedSharding),
             )
             for shardings, arg in zip(in_shardings, args, strict=True)
         )
-        probe = jax.shard_map(
-            self.fn, mesh=mesh, in_specs=in_specs, out_specs=PartitionSpec(), check_vma=False
+        local, varying = _local_out(self, mesh, in_specs, shapes)
+        _raise(
+            self,
+            _errors.literal_problems(
+                local,
+                self.out_groups,
+                sizes,
+                "out_groups",
+                divide=False,
+                describe=lambda w, p: _errors.output_name(w, p, fn),
+            ),
         )
-        local = jax.eval_shape(probe, *shapes)  # replicated outputs: each device's block, as is
-        out_specs = _specs_for(
-            _global_out(local, self.out_groups, self.rules, mesh),
-            self.out_groups,
-            self.rules,
-            mesh,
-            "out_groups",
-        )
+        outputs = _global_out(local, self.out_groups, self.rules, mesh)
+        out_specs = _out_specs(self, outputs, mesh)
+        refused = _errors.varying_outputs(fn, outputs, varying, self.out_groups, out_specs, mesh)
         mapped = jax.shard_map(
             self.fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=self.check_vma
         )
-        found = self._compiled[key] = _Entry(mapped, in_specs, out_specs, in_shardings)
-        return found
+        entry = _Entry(mapped, in_specs, out_specs, in_shardings, tuple(refused) if self.check_vma else ())
+        self._compiled[key] = entry
+        return entry
 
     def specs(self, *args: Any) -> tuple[Any, Any]:
         """`(in_specs, out_specs)` for arguments shaped like `args`."""
         entry = self._build(args)
         return entry.in_specs, entry.out_specs
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise TypeError(
+                f"pass the arguments of `{_name(self)}` by position (in_groups has one entry per "
+                f"positional argument), not as {', '.join(kwargs)}="
+            )
         entry = self._build(args)
+        _raise(self, list(entry.refused))  # SR118: JAX's check_vma would refuse these outputs
         # inputs not laid out as their specs say are moved first (inside jit: resharded)
         placed = tuple(
             moved(arg, shardings, _mesh.pin) for arg, shardings in zip(args, entry.in_shardings, strict=True)
@@ -204,36 +303,22 @@ class RuleShardMap:
         try:
             return entry.mapped(*placed)
         except ValueError as err:
-            varying = _VARYING.search(str(err))
-            if varying is None or "out_specs" not in str(err):
+            found = _errors.from_jax(err, _name(self))  # JAX's check_vma error, should ours miss one
+            if not found:
                 raise
-            raise _varying_output(self, varying, err) from None
+            raise error_for(found, self.rules.sources) from None
 
 
-# JAX's words when an output that out_specs replicates varies over mesh axes
-_VARYING = re.compile(
-    r"out_specs is (?P<spec>P\(.*?\)) which implies .*? possibly varying over \{(?P<axes>[^}]*)\}", re.S
-)
+def _raise(rsm: RuleShardMap, found: list[Diagnostic]) -> None:
+    if found:
+        raise error_for(found, rsm.rules.sources)
 
 
-def _varying_output(mapped: RuleShardMap, found: re.Match[str], err: Exception) -> Exception:
-    """SR118: an output of the function varies over axes its out spec (from
-    `out_groups`) replicates, in our words."""
-    axes = [a.strip().strip("'") for a in found["axes"].split(",") if a.strip()]
-    name = getattr(mapped.fn, "__name__", "the function")
-    listed = ", ".join(f"`{a}`" for a in axes)
-    diag = Diagnostic(
-        "SR118",
-        "error",
-        f"an output of `{name}` varies over {listed} across devices, but its out_groups entry lays it "
-        f"out as {found['spec']}, the same on every device along {listed}",
-        None,
-        None,
-        f"reduce it over {listed} inside the function (`jax.lax.psum` or `jax.lax.pmean`), or give "
-        f"out_groups a group whose rule shards it over {listed}",
-        cause="shard_map output varies over replicated axes",
-    )
-    return error_for([diag], mapped.rules.sources)
+def _typed(leaf: Any, sharding: NamedSharding) -> Any:
+    """A `ShapeDtypeStruct` of `leaf` laid out by `sharding`; a Python scalar as it is."""
+    if not hasattr(leaf, "dtype"):
+        return leaf
+    return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
 
 
 def _is_spec(x: Any) -> bool:
