@@ -78,6 +78,11 @@ def test_the_entry_is_resolved_and_formatted(rules: sr.RuleSet) -> None:
         ),
         ("alias unconstrained = data\n", "SR013", "`unconstrained` is a spec keyword and cannot be an alias"),
         ("alias x = unconstrained\n", "SR010", "`unconstrained` cannot be what an alias stands for"),
+        (
+            "alias x = data | unconstrained | _\n",
+            "SR010",
+            "`unconstrained` cannot be an alternative of alias `x`",
+        ),
         ('rules a:\n  "x" -> ((data, unconstrained))\n', "SR016", "cannot be one of its mesh axes"),
         ('rules a:\n  "x" -> auto(unconstrained)\n', "SR016", "cannot be one of its mesh axes"),
     ],

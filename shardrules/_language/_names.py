@@ -185,6 +185,15 @@ def _alternatives(
     for alt in alias.alternatives:
         names: list[str] = []
         for ref in alt.target:
+            if ref.name == "unconstrained":
+                errors.error(
+                    "SR010",
+                    f"`unconstrained` cannot be an alternative of alias `{alias.name}`",
+                    ref.span,
+                    "write `unconstrained` in the spec itself, e.g. `(batch, unconstrained)`; an "
+                    "alternative names mesh axes, or `_` to leave the dimension unsharded",
+                )
+                return
             if ref.name == "_" and len(alt.target) > 1:
                 errors.error(
                     "SR010",
