@@ -227,3 +227,15 @@ def test_a_fresh_process_gets_simulated_cpu_devices(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "SR208" in done.stdout and "Found 0 errors and 1 warning." in done.stdout
     assert textwrap.dedent(done.stderr).strip() == ""
+
+
+def test_a_rule_over_both_axis_types_is_one_error_not_also_a_warning(project, capsys) -> None:
+    folder, module = project
+    (folder / "tp.shard").write_text(
+        RULES.replace("mesh data=4, model=2", "mesh data=4 explicit, model=2 auto")
+    )
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:check_step")
+    assert code == 1
+    assert [(f["code"], f["severity"], f["line"]) for f in found if f["code"] == "SR207"] == [
+        ("SR207", "error", 8)
+    ]

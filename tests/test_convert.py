@@ -19,6 +19,7 @@ Then the command line: exit codes, `-o`, standard input and output, errors.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import re
@@ -163,6 +164,21 @@ def test_maxtext_notes_what_does_not_convert(tmp_path: Path) -> None:
     assert "alias embed = fsdp | tensor | _" in conversion.text
     assert "\n# `tensor`: not converted, see the notes above\n" in conversion.text
     assert isinstance(sr.loads(conversion.text), sr.RuleSet)
+
+
+def test_rules_apart_with_no_shared_axes_in_between_convert_exactly() -> None:
+    """Moving `a -> z` up past `b -> y` changes nothing: neither uses the other's axes."""
+    rules = [("a", "x"), ("b", "y"), ("a", "z")]
+    conversion = sr.convert_flax(rules)
+    assert conversion.exact and "alias a = x | z | _" in conversion.text
+    mesh = {"x": 2, "y": 2, "z": 2}
+    for names in itertools.permutations(("a", "b", "c")):
+        flax = entries(nn.logical_to_mesh_axes(names, rules), 3)
+        assert entries(_logical_spec(conversion.text, names, mesh), 3) == flax, names
+    shadowed = [("a", "x"), ("b", "y"), ("c", "x"), ("a", "z")]  # `c` takes x where `a` falls to z
+    for names in itertools.permutations(("a", "b", "c")):
+        flax = entries(nn.logical_to_mesh_axes(names, shadowed), 3)
+        assert entries(_logical_spec(sr.convert_flax(shadowed).text, names, mesh), 3) == flax, names
 
 
 def test_maxtext_merged_rules_differ_from_flax_only_where_reported() -> None:

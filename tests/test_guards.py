@@ -277,6 +277,111 @@ def test_the_html_report_shows_the_guard_with_the_pattern() -> None:
     assert "<td>kernel if bytes &gt;= 1MiB</td>" in html
 
 
+# ------------------------------------------------------------------ activation constraints
+
+ACTIVATIONS = """\
+mesh data=4, model=2
+
+rules activations:
+  "mlp$"  -> (data, model) if dtype == bfloat16
+  "cast$" -> (data, model) if dtype == bfloat16
+  default -> (data, _)     if dtype == float32
+"""
+
+
+def _mlp(x: jax.Array, w: jax.Array) -> jax.Array:
+    with jax.named_scope("mlp"):
+        return jnp.tanh(x @ w)
+
+
+def _activation_mesh(explicit: bool) -> jax.sharding.Mesh:
+    kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+
+
+def _operands(dtype: Any, mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array]:
+    rng = np.random.default_rng(3)
+    x, w = (jnp.asarray(rng.standard_normal(s) / 4, dtype) for s in ((16, 8), (8, 8)))
+    replicated = jax.sharding.NamedSharding(mesh, P())
+    return jax.device_put(x, replicated), jax.device_put(w, replicated)
+
+
+def _constraints(fn: Any, *args: Any) -> list[P]:
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    return [e.params["sharding"].spec for e in jaxpr.eqns if e.primitive.name == "sharding_constraint"]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [(bf16, [P("data", "model")]), (f32, [P("data", None)])],  # f32: the rule refuses, the default takes it
+    ids=["bf16", "f32"],
+)
+def test_a_guarded_activation_rule_is_inserted_only_where_its_guard_holds_on_auto_axes(
+    dtype: Any, expected: list[P]
+) -> None:
+    rules, mesh = sr.loads(ACTIVATIONS), _activation_mesh(explicit=False)
+    x, w = _operands(dtype, mesh)
+    assert _constraints(sr.auto_constrain(_mlp, rules, mesh), x, w) == expected
+    out = sr.jit(_mlp, rules, mesh, in_groups=(None, None))(x, w)
+    assert out.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, expected[0]), 2)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(_mlp(x, w), np.float32), rtol=1e-2)
+
+
+def test_a_guarded_default_constrains_only_the_outputs_its_guard_admits() -> None:
+    rules, mesh = sr.loads(ACTIVATIONS), _activation_mesh(explicit=False)
+
+    def other(x: jax.Array) -> jax.Array:
+        with jax.named_scope("other"):
+            return x * 2
+
+    assert _constraints(sr.auto_constrain(other, rules, mesh), jnp.ones((16, 8))) == [P("data", None)]
+    assert _constraints(sr.auto_constrain(other, rules, mesh), jnp.ones((16, 8), bf16)) == []
+
+
+@pytest.mark.parametrize("dtype", [bf16, f32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("how", ["jit", "auto_constrain"])
+def test_a_guarded_activation_rule_lays_out_contractions_only_where_its_guard_holds_on_explicit_axes(
+    dtype: Any, how: str
+) -> None:
+    rules, mesh = sr.loads(ACTIVATIONS, name="g.shard"), _activation_mesh(explicit=True)
+    x, w = _operands(dtype, mesh)
+    if how == "jit":
+        step = sr.jit(_mlp, rules, mesh, in_groups=(None, None))
+        decided = [(d.primitive, d.spec, d.by, d.rule) for d in step.decisions(x, w)]
+        if dtype == bf16:
+            assert decided == [("dot_general", P("data", "model"), "rule", "g.shard:4:3")]
+        else:  # left to JAX, and the default's constraint follows the scope output
+            assert decided == [("dot_general", P(None, None), "jax", None)]
+        out = step(x, w)
+    else:
+        out = jax.jit(sr.auto_constrain(_mlp, rules, mesh))(x, w)
+    assert jax.typeof(out).sharding.spec == (P("data", "model") if dtype == bf16 else P("data", None))
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(_mlp(x, w), np.float32), rtol=1e-2)
+
+
+@pytest.mark.parametrize(("given", "made"), [(f32, bf16), (bf16, f32)], ids=["f32-to-bf16", "bf16-to-f32"])
+def test_the_guard_of_a_contractions_rule_is_asked_about_the_scope_output(given: Any, made: Any) -> None:
+    """A contraction cast before it leaves its scope: the guard is asked about
+    the scope output's dtype, not the contraction's."""
+    rules, mesh = sr.loads(ACTIVATIONS, name="g.shard"), _activation_mesh(explicit=True)
+
+    def cast(x: jax.Array, w: jax.Array) -> jax.Array:
+        with jax.named_scope("cast"):
+            return (x @ w).astype(made)
+
+    x, w = _operands(given, mesh)
+    step = sr.jit(cast, rules, mesh, in_groups=(None, None))
+    decided = [(d.primitive, d.spec, d.by, d.rule) for d in step.decisions(x, w)]
+    if made == bf16:
+        assert decided == [("dot_general", P("data", "model"), "rule", "g.shard:5:3")]
+    else:  # the rule refuses the f32 output; the default constrains it after the contraction
+        assert decided == [("dot_general", P(None, None), "jax", None)]
+    out = step(x, w)
+    assert out.dtype == made
+    assert jax.typeof(out).sharding.spec == (P("data", "model") if made == bf16 else P("data", None))
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(cast(x, w), np.float32), rtol=1e-2)
+
+
 # ------------------------------------------------------------------ lint: SR201, SR202
 
 

@@ -2,7 +2,9 @@
 
 Specs and shardings hold `PartitionSpec.UNCONSTRAINED`; activation
 constraints on Auto axes pass it to `with_sharding_constraint` (`{?}` in the
-lowered program); on Explicit axes the dimension keeps the value's layout;
+lowered program); on Explicit axes the dimension keeps the value's layout, and
+a contraction's `out_sharding` (or an ambiguous operation's layout) from the
+rule takes the one JAX or the inference gives it;
 placing arrays refuses it (SR120, at the rule's entry); plans count it as
 unsharded, and dump and diff write and compare it.
 """
@@ -179,12 +181,6 @@ def test_pin_settles_an_unsettled_layout_on_explicit_axes() -> None:
     assert out.sharding.spec == P("data", "model")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_tracing/_constrain.py `_target` builds NamedSharding(mesh, spec) itself, which JAX refuses "
-    "for UNCONSTRAINED on Explicit axes; it should use `_mesh.sharding_for` (and `_layouts.evaluate` "
-    "should settle unconstrained dimensions of contraction layouts)",
-)
 def test_sr_jit_on_explicit_axes_keeps_the_layout_of_an_unconstrained_dimension(rules: sr.RuleSet) -> None:
     def f(w: Any, x: Any) -> Any:
         with jax.named_scope("mlp"):
@@ -193,6 +189,82 @@ def test_sr_jit_on_explicit_axes_keeps_the_layout_of_an_unconstrained_dimension(
     step = sr.jit(f, rules, explicit_mesh(), in_groups=("params", None))
     x = jax.device_put(jnp.ones((16, 8)), NamedSharding(explicit_mesh(), P("data", None)))
     assert step(jnp.ones((8, 8)), x).sharding.spec == P("data", "model")
+
+
+@pytest.mark.parametrize("how", ["constrain", "auto_constrain"])
+def test_a_concrete_explicit_mesh_keeps_the_layout_of_an_unconstrained_dimension(
+    rules: sr.RuleSet, how: str
+) -> None:
+    """`mesh=` an Explicit mesh, no `jax.set_mesh`: the scope output is resharded, not refused."""
+    mesh = explicit_mesh()
+
+    def f(x: Any) -> Any:
+        if how == "constrain":
+            return sr.constrain(x * 2, rules, mesh, name="mlp")
+        with jax.named_scope("mlp"):
+            return x * 2
+
+    fn = jax.jit(f if how == "constrain" else sr.auto_constrain(f, rules, mesh))
+    x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("data", None)))
+    out = fn(x)
+    assert out.sharding.spec == P("data", "model") and jax.typeof(out).sharding.spec == P("data", "model")
+    np.testing.assert_array_equal(np.asarray(out), np.arange(64.0).reshape(8, 8) * 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "x_spec", "w_spec", "expected"),
+    [
+        ("mlp", P("data", None), P(), P("data", "model")),  # dimension 0: JAX's `data`
+        ("both", P("data", None), P(), P(None, "data")),  # `data` is the other entry's: unsharded
+        ("mlp", P(None, "data"), P("data", None), P(None, "model")),  # JAX refuses: the inference's
+    ],
+)
+def test_a_contraction_takes_the_settled_layout_of_an_unconstrained_dimension_as_out_sharding(
+    rules: sr.RuleSet, name: str, x_spec: P, w_spec: P, expected: P
+) -> None:
+    mesh = explicit_mesh()
+
+    def f(x: Any, w: Any) -> Any:
+        with jax.named_scope(name):
+            return x @ w
+
+    rng = np.random.default_rng(4)
+    x_host, w_host = (rng.standard_normal(s).astype(np.float32) for s in ((16, 8), (8, 8)))
+    x = jax.device_put(x_host, NamedSharding(mesh, x_spec))
+    w = jax.device_put(w_host, NamedSharding(mesh, w_spec))
+    step = sr.jit(f, rules, mesh, in_groups=(None, None))
+    line = 1 + RULES.splitlines().index(next(ln for ln in RULES.splitlines() if f'"{name}$"' in ln))
+    assert [(d.primitive, d.spec, d.by, d.rule) for d in step.decisions(x, w)] == [
+        ("dot_general", expected, "rule", f"m.shard:{line}:3")
+    ]
+    out = step(x, w)
+    assert jax.typeof(out).sharding.spec == expected
+    np.testing.assert_allclose(np.asarray(out), x_host @ w_host, rtol=1e-5, atol=1e-6)
+
+
+def test_an_ambiguous_operation_takes_the_settled_layout_of_an_unconstrained_dimension(
+    rules: sr.RuleSet,
+) -> None:
+    """Not only contractions: a `jnp.where` over operands laid out differently,
+    which JAX cannot lay out, takes the rule's layout with the inferred one
+    for its unconstrained dimension (its most sharded operand's)."""
+    mesh = explicit_mesh()
+
+    def f(a: Any, b: Any) -> Any:
+        with jax.named_scope("mlp"):
+            return jnp.where(a > 0, a, b)
+
+    rng = np.random.default_rng(5)
+    a_host, b_host = (rng.standard_normal((16, 8)).astype(np.float32) for _ in range(2))
+    a = jax.device_put(a_host, NamedSharding(mesh, P("data", None)))
+    b = jax.device_put(b_host, NamedSharding(mesh, P()))
+    step = sr.jit(f, rules, mesh, in_groups=(None, None), strict=True)
+    assert [(d.primitive, d.spec, d.by) for d in step.decisions(a, b)] == [
+        ("select_n", P("data", "model"), "rule")
+    ]
+    out = step(a, b)
+    assert jax.typeof(out).sharding.spec == P("data", "model")
+    np.testing.assert_array_equal(np.asarray(out), np.where(a_host > 0, a_host, b_host))
 
 
 # ------------------------------------------------------------------ placing: SR120
@@ -323,3 +395,11 @@ def test_shardings_on_a_mesh_without_auto_axes_is_sr120_not_a_jax_error(rules: s
     assert sr.specs({"mlp": S((8, 6), jnp.float32)}, rules, explicit_mesh(), group="activations") == {
         "mlp": P(U, "model")
     }
+
+
+@pytest.mark.parametrize("written", ["UNCONSTRAINED", "unconstraind", "Unconstrained"])
+def test_a_slip_of_the_keyword_is_named(written: str) -> None:
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.loads(f'mesh data, model\nrules a:\n  "x" -> (data, {written})\n')
+    (d,) = info.value.diagnostics
+    assert d.code == "SR010" and f"`{written}`" in d.message and "did you mean `unconstrained`" in d.hint

@@ -185,7 +185,10 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
     try:
         decisions = trace(spec, rules, sizes_for(rules, mesh))
     except ShardRulesError as err:
-        result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *err.diagnostics]))
+        # the step's error replaces lint's warning about the same place (SR207 is both)
+        raised = {(d.code, d.span) for d in err.diagnostics}
+        kept = [d for d in result.diagnostics if d.severity == "error" or (d.code, d.span) not in raised]
+        result.diagnostics = ordered(dict.fromkeys([*kept, *err.diagnostics]))
         return
     args.decisions = decisions
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *findings(decisions, rules)]))

@@ -108,23 +108,21 @@ def alias_lines(rules: list[tuple[str, Axes]], mesh_axes: Sequence[str]) -> tupl
 
 def _order_notes(name: str, positions: list[int], rules: list[tuple[str, Axes]]) -> list[str]:
     """A note for each rule of `name` that is separated from the one before it
-    by rules of other names (the alias moves it up to them)."""
+    by rules of other names using some of its axes: the alias tries it right
+    after the one before, ahead of them. (When none of the rules in between
+    uses its axes, whether it applies does not depend on them, nor theirs on
+    it, so the order changes nothing and there is no note.)"""
     notes = []
     for before, at in itertools.pairwise(positions):
-        if at == before + 1:
-            continue
         between = rules[before + 1 : at]
         axes = set(rules[at][1])
         clash = [f"{n} -> {_alternative(a)}" for n, a in between if axes & set(a)]
-        effect = (
-            f"rules in between use the same axes ({'; '.join(clash)}), so a leaf with both names may be laid "
-            "out differently"
-            if clash
-            else "no rule in between uses its axes, so the result is the same"
-        )
+        if not clash:
+            continue
         notes.append(
             f"`{name}`: its rule {at + 1} ({name} -> {_alternative(rules[at][1])}) is not next to its rule "
-            f"{before + 1}; the alias tries it right after that one: {effect}"
+            f"{before + 1}; the alias tries it right after that one: rules in between use the same axes "
+            f"({'; '.join(clash)}), so a leaf with both names may be laid out differently"
         )
     return notes
 

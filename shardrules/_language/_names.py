@@ -239,6 +239,14 @@ def unknown_name(
             "write `_` for a dimension that is not sharded",
         )
         return
+    if did_you_mean(ref.name.lower(), ["unconstrained"]):  # JAX's `P.UNCONSTRAINED`, or a slip of the keyword
+        errors.error(
+            "SR010",
+            f"unknown name `{ref.name}`: not a mesh axis or an alias",
+            ref.span,
+            "did you mean `unconstrained` (the spec keyword, lower case), for a dimension the compiler lays out?",
+        )
+        return
     hint = did_you_mean(ref.name, known) or (
         f"known names: {', '.join(known)}" if known else "declare it in the mesh line or as an alias"
     )

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax._src.core import ShardingTypeError
 from jax._src.named_sharding import DuplicateSpecError
-from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from .._errors import error_for
 from .._interop._nnx import module_scopes
@@ -36,11 +36,13 @@ def _resolved(mesh: Mesh | None, rules: Any, what: str) -> Mesh | AbstractMesh:
 def _target(
     mesh: Mesh | None, rules: Any, what: str
 ) -> tuple[dict[str, int], Callable[[PartitionSpec], Any]]:
-    """Axis sizes, and how to turn a spec into what `with_sharding_constraint` takes."""
+    """Axis sizes, and how to turn a spec into what `_mesh.pin` takes: a
+    `NamedSharding`, or an `Unsettled` layout for unconstrained dimensions on
+    a mesh without Auto axes (see `_mesh.sharding_for`)."""
     resolved = _resolved(mesh, rules, what)
     if isinstance(resolved, Mesh):
         concrete = resolved
-        return _mesh.sizes_of(concrete), lambda spec: NamedSharding(concrete, spec)
+        return _mesh.sizes_of(concrete), lambda spec: _mesh.sharding_for(concrete, spec)
     return _mesh.sizes_of(resolved), lambda spec: spec  # inside `jax.set_mesh`: a bare spec uses it
 
 
@@ -132,7 +134,10 @@ def auto_constrain(
     `jax.named_scope` is several uses) and used after that use; a use's
     single output is matched as the scope's path, several as `PATH/0`,
     `PATH/1`, ... in the order they are made (a rule matching `PATH` but none
-    of those is warned about: SR201, a `ShardRulesWarning`). Scopes that match
+    of those is warned about: SR201, a `ShardRulesWarning`). An output takes
+    the first rule whose pattern matches its name and whose guard holds for
+    its shape and dtype, else the group's `default` where its guard holds.
+    Scopes that match
     no rule are left alone, and so is the gradient. Nothing in `fn` changes: the
     wrapper traces it, then evaluates the trace with the constraints added.
 
@@ -150,8 +155,9 @@ def auto_constrain(
     On a mesh with `Explicit` axes (`jax.make_mesh`'s default), the rules also
     settle what JAX leaves ambiguous: a contraction whose result becomes a
     matched scope output (through element-wise operations or a transpose)
-    gets the rule's spec, in its own dimension order, as its `out_sharding`,
-    and a layout no rule gives is inferred (see
+    gets the rule's spec, in its own dimension order, as its `out_sharding`
+    (an `unconstrained` entry: the layout JAX, or the inference, gives that
+    dimension), and a layout no rule gives is inferred (see
     [Explicit and Auto axes](explicit-axes.md)).
 
     **Returns:** a function with `fn`'s signature. Wrap it in `jax.jit` (or use

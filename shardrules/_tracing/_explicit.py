@@ -14,7 +14,10 @@ operation:
    becomes that output through element-wise operations, or a `transpose`
    such as `jax.vmap` adds: see `_outputs`) gets that rule's spec, in the
    result's own dimension order, as its `out_sharding` (the innermost such
-   scope whose rule fits). A contraction whose result is used only inside
+   scope whose rule matches, whose guard holds for that output and which
+   fits; an `unconstrained` entry takes the layout JAX, or else the
+   inference below, gives that dimension, or none where another entry uses
+   those axes: `settled`). A contraction whose result is used only inside
    its scope, or reshaped or reduced before it leaves it, takes no rule:
    the rule describes the scope's output, not every value made inside it;
 2. any other operation is first left to JAX; when JAX finds its result's
@@ -129,6 +132,23 @@ def inferred_spec(primitive: str, invals: Sequence[Any], params: dict[str, Any],
     if same:  # the most sharded operand of the result's shape (a broadcast mask is not)
         return max(same, key=lambda spec: sum(len(entry_axes(e)) for e in spec))
     return PartitionSpec(*([None] * len(aval.shape)))
+
+
+def settled(spec: PartitionSpec, natural: PartitionSpec) -> PartitionSpec:
+    """`spec` (a rule's, in the result's dimensions) with each unconstrained
+    entry replaced by the layout `natural` gives that dimension (what JAX, or
+    where JAX cannot decide the inference, lays the result out as), or
+    unsharded where that uses axes another entry of `spec` uses: JAX refuses
+    `PartitionSpec.UNCONSTRAINED` in an `out_sharding` and on Explicit axes."""
+    unconstrained = PartitionSpec.UNCONSTRAINED
+    used = {a for entry in spec if entry is not unconstrained for a in entry_axes(entry)}
+    padded = tuple(natural) + (None,) * (len(spec) - len(natural))
+    out = []
+    for entry, now in zip(spec, padded, strict=False):
+        if entry is unconstrained:
+            entry = None if set(entry_axes(now)) & used else now
+        out.append(entry)
+    return PartitionSpec(*out)
 
 
 def typed_aval(value: Any, drop_leading: bool = False) -> jax.ShapeDtypeStruct:

@@ -20,6 +20,7 @@ from ._explicit import (
     inferred_spec,
     match_types,
     run_with_layout,
+    settled,
     spec_of,
     suggestion,
     typed_aval,
@@ -34,7 +35,9 @@ Interpret = Callable[
 def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpret) -> list[Any]:
     """One equation on explicit axes: a rule's layout for a contraction whose
     result is laid out like a matched scope output, else JAX's; where JAX
-    cannot decide, an inferred layout (or SR117 with `strict`). The
+    cannot decide, an inferred layout (or SR117 with `strict`). A rule's
+    unconstrained entries take the layout JAX or the inference gives their
+    dimension (unsharded where another entry uses its axes: `settled`). The
     gradient's equations (`at.backward`) never take a rule's layout. See
     `_explicit`'s docstring."""
     name, multiple = eqn.primitive.name, eqn.primitive.multiple_results
@@ -59,7 +62,12 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
         c.decisions.append(Decision(shown, name, operands, shape, spec, by, where, hint))
 
     def ruled(i: int) -> tuple[Any, Any] | None:
-        return None if backward else c.scope_rule(path, at.aligned[i], avals[i].dtype)
+        found = None if backward else c.scope_rule(path, at.aligned[i], avals[i].dtype)
+        if found is None or not any(e is jax.sharding.PartitionSpec.UNCONSTRAINED for e in found[0]):
+            return found
+        # unconstrained entries take JAX's layout (for a contraction, `contraction_spec` is
+        # JAX's where JAX decides; other operations get here only once JAX refused them)
+        return settled(found[0], inferred_spec(name, invals, eqn.params, avals[i])), found[1]
 
     if name == "dot_general":
         found = ruled(0)

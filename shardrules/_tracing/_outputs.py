@@ -43,14 +43,16 @@ _ELEMENTWISE_EXTRA = {"convert_element_type", "select_n", "clamp", "add_any", "c
 
 
 class Aligned(NamedTuple):
-    """A value laid out like the output `name` (shape `shape`) of scope
-    `scope`: its dimension `i` is the output's dimension `dims[i]`."""
+    """A value laid out like the output `name` (shape `shape`, dtype `dtype`:
+    what a rule's guard is asked about) of scope `scope`: its dimension `i`
+    is the output's dimension `dims[i]`."""
 
     scope: str
     name: str
     shape: tuple[int, ...]
     dims: tuple[int, ...]
     use: int | None = None  # the use of `scope` (None: a use outside this jaxpr)
+    dtype: Any = None  # None: not known (the value's own is used)
 
     def spec_for(self, out_spec: Any) -> tuple[Any, ...]:
         """The value's spec from the output's."""
@@ -193,7 +195,7 @@ def analyse(
             if len(vs) > 1:
                 several.setdefault(scope, []).append(name)
             shape = tuple(v.aval.shape)
-            _add(aligned, v, Aligned(scope, name, shape, tuple(range(len(shape))), use))
+            _add(aligned, v, Aligned(scope, name, shape, tuple(range(len(shape))), use, v.aval.dtype))
     if not backward:
         for v, entries in zip(jaxpr.outvars, seed or (), strict=False):
             for entry in entries if isinstance(v, jcore.Var) else ():

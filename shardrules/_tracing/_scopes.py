@@ -74,33 +74,47 @@ class Constrainer:
         self._default = self.rules.defaults.get(self.group) if self.group is not None else None
         self._warned: set[str] = set()
 
-    def rule_for(self, path: str) -> Any:
-        return self._matcher.first(path) or self._default
+    def rule_for(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        """The rule for a scope output matched as `path`, of `shape` and
+        `dtype`: the first whose pattern matches and whose guard holds, else
+        the default where its guard holds (as `_compile._fitting`), or `None`."""
+        rule = self._matcher.first_fitting(path, shape, dtype)
+        if rule is None and self._default is not None and self._matcher.holds(self._default, shape, dtype):
+            return self._default
+        return rule
 
     def scope_rule(self, path: str, aligned: Sequence[Aligned], dtype: Any) -> tuple[Any, Any] | None:
         """`(spec, rule)` for a result made in scope `path` and aligned with
         the outputs `aligned` (see `_outputs`): the spec of the innermost
-        such output inside a scope holding `path` whose name a rule matches
-        and fits, reordered to the result's dimensions. The default rule is not
-        used (it would lay out every operation alike)."""
+        such output inside a scope holding `path` whose name a rule matches,
+        whose guard holds for the output's shape and dtype (`dtype`, the
+        result's, where the output's is not known) and which fits, reordered
+        to the result's dimensions. The spec may hold unconstrained entries
+        (`_layouts` settles them). The default rule is not used (it would lay
+        out every operation alike)."""
         for entry in sorted((e for e in aligned if under(path, e.scope)), key=lambda e: -len(e.scope)):
-            rule = self._matcher.first(entry.name)
-            if rule is None or not entry.dims:
+            if not entry.dims:
+                continue
+            kind = _dtype(entry.dtype if entry.dtype is not None else dtype)
+            rule = self._matcher.first_fitting(entry.name, entry.shape, kind)
+            if rule is None:
                 continue
             try:
                 out = leaf_spec(
-                    rule, LeafInfo(entry.name, entry.shape, np.dtype(dtype)), self.sizes, self.rules
+                    rule, LeafInfo(entry.name, entry.shape, np.dtype(kind)), self.sizes, self.rules
                 )
-            except LeafError:
+            except (LeafError, TypeError):  # TypeError: not a NumPy dtype (a PRNG key)
                 continue
             self.check_axis_types(rule, out, entry.name)
             return jax.sharding.PartitionSpec(*entry.spec_for(out)), rule
         return None
 
     def constrain(self, path: str, value: Any) -> Any:
-        rule = self.rule_for(path)
         shape = tuple(int(d) for d in np.shape(value))
-        if rule is None or not shape:
+        if not shape:
+            return value
+        rule = self.rule_for(path, shape, _dtype(value.dtype))
+        if rule is None:
             return value
         info = LeafInfo(path, shape, np.dtype(value.dtype))
         try:
@@ -164,6 +178,14 @@ class Constrainer:
                 "each layer apart",
             )
             warnings.warn(ShardRulesWarning(diag, self.rules.sources), stacklevel=2)
+
+
+def _dtype(dtype: Any) -> Any:
+    """`dtype` as a NumPy dtype, for guards; as it is where NumPy has none (a PRNG key's)."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return dtype
 
 
 def interpret(
