@@ -315,8 +315,35 @@ def test_a_broadcast_mask_does_not_replicate_what_it_masks() -> None:
     out = step(s)
     assert jax.typeof(out).sharding.spec == P("data", "model", None, None)
     np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(f)(s)), rtol=1e-6)
-    decided = step.decisions(s)  # NumPy argument: traced as its group lays it out
-    assert decided and all(d.spec == P("data", "model", None, None) for d in decided), decided
+    # Nothing was left to decide: the mask and the fill value, made from constants alone
+    # and so replicated by the layout-free first trace, take the one sharded operand's
+    # layout (as JAX, tracing with layouts, gives them); `decisions` traces NumPy
+    # arguments as their group lays them out.
+    assert step.decisions(s) == []
+
+
+def test_softmax_and_a_causal_mask_under_grad_are_no_decision_even_strict() -> None:
+    """The gradient of a masked softmax (`select_n` of broadcast constants and a
+    sharded array, forward and backward) runs with `strict=True`, lists no
+    decision, and gives the numbers of plain `jax.jit` on the same mesh."""
+    mesh = explicit_mesh()
+    rules = sr.loads('rules inputs:\n  "s" -> (data, model, _, _)\n')
+
+    def loss(s: jax.Array) -> jax.Array:
+        with jax.named_scope("attn"):
+            masked = jnp.where(jnp.tril(jnp.ones((16, 16), bool)), s, -1e9)
+            return jnp.sum(jax.nn.relu(jax.nn.softmax(masked) - 0.01) ** 2)
+
+    s = np.random.default_rng(4).standard_normal((8, 4, 16, 16)).astype(np.float32)
+    placed = jax.device_put(s, NamedSharding(mesh, P("data", "model")))
+    with jax.set_mesh(mesh):
+        value, grad = jax.jit(jax.value_and_grad(loss))(placed)
+    step = sr.jit(jax.value_and_grad(loss), rules, mesh, in_groups=("inputs",), strict=True)
+    ours, our_grad = step(s)
+    np.testing.assert_allclose(float(ours), float(value), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(our_grad), np.asarray(grad), rtol=1e-5, atol=1e-7)
+    assert jax.typeof(our_grad).sharding.spec == P("data", "model", None, None)
+    assert [d for d in step.decisions(s) if d.primitive != "dot_general"] == []
 
 
 def test_a_step_inside_another_trace_and_a_closed_over_array_with_out_groups() -> None:

@@ -151,6 +151,40 @@ def settled(spec: PartitionSpec, natural: PartitionSpec) -> PartitionSpec:
     return PartitionSpec(*out)
 
 
+def lift_replicated(invals: Sequence[Any], made: Sequence[bool]) -> list[Any] | None:
+    """`invals` with each fully replicated operand that the function made from
+    constants alone (`made`) laid out as the one sharded operand of its shape,
+    or `None` when that is no answer (no such operand, or sharded ones that
+    disagree). An argument or a value computed from one is never moved here:
+    if it is replicated, the layout of the result is a choice (see `evaluate`).
+
+    The function is traced first without layouts, so a value it makes there
+    (a broadcast constant, `jnp.where`'s fill value, a mask) is replicated on
+    the explicit axes, where JAX, tracing with layouts, would have made it in
+    the layout of the operand it meets; an element-wise operation then refuses
+    the mix. Taking a slice of a replicated value moves no data, and the
+    result's layout is the sharded operand's: nothing is left to decide.
+    """
+
+    def is_array(x: Any) -> bool:
+        return hasattr(x, "shape") and hasattr(x, "dtype") and len(x.shape) > 0
+
+    sharded: dict[tuple[int, ...], set[PartitionSpec]] = {}
+    for x in filter(is_array, invals):
+        spec = spec_of(x)
+        if any(entry_axes(e) for e in spec):
+            sharded.setdefault(tuple(x.shape), set()).add(spec)
+    if not sharded or any(len(specs) > 1 for specs in sharded.values()):
+        return None
+    out, changed = [], False
+    for x, constant in zip(invals, made, strict=True):
+        specs = sharded.get(tuple(x.shape), set()) if is_array(x) and constant else set()
+        if specs and not any(entry_axes(e) for e in spec_of(x)):
+            x, changed = jax.sharding.reshard(x, next(iter(specs))), True
+        out.append(x)
+    return out if changed else None
+
+
 def typed_aval(value: Any, drop_leading: bool = False) -> jax.ShapeDtypeStruct:
     """`value`'s shape, dtype and layout, for tracing a sub-computation
     (`drop_leading`: one slice along the first dimension, as `scan` sees it)."""

@@ -18,6 +18,7 @@ from ._explicit import (
     SHARDING_ERRORS,
     Decision,
     inferred_spec,
+    lift_replicated,
     match_types,
     run_with_layout,
     settled,
@@ -85,6 +86,12 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
         if name == "dot_general":
             record(spec_of(result), "jax")
         return listed(result)
+    lifted = None if name == "dot_general" else lift_replicated(invals, at.made)
+    if lifted is not None:  # no real choice: the one sharded operand's layout
+        try:
+            return listed(bind(*lifted))
+        except SHARDING_ERRORS:
+            pass
     found = [ruled(i) for i in range(len(avals))]
     specs = [
         f[0] if f else inferred_spec(name, invals, eqn.params, a) for f, a in zip(found, avals, strict=True)

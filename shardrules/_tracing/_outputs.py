@@ -70,14 +70,16 @@ class Aligned(NamedTuple):
 
 class Where(NamedTuple):
     """Where an equation is evaluated: its scope path, whether it belongs to
-    the gradient, what each of its results is aligned with, and whether the
+    the gradient, what each of its results is aligned with, whether the
     forward pass uses each (the others are residuals: only the gradient uses
-    them)."""
+    them), and which operands the function makes from constants alone (a
+    mask, a fill value: no argument reaches them)."""
 
     path: str
     backward: bool
     aligned: list[list[Aligned]]
     live: list[bool]
+    made: tuple[bool, ...] = ()  # per operand: made by the trace from constants alone
 
 
 @dataclasses.dataclass

@@ -197,12 +197,14 @@ def interpret(
     backward: bool = False,
     seed: Sequence[list[Aligned]] | None = None,
     live: Sequence[bool] | None = None,
+    made_args: Sequence[bool] = (),
 ) -> list[Any]:
     """Evaluate `jaxpr` under scope `base`, constraining the outputs of matched
     scopes; `backward`: it is (part of) a gradient, which gets no constraints
     and no rule's layouts; for a sub-computation, `seed`: what its results are
     aligned with, `live`: which of them the forward pass uses (see
-    `_outputs.analyse`)."""
+    `_outputs.analyse`); `made_args`: which arguments the caller made from
+    constants alone (an inlined call's operands)."""
     env: dict[Any, Any] = {}
 
     def read(v: Any) -> Any:
@@ -212,6 +214,8 @@ def interpret(
         env[v] = x
     for v, x in zip(jaxpr.invars, args, strict=True):
         env[v] = x
+    # values no argument of the whole function reaches (see `_explicit.lift_replicated`)
+    made = set(jaxpr.constvars) | {v for v, m in zip(jaxpr.invars, made_args, strict=False) if m}
     found = analyse(jaxpr, base, backward, seed, live)
     c.check_names(found)
     for eqn in jaxpr.eqns:
@@ -229,24 +233,44 @@ def interpret(
             stack.enter_context(eqn.ctx.manager)
             if c.abstract_mesh is not None:  # the trace had no mesh; the explicit types need it
                 stack.enter_context(jax.sharding.use_abstract_mesh(c.abstract_mesh))
+            consts = tuple(isinstance(v, jcore.Literal) or v in made for v in eqn.invars)
             if name in _INLINED:
                 inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
                 if isinstance(inner, jcore.ClosedJaxpr):
-                    results = interpret(c, inner.jaxpr, inner.consts, invals, path, back, aligned, used)
+                    results = interpret(
+                        c, inner.jaxpr, inner.consts, invals, path, back, aligned, used, consts
+                    )
                 else:
-                    results = interpret(c, inner, (), invals, path, back, aligned, used)
+                    results = interpret(c, inner, (), invals, path, back, aligned, used, consts)
             elif c.explicit:
-                results = _layouts.evaluate(c, eqn, invals, Where(path, back, aligned, used), interpret)
+                at = Where(path, back, aligned, used, consts)
+                results = _layouts.evaluate(c, eqn, invals, at, interpret)
             else:  # the gradient's sub-computations get no constraints
                 params = eqn.params if name in _OPAQUE or back else _rewrite_params(c, eqn.params, path, used)
                 results = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
                 if not eqn.primitive.multiple_results:
                     results = [results]
+        made.update(v for v, m in zip(eqn.outvars, _made_outputs(eqn, consts), strict=True) if m)
         for v, x in zip(eqn.outvars, results, strict=True):
             for scope in found.outputs.get(v, ()):  # innermost first, so the outermost decides
                 x = c.constrain(found.names[(v, scope)], x)
             env[v] = x
     return [read(v) for v in jaxpr.outvars]
+
+
+def _made_outputs(eqn: Any, made_in: Sequence[bool]) -> list[bool]:
+    """Which results of `eqn` are made from constants alone, given which of
+    its operands are (`made_in`): all of them when every operand is; for an
+    inlined call, each result its body makes from such operands alone."""
+    if eqn.primitive.name in _INLINED:
+        inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+        jaxpr = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
+        made = set(jaxpr.constvars) | {v for v, m in zip(jaxpr.invars, made_in, strict=True) if m}
+        for sub in jaxpr.eqns:
+            flags = [isinstance(v, jcore.Literal) or v in made for v in sub.invars]
+            made.update(v for v, m in zip(sub.outvars, _made_outputs(sub, flags), strict=True) if m)
+        return [isinstance(v, jcore.Literal) or v in made for v in jaxpr.outvars]
+    return [all(made_in)] * len(eqn.outvars)
 
 
 def _rewrite_params(c: Constrainer, params: dict[str, Any], base: str, live: list[bool]) -> dict[str, Any]:
