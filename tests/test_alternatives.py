@@ -6,6 +6,7 @@ differential test against Flax's `logical_to_mesh_axes`."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import flax.linen as nn
 import jax
@@ -430,3 +431,23 @@ def test_logical_specs_match_flax_logical_to_mesh_axes(rules, names, sizes, mesh
     assert plan.ok, [d.render() for d in plan.errors]
     expected = nn.logical_to_mesh_axes(tuple(names), rules)
     assert tuple(normal(e) for e in plan.leaves[0].spec) == tuple(normal(e) for e in expected)
+
+
+def test_apply_warns_about_a_misspelt_axis_in_an_alternative_but_not_an_absent_one() -> None:
+    """`fsdpp` on a mesh with `fsdp` is a typo that would silently replicate:
+    `apply` warns (SR209); `context`, absent from this mesh, is a file written
+    for several meshes: no warning."""
+    mesh = jax.make_mesh((4, 2), ("fsdp", "model"))
+    typo = sr.loads('alias embed = (fsdp, model) | fsdpp | _\nrules params:\n  "w" -> (embed, _)\n')
+    tree = {"w": jnp.ones((8, 4)), "v": jnp.ones((8, 4))}
+    with pytest.warns(sr.ShardRulesWarning, match="did you mean `fsdp`") as caught:
+        placed = sr.apply({"w": jnp.ones((8, 4))}, typo, mesh)
+    assert placed["w"].sharding.spec == P(("fsdp", "model"), None)
+    assert [w.message.code for w in caught if isinstance(w.message, sr.ShardRulesWarning)] == ["SR209"]
+    absent = sr.loads(
+        'alias embed = (context, fsdp) | fsdp | _\nrules params:\n  "w" -> (embed, _)\n  "v" -> (_, model)\n'
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sr.ShardRulesWarning)
+        placed = sr.apply(tree, absent, mesh)
+    assert placed["w"].sharding.spec == P("fsdp", None)

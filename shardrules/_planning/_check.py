@@ -211,9 +211,14 @@ def warn_about(plan: Plan, tolerance: float = DEFAULT_REPLICATED_TOLERANCE, stac
     """Warn (`ShardRulesWarning`) about what `apply` and `jit` would otherwise
     carry out silently: a rule of the group that matches no leaf of the tree
     (SR201), more of the plan's bytes fully replicated than `tolerance` (SR116,
-    here a warning). Once per plan cached on the rule set."""
+    here a warning), an alias alternative naming an axis the mesh lacks but
+    has one close to (SR209: a typo). Once per plan cached on the rule set."""
     found = [d for d in rule_warnings(plan) if d.code == "SR201"]
     found += [dataclasses.replace(d, severity="warning") for d in tolerance_diagnostics(plan, tolerance)]
+    # An alternative naming an axis the mesh lacks is how one file serves several meshes;
+    # one naming an axis close to one the mesh has is most likely a typo.
+    sizes = None if plan.mesh is None else _mesh.sizes_of(plan.mesh)
+    found += [d for d in alternative_warnings(plan.rules, sizes) if d.hint.startswith("did you mean")]
     for diagnostic in found:
         warnings.warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
 
