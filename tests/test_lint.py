@@ -680,3 +680,13 @@ def test_json_shapes_may_name_dtypes_jax_cannot_hold(tmp_path, capsys, monkeypat
     assert "m.shard:5:3: SR115 `bytes` (shape (4,), dtype |V8) has a dtype JAX cannot hold" in out
     assert "`x.view(np.uint8)`" in out
     assert "Found 2 errors" in out
+
+
+def test_an_axis_named_only_by_a_broken_rule_is_not_called_unused(tmp_path) -> None:
+    """The rule with an error stands aside from planning; its axis is not SR205."""
+    path = tmp_path / "broken.shard"
+    path.write_text(
+        'mesh fsdp=4, model=2\nrules params:\n  "kernel" -> (fsdp, _) if dtype == bf16\n  "w" -> (model)\n'
+    )
+    found = _lint.lint_file(str(path), None, None)
+    assert [d.code for d in found.diagnostics if d.severity != "note"] == ["SR019"]

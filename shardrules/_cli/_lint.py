@@ -130,7 +130,8 @@ def lint_file(
     for name in rules.group_names:
         empty = compile_plan({}, rules, sizes, name)
         found += empty.diagnostics
-    if empty is not None:
+    if empty is not None and not any(d.severity == "error" for d in load_found):
+        # (a rule or alias with an error stands aside, so the axes it names would look unused)
         found += _check.unused_axis_warnings(empty)
     found += _check.axis_type_warnings(rules)
     found += alternative_warnings(rules, sizes)

@@ -35,7 +35,12 @@ def check_mesh(meshes: list[MeshDecl], errors: Findings) -> MeshDecl | None:
         if axis.name == "_":
             errors.error("SR014", "`_` means unsharded and cannot name a mesh axis", axis.span)
         if axis.name == "unconstrained":
-            errors.error("SR014", "`unconstrained` is a spec keyword and cannot name a mesh axis", axis.span)
+            errors.error(
+                "SR014",
+                "`unconstrained` is a spec keyword and cannot name a mesh axis",
+                axis.span,
+                "rename the axis (JAX's own name for it does not matter to the rules, only to the file)",
+            )
         seen[axis.name] = axis.span
         stars += axis.size == "*"
     if stars > 1:
