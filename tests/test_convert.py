@@ -2,9 +2,10 @@
 loaded with `sr.loads`, gives leaf by leaf the layout its source gives.
 
 - maxtext: MaxText's own golden dumps (extracts in tests/data/maxtext, see its
-  NOTICE): for each dump, the named shardings MaxText computed, reproduced
-  from the dump's logical axis names and mesh by the `convert maxtext` output
-  of the config the dump was made with (`base.yml` for `rule_default...`,
+  NOTICE): for each dump, the named shardings MaxText computed for every leaf
+  of its train state (step, parameters and AdamW state), reproduced from the
+  dump's logical axis names and mesh by the `convert maxtext` output of the
+  config the dump was made with (`base.yml` for `rule_default...`,
   `custom_mesh_and_rule/NAME.yml` for `rule_NAME...`), with no edits.
 - flax: `flax.linen.logical_to_mesh_axes` itself, on random rule lists and
   name tuples, and on MaxText's rules with every name tuple of the dumps.
@@ -33,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from flax.training import train_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
@@ -79,21 +81,133 @@ def dump_id(dump: Path) -> str:
     return f"{dump.parent.parent.name}/{dump.parent.name}/{dump.stem}"
 
 
+# A dump names a leaf as MaxText's tests/utils/sharding_dump.py does,
+# `"/".join(str(key) for key in keypath)`: `.name` for an attribute, `[0]` for a
+# sequence index, `['name']` for a dict key. shardrules joins the bare names.
+DUMP_KEY = re.compile(r"\.(?P<attr>\w+)|\[(?P<index>\d+)\]|\['(?P<key>[^'/]*)'\]")
+
+
+def dump_keys(path: str) -> tuple[Any, ...]:
+    """The key path a dump's path names."""
+    keys: list[Any] = []
+    for part in path.split("/"):
+        match = DUMP_KEY.fullmatch(part)
+        assert match, f"{path}: {part!r} is no key"
+        if match["attr"] is not None:
+            keys.append(jax.tree_util.GetAttrKey(match["attr"]))
+        elif match["index"] is not None:
+            keys.append(jax.tree_util.SequenceKey(int(match["index"])))
+        else:
+            keys.append(jax.tree_util.DictKey(match["key"]))
+    return tuple(keys)
+
+
+def dump_path(keypath: tuple[Any, ...]) -> str:
+    """A key path as a dump names it (what sharding_dump.py does)."""
+    return "/".join(str(key) for key in keypath)
+
+
+def shardrules_path(path: str) -> str:
+    """A dump's path as shardrules names the leaf:
+    `.opt_state/[0]/.mu/['params']/['decoder']` → `opt_state/0/mu/params/decoder`."""
+    out = []
+    for key in dump_keys(path):
+        if isinstance(key, jax.tree_util.GetAttrKey):
+            out.append(key.name)
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            out.append(str(key.idx))
+        else:
+            out.append(key.key)
+    return "/".join(out)
+
+
+def counterpart(path: str) -> str | None:
+    """The parameter an optimizer-state leaf mirrors (as extract.py says): the
+    state node's path, then the parameter's own, from its first dict key."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if part.startswith("['"):
+            return "/".join([".params", *parts[i:]])
+    return None
+
+
+def dump_leaves(data: dict[str, Any]) -> dict[str, list[Any]]:
+    """Every leaf of a dump, by path: `[names, shape, spec]`. A leaf of
+    `mirrored` is laid out as its parameter (extract.py checked it)."""
+    leaves = dict(data["leaves"])
+    for path in data["mirrored"]:
+        param = counterpart(path)
+        assert path.startswith(".opt_state/") and param in data["leaves"] and path not in leaves, path
+        leaves[path] = data["leaves"][param]
+    return leaves
+
+
+def maxtext_train_state(data: dict[str, Any]) -> Any:
+    """The abstract train state MaxText dumps, built as MaxText builds it: a
+    Flax `TrainState` of the boxed parameters (`nn.LogicallyPartitioned`, with
+    the dump's names and shapes) and of `optax.adamw` (with a schedule, as
+    MaxText's `learning_rate_schedule`: that adds the `[2]/.count`) initialised
+    on them, under `jax.eval_shape`. Optax's init maps over the boxes and
+    keeps them, so the moments carry their parameter's names."""
+    params: dict[str, Any] = {}
+    for path, (names, shape, _) in data["leaves"].items():
+        keys = dump_keys(path)
+        if keys[0] != jax.tree_util.GetAttrKey("params"):
+            continue
+        node = params
+        for key in keys[1:-1]:
+            node = node.setdefault(key.key, {})
+        node[keys[-1].key] = nn.LogicallyPartitioned(S(shape), tuple(names))
+    tx = optax.adamw(optax.constant_schedule(1e-3), b1=0.9, b2=0.95, weight_decay=0.1)
+    return jax.eval_shape(lambda p: train_state.TrainState.create(apply_fn=None, params=p, tx=tx), params)
+
+
 @pytest.mark.parametrize("dump", DUMPS, ids=dump_id)
 def test_maxtext_golden_dump_is_reproduced(dump: Path) -> None:
     data = json.loads(dump.read_text(encoding="utf-8"))
+    leaves = dump_leaves(data)
+    state = maxtext_train_state(data)
+    # The state has the dump's leaves, and the boxes give them the dump's logical names.
+    keyed = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
+    assert sorted(dump_path(keypath) for keypath, _ in keyed) == sorted(leaves)
+    names = jax.tree_util.tree_flatten_with_path(nn.get_partition_spec(state))[0]
+    for (keypath, leaf), (_, logical) in zip(keyed, names, strict=True):
+        assert [list(logical), list(unbox(leaf).shape)] == leaves[dump_path(keypath)][:2], dump_path(keypath)
+
     rules = sr.loads(sr.convert_maxtext(config_of(dump)).text, name=config_of(dump).name)
-    tree = {
-        path: nn.LogicallyPartitioned(S(shape), tuple(names))
-        for path, (names, shape, _) in data["leaves"].items()
-    }
-    specs = sr.specs(tree, rules, data["mesh"])
+    plan = sr.plan(state, rules, data["mesh"])
+    assert plan.ok, plan.errors
+    # The translation of paths is a bijection from the dump's leaves onto the plan's.
+    planned = [leaf.path for leaf in plan.leaves]
+    assert [shardrules_path(dump_path(keypath)) for keypath, _ in keyed] == planned
+    translated = {shardrules_path(path): path for path in leaves}
+    assert len(translated) == len(leaves) == len(planned) == len(set(planned))
+    assert set(translated) == set(planned)
     wrong = {}
-    for path, (names, shape, expected) in data["leaves"].items():
-        got = entries(unbox(specs[path]), len(shape))
+    for path, (names, shape, expected) in leaves.items():
+        leaf = plan[shardrules_path(path)]
+        assert leaf.shape == tuple(shape), path
+        got = entries(leaf.spec, len(shape))
         if got != entries(expected, len(shape)):
             wrong[path] = (names, got, expected)
-    assert not wrong, f"{len(wrong)} of {len(tree)} leaves differ from MaxText's: {wrong}"
+    assert not wrong, f"{len(wrong)} of {len(leaves)} leaves differ from MaxText's: {wrong}"
+
+
+def test_maxtext_dumps_hold_params_and_adamw_state() -> None:
+    kinds: dict[str, int] = {}
+    for dump in DUMPS:
+        for path in dump_leaves(json.loads(dump.read_text(encoding="utf-8"))):
+            kind = re.sub(r"/\['.*", "", path)
+            kinds[kind] = kinds.get(kind, 0) + 1
+    assert kinds == {
+        ".step": 11,
+        ".params": 311,
+        ".opt_state/[0]/.count": 11,
+        ".opt_state/[0]/.mu": 311,
+        ".opt_state/[0]/.nu": 311,
+        ".opt_state/[2]/.count": 11,
+    }
+    assert sum(kinds.values()) == 966
 
 
 def test_every_config_has_dumps_and_the_dumps_cover_every_config() -> None:
