@@ -575,3 +575,18 @@ def test_a_syntax_error_in_a_guard_gets_a_hint_about_guards(guard: str, fragment
     with pytest.raises(sr.RuleSyntaxError) as info:
         sr.loads(f'rules p:\n  "a" -> replicated {guard}\n')
     assert info.value.code == "SR001" and fragment in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("guard", "said"),
+    [
+        ("elements >= 1e6", "without an exponent (`1000000`, not `1e6`"),
+        ('dtype == "float32"', "write dtype names without quotes"),
+        ("dtype in ('int8', float32)", "write dtype names without quotes"),
+        ("elements >= 16_384", "without `_` separators (`16384`)"),
+    ],
+)
+def test_a_guard_written_as_python_would_write_it_is_translated(guard: str, said: str) -> None:
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.loads(f'rules p:\n  "w" -> (x) if {guard}\n')
+    assert info.value.code == "SR001" and said in info.value.hint

@@ -112,8 +112,9 @@ def in_guard(after_arrow: str) -> bool:
     return re.search(r"(^|[\s)])if(\s|\(|$)", after_arrow) is not None
 
 
-def syntax_hint(found: str) -> str:
-    """The hint of a syntax error in a guard (`found`: what the parser met, in backticks)."""
+def syntax_hint(found: str, before: str = "") -> str:
+    """The hint of a syntax error in a guard (`found`: what the parser met, in
+    backticks; `before`: the line up to it)."""
     form = (
         "a guard is `if CONDITION`, several joined with `and`; each is `elements OP N`, "
         "`bytes OP SIZE` (OP: <, <=, >, >=, ==, !=), `dtype == NAME`, `dtype != NAME`, "
@@ -123,6 +124,15 @@ def syntax_hint(found: str) -> str:
         return (
             "conditions are joined with `and` only: for either of two cases, write a rule for each; " + form
         )
+    if found[1:2] in ("'", '"'):
+        return "write dtype names without quotes, e.g. `dtype == float32`; " + form
+    if re.search(r"[0-9]e$", before.rstrip("`")):
+        return (
+            "write a number out in full, without an exponent (`1000000`, not `1e6`; for bytes, `1MB`); "
+            + form
+        )
+    if found.startswith("`_") and re.search(r"[0-9]$", before):
+        return "write a number without `_` separators (`16384`); " + form
     return form
 
 

@@ -152,7 +152,7 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
     if 0 <= arrow < col - 1:  # in a spec: one written as Python gets its translation
         hint = _hints.python_spec_hint(line_text[arrow + 2 :]) or hint
         if _guards.in_guard(line_text[arrow + 2 : col - 1]):
-            hint = _guards.syntax_hint(found)
+            hint = _guards.syntax_hint(found, line_text[: col - 1])
     if not hint and found not in ("end of line", "end of file"):
         source = text.split("\n")[line - 1] if line <= text.count("\n") + 1 else ""
         hint = _hints.layout_hint(source[: col - 1], source[col - 1 :], expected) if source[col - 1 :] else ""
