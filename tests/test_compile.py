@@ -384,3 +384,14 @@ def test_plan_leaves_read_like_a_tuple_and_specs_make_no_leaf_plans() -> None:
     )
     again = sr.plan(tree, sr.loads(text), {"x": 2})
     assert again.leaves == fresh.leaves and again.leaves == as_tuple
+
+
+def test_table_says_how_many_errors_and_how_to_see_them():
+    """Leaves that could not be planned count 0 B; the table's last line says so."""
+    rules = sr.loads('mesh data=4\nrules params:\n  "w" -> (data, _)\n')
+    tree = {"w": jax.ShapeDtypeStruct((6, 4), jnp.float32), "v": jax.ShapeDtypeStruct((8, 4), jnp.float32)}
+    last = str(sr.plan(tree, rules)).splitlines()[-1]
+    assert last.startswith("2 errors (SR104, SR105); the leaves they concern count 0 B")
+    assert "plan.raise_for_errors()" in last
+    fine = sr.plan({"w": jax.ShapeDtypeStruct((8, 4), jnp.float32)}, rules)
+    assert str(fine).splitlines()[-1].endswith("per device")

@@ -314,6 +314,12 @@ class Plan:
             f"{plural(len(rows) - 1, 'array')}{mesh}: {format_bytes(self.total_bytes)} in all, "
             f"{format_bytes(self.bytes_per_device)} per device"
         )
+        if self.errors:  # the leaves marked `error` and `unmatched` count 0 B above
+            codes = ", ".join(dict.fromkeys(d.code for d in self.errors))
+            lines.append(
+                f"{plural(len(self.errors), 'error')} ({codes}); the leaves they concern count 0 B: "
+                "print(plan.errors[0].render()) shows the first, plan.raise_for_errors() raises them all"
+            )
         return "\n".join(lines)
 
     def __str__(self) -> str:
