@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "shardrules"
 
 # Modules at the package's top level, outside every stage: below them all.
-BASE = {"_errors", "_version", "_gcpause"}
+BASE = {"_errors", "_version", "_gcpause", "_imports"}
 BELOW_ALL = frozenset(BASE)
 LANGUAGE = BELOW_ALL | {"_language"}
 INTEROP = LANGUAGE | {"_interop"}
@@ -35,6 +35,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "_errors": frozenset(),
     "_version": frozenset(),
     "_gcpause": frozenset(),
+    "_imports": frozenset(),
     "_language": LANGUAGE,
     "_interop": INTEROP,
     "_convert": LANGUAGE | {"_convert"},

@@ -5,14 +5,22 @@ from __future__ import annotations
 import argparse
 
 
-def plan_options(parser: argparse.ArgumentParser) -> None:
-    """The options that say what to plan for; each may also be set in
+def target_options(parser: argparse.ArgumentParser, *, sides: bool = False) -> None:
+    """`--mesh`, `--shapes` and `--group`: what to plan for (`sides`: also
+    `--mesh-a` and `--mesh-b`, for `diff`). Each may also be set in
     `[tool.shardrules]` (see `_config`), which is why none has a default here."""
     parser.add_argument(
         "--mesh",
         metavar="AXIS=SIZE,...",
         help="axis sizes, e.g. fsdp=32,model=8 (default: the sizes in the file's mesh line)",
     )
+    if sides:
+        parser.add_argument(
+            "--mesh-a", metavar="AXIS=SIZE,...", help="axis sizes for A only (default: --mesh)"
+        )
+        parser.add_argument(
+            "--mesh-b", metavar="AXIS=SIZE,...", help="axis sizes for B only (default: --mesh)"
+        )
     parser.add_argument(
         "--shapes",
         metavar="SOURCE",
@@ -20,6 +28,11 @@ def plan_options(parser: argparse.ArgumentParser) -> None:
         "or a .json file of {path: [shape, dtype]}; only headers are read",
     )
     parser.add_argument("--group", help="the rules group to plan (default: params)")
+
+
+def plan_options(parser: argparse.ArgumentParser) -> None:
+    """What `lint` and `explain` plan for (`target_options`) and check it against."""
+    target_options(parser)
     parser.add_argument(
         "--hosts",
         type=int,

@@ -16,7 +16,7 @@ from .._planning._dump import PlanFormatError, Table, dumps, loads, table_of
 from .._planning._plan import Plan
 from .._planning._plandiff import compare
 from .._planning._shapes import ShapeSourceError, load_shapes
-from . import _config, _lint, _render
+from . import _config, _lint, _options, _render
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
@@ -27,25 +27,7 @@ class PlanFailed(Exception):
 
 def add_options(parser: argparse.ArgumentParser, *, sides: bool = False) -> None:
     """The options that say what to plan for (each may also come from `[tool.shardrules]`)."""
-    parser.add_argument(
-        "--mesh",
-        metavar="AXIS=SIZE,...",
-        help="axis sizes, e.g. fsdp=32,model=8 (default: the sizes in the file's mesh line)",
-    )
-    if sides:
-        parser.add_argument(
-            "--mesh-a", metavar="AXIS=SIZE,...", help="axis sizes for A only (default: --mesh)"
-        )
-        parser.add_argument(
-            "--mesh-b", metavar="AXIS=SIZE,...", help="axis sizes for B only (default: --mesh)"
-        )
-    parser.add_argument(
-        "--shapes",
-        metavar="SOURCE",
-        help="module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
-        "or a .json file of {path: [shape, dtype]}; only headers are read",
-    )
-    parser.add_argument("--group", help="the rules group to plan (default: params)")
+    _options.target_options(parser, sides=sides)
 
 
 def _mesh(value: Any, where: str) -> dict[str, int] | None:

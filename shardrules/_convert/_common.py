@@ -6,16 +6,15 @@ did not convert exactly), formatted canonically and checked by loading it."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
 import stat
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from .._errors import ShardRulesError
+from .._imports import import_attr
 from .._language._format import format_text
 from .._language._load import loads
 
@@ -105,28 +104,9 @@ def read_text(path: str | os.PathLike[str], what: str) -> str:
 
 
 def import_object(spec: str, example: str) -> Any:
-    """The object `module:attr` names (`attr` may be dotted), imported with the
-    working directory searched first, as `python -m` would; a `SourceError`
-    saying what is wrong otherwise (`example`: a spec to show)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise SourceError(f"{spec!r}: write `module:attr`, e.g. `{example}`")
-    added = os.getcwd() not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise SourceError(f"{spec!r}: cannot import {module_name!r}: {err}") from None
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise SourceError(f"{spec!r}: {module_name!r} has no attribute {attr!r}") from None
-    return obj
+    """The object `module:attr` names (see `_imports.import_attr`); a
+    `SourceError` saying what is wrong otherwise (`example`: a spec to show)."""
+    return import_attr(spec, example, SourceError)
 
 
 def called(obj: Any, where: str) -> Any:

@@ -278,9 +278,5 @@ class _Specs:
                 groups.append(AxisGroup(names, ref.optional, ref.span, ref.name))
         if entry.optional and any(g.is_choice for g in groups):  # merged once the choice is settled
             return ResolvedEntry("axes", tuple(groups), span=entry.span, optional=True)
-        if entry.optional and groups:  # `(a, b)?`: the whole tuple, or nothing
-            written = "(" + ", ".join(r.name for r in entry.axes) + ")"
-            groups = [AxisGroup(tuple(a for g in groups for a in g.axes), True, entry.span, written)]
-        if not groups:
-            return ResolvedEntry("unsharded", span=entry.span)
-        return ResolvedEntry("axes", tuple(groups), span=entry.span)
+        whole = "(" + ", ".join(r.name for r in entry.axes) + ")" if entry.optional else None
+        return ResolvedEntry.of(groups, entry.span, whole)  # `(a, b)?`: the whole tuple, or nothing

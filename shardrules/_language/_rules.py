@@ -63,6 +63,17 @@ class ResolvedEntry:
     def axes(self) -> tuple[str, ...]:
         return tuple(a for g in self.groups for a in g.axes)
 
+    @staticmethod
+    def of(groups: list[AxisGroup], span: Span | None, whole: str | None = None) -> ResolvedEntry:
+        """The entry of settled `groups`: unsharded when there are none; with
+        `whole` (a tuple's own `?`, as written: `(a, b)`), one optional group
+        holding them all, the whole tuple or nothing."""
+        if whole is not None and groups:
+            groups = [AxisGroup(tuple(a for g in groups for a in g.axes), True, span, whole)]
+        if not groups:
+            return ResolvedEntry("unsharded", span=span)
+        return ResolvedEntry("axes", tuple(groups), span=span)
+
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedSpec:

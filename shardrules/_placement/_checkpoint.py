@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from .._planning import _mesh
-from .._planning._api import RulesLike, as_rules, shardings
+from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._plan import format_bytes
 from .._planning._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, read_header
 from ._multihost import agree_on_shapes
@@ -127,7 +127,8 @@ def load_checkpoint(
         }
         for key, (file, info, _) in tensors.items():
             _check_size(file, key, info, shapes[key])
-        targets = shardings(shapes, ruleset, resolved, group=group)  # plan everything before reading
+        # plan everything before reading
+        targets = placement_shardings(shapes, ruleset, resolved, group=group)
     except Exception:
         # The other processes wait for this one in the exchange: join it as failed, so that they
         # raise SR112 naming this process at once, then raise this process's own error.

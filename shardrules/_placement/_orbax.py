@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 
 from .._interop._paths import leaf_info
 from .._planning import _mesh
-from .._planning._api import RulesLike, as_rules, shardings
+from .._planning._api import RulesLike, as_rules, placement_shardings
 
 EXTRA_HINT = 'pip install "shardrules[orbax]"'
 
@@ -85,7 +85,7 @@ def load_orbax(
         target = getattr(metadata, "item_metadata", metadata)
         target = getattr(target, "tree", target)
         target = jax.tree.map(_python_scalar, target)
-    planned = shardings(target, ruleset, resolved, group=group)
+    planned = placement_shardings(target, ruleset, resolved, group=group)
     leaves, treedef = jax.tree_util.tree_flatten(target)
     targets = [
         jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding)

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 
 from .._interop import _nnx
 from .._planning import _mesh
-from .._planning._api import RulesLike, as_rules, shardings
+from .._planning._api import RulesLike, as_rules, placement_shardings
 
 
 def init(
@@ -79,7 +79,9 @@ def init(
         if _nnx.is_module(made.abstract):  # an NNX model: create its state sharded, then merge it in
             make, merge = _nnx.state_initialiser(init_fn)
             made = _Split(make, static_argnums, args)
-        targets = made.treedef.flatten_up_to(shardings(made.abstract, ruleset, resolved, group=group))
+        targets = made.treedef.flatten_up_to(
+            placement_shardings(made.abstract, ruleset, resolved, group=group)
+        )
         array_targets = [t for t, is_array in zip(targets, made.mask, strict=True) if is_array]
         results: list[Any] = [None] * len(made.shapes)
         for part in _chunks([s.size * s.dtype.itemsize for s in made.shapes], chunk_bytes):

@@ -162,7 +162,9 @@ def check(
     return group_findings(ordered(dict.fromkeys(found)))  # as `shardrules lint` prints them
 
 
-def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: str = "params") -> Any:
+def placement_specs(
+    tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: str = "params"
+) -> Any:
     """The `PartitionSpec` pytree of `shardrules.specs` (`_layouts.specs`), for
     placing arrays: what `shard_map` gives as its specs. A dimension a rule
     leaves `unconstrained` is an error here (SR120): placing needs a concrete
@@ -175,7 +177,7 @@ def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: s
     return the_plan.specs()
 
 
-def shardings(
+def placement_shardings(
     tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None = None, *, group: str = "params"
 ) -> Any:
     """The `NamedSharding` pytree of `shardrules.shardings` (`_layouts.shardings`),

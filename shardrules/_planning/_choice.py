@@ -105,12 +105,8 @@ def _settled(entry: ResolvedEntry, dim: int, chosen: dict[tuple[int, int], tuple
             groups.append(g)
         elif chosen[dim, i]:  # `_` contributes no axis
             groups.append(AxisGroup(chosen[dim, i], g.optional, g.span, g.written))
-    if entry.optional and groups:  # `(embed, model)?`: the whole tuple, or nothing
-        written = "(" + ", ".join(g.written for g in entry.groups) + ")"
-        groups = [AxisGroup(tuple(a for g in groups for a in g.axes), True, entry.span, written)]
-    if not groups:
-        return ResolvedEntry("unsharded", span=entry.span)
-    return ResolvedEntry("axes", tuple(groups), span=entry.span)
+    whole = "(" + ", ".join(g.written for g in entry.groups) + ")" if entry.optional else None
+    return ResolvedEntry.of(groups, entry.span, whole)  # `(embed, model)?`: the whole tuple, or nothing
 
 
 def _mesh_text(sizes: dict[str, int] | None, rules: RuleSet) -> str:

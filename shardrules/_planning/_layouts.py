@@ -3,7 +3,8 @@
 included (as `PartitionSpec.UNCONSTRAINED`).
 
 What placement uses (`jit`'s in/out shardings, `shard_map`'s specs, `init`,
-`load_checkpoint`, `load_orbax`) is `_api.specs` and `_api.shardings`: the same
+`load_checkpoint`, `load_orbax`) is `_api.placement_specs` and
+`_api.placement_shardings`: the same
 layouts, but an unconstrained dimension is an error there (SR120, `_concrete`).
 """
 

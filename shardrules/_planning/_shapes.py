@@ -14,12 +14,10 @@ keys of a flat dict, so rules match them as written.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import os
 import struct
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .._imports import import_attr
 
 # safetensors limits its header to 100 MB; a longer one is not a safetensors file.
 _MAX_HEADER = 100_000_000
@@ -209,28 +209,9 @@ def _function_shapes(spec: str) -> Any:
 
 
 def import_callable(spec: str, example: str) -> Callable[..., Any]:
-    """The callable `module:attr` names (`attr` may be dotted), imported with
-    the working directory searched first, as `python -m` would; a
+    """The callable `module:attr` names (see `_imports.import_attr`); a
     `ShapeSourceError` saying what is wrong otherwise (`example`: a spec to show)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ShapeSourceError(f"{spec!r}: write `module:function`, e.g. `{example}`")
-    # The working directory is searched first, as `python -m` would, only while importing.
-    added = os.getcwd() not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ShapeSourceError(f"{spec!r}: cannot import {module_name!r}: {err}") from None
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ShapeSourceError(f"{spec!r}: {module_name!r} has no attribute {attr!r}") from None
+    obj = import_attr(spec, example, ShapeSourceError, "function")
     if not callable(obj):
         raise ShapeSourceError(f"{spec!r} is not callable")
     return obj

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 
 from .._language._rules import RuleSet
 from .._planning import _check, _mesh
-from .._planning._api import RulesLike, as_rules, shardings
+from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._compile import compile_plan
 from ._constrain import constrained
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
@@ -190,7 +190,7 @@ class RuleJit:
         mesh = self._mesh()
 
         def plan(tree: Any, group: str) -> Any:
-            return shardings(tree, self.rules, mesh, group=group)
+            return placement_shardings(tree, self.rules, mesh, group=group)
 
         in_shardings = None
         if self.in_groups is not None:

@@ -233,7 +233,10 @@ def interpret(
             stack.enter_context(eqn.ctx.manager)
             if c.abstract_mesh is not None:  # the trace had no mesh; the explicit types need it
                 stack.enter_context(jax.sharding.use_abstract_mesh(c.abstract_mesh))
-            consts = tuple(isinstance(v, jcore.Literal) or v in made for v in eqn.invars)
+            # which operands no argument reaches: explicit axes only (`_explicit.lift_replicated`)
+            consts = (
+                tuple(isinstance(v, jcore.Literal) or v in made for v in eqn.invars) if c.explicit else ()
+            )
             if name in _INLINED:
                 inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
                 if isinstance(inner, jcore.ClosedJaxpr):
@@ -250,7 +253,8 @@ def interpret(
                 results = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
                 if not eqn.primitive.multiple_results:
                     results = [results]
-        made.update(v for v, m in zip(eqn.outvars, _made_outputs(eqn, consts), strict=True) if m)
+        if c.explicit:
+            made.update(v for v, m in zip(eqn.outvars, _made_outputs(eqn, consts), strict=True) if m)
         for v, x in zip(eqn.outvars, results, strict=True):
             for scope in found.outputs.get(v, ()):  # innermost first, so the outermost decides
                 x = c.constrain(found.names[(v, scope)], x)

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .._errors import Diagnostic, ShardRulesError, error_for
 from .._language._rules import RuleSet
 from .._planning import _mesh
-from .._planning._api import RulesLike, as_rules, specs
+from .._planning._api import RulesLike, as_rules, placement_specs
 from .._planning._blocks import entry_axes
 from .._planning._compile import compile_plan
 from . import _shard_map_errors as _errors
@@ -94,7 +94,7 @@ def _specs_for(tree: Any, groups: Groups, rules: RuleSet, mesh: Mesh, what: str,
     is replicated, a `PartitionSpec` is taken as it is."""
 
     def plan(subtree: Any, group: str) -> Any:
-        return specs(subtree, rules, mesh, group=group)
+        return placement_specs(subtree, rules, mesh, group=group)
 
     return for_groups(tree, groups, plan, what, name, none=PartitionSpec(), literal=PartitionSpec)
 
@@ -167,7 +167,7 @@ def _out_specs(rsm: RuleShardMap, outputs: Any, mesh: Mesh) -> Any:
 
     def plan(sub: Any, group: str) -> Any:
         try:
-            return specs(sub, rsm.rules, mesh, group=group)
+            return placement_specs(sub, rsm.rules, mesh, group=group)
         except ShardRulesError as err:
             failed.append(
                 _errors.unmatched_outputs(err, sub, where.get(id(sub), ()), group, _name(rsm), rsm.rules)
