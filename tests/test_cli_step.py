@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,16 @@ def plain_jit(rules, mesh):
 
 def no_arguments():
     return None
+
+
+def slice_step(rules, mesh):
+    def outer(batch):  # six rows of a batch split four ways: `data` cannot stay
+        with jax.named_scope("head"):
+            return batch["x"][:6] * 2
+
+    S = jax.ShapeDtypeStruct
+    batch = {"x": S((32, 16), jnp.float32), "y": S((32, 16), jnp.float32)}
+    return sr.jit(outer, rules, mesh, in_groups=("inputs",)), (batch,)
 
 
 def raises(rules, mesh):
@@ -239,3 +250,23 @@ def test_a_rule_over_both_axis_types_is_one_error_not_also_a_warning(project, ca
     assert [(f["code"], f["severity"], f["line"]) for f in found if f["code"] == "SR207"] == [
         ("SR207", "error", 8)
     ]
+
+
+def test_lint_step_reports_an_axis_the_result_drops_sr210(project, capsys) -> None:
+    """SR210 from `lint --step`: the operation, its scope, the step's source line, both
+    layouts and why the axis is dropped; not also raised as a warning by the trace."""
+    _, module = project
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the trace's own warning becomes the finding, not a warning
+        code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:slice_step")
+    dropped = [f for f in found if f["code"] == "SR210"]
+    assert code == 0 and len(dropped) == 1, found
+    (finding,) = dropped
+    assert finding["severity"] == "warning" and finding["path"] == "head"
+    assert "`slice` in scope `head`" in finding["message"]
+    assert (
+        f"{module}.py:" in finding["message"]
+        and "`data` on dimension 0 (does not divide)" in finding["message"]
+    )
+    assert "(32, 16) P('data', None)" in finding["message"]
+    assert main(["lint", "tp.shard", "--step", f"{module}:slice_step", "--strict"]) == 1

@@ -269,7 +269,7 @@ def test_sr206_logical_name_without_an_alias(tmp_path):
 
 # SR008 and SR009 are triggered in test_hardening.py, SR017 in test_patterns.py; SR206 (a boxed tree) just above;
 # SR117 needs a traced function on Explicit axes: tests/test_explicit.py (strict=True);
-# SR118 a shard_map: tests/test_shard_map.py; SR208 a train step: tests/test_cli_step.py;
+# SR118 a shard_map: tests/test_shard_map.py; SR208 and SR210 a train step: tests/test_cli_step.py;
 # SR120 needs arrays placed (lint places nothing): tests/test_unconstrained.py;
 # SR112 and SR114 need two processes: tests/test_multihost.py starts them and checks their messages
 # (SR114: test_a_process_that_died_is_named_before_jax_gives_up, and in one process with a fake
@@ -292,6 +292,7 @@ TESTED_ELSEWHERE = {
     "SR120",
     "SR206",
     "SR208",
+    "SR210",
 }
 
 

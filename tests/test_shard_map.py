@@ -153,7 +153,7 @@ def _sgd(loss, p: dict, b: dict) -> tuple[dict, jax.Array]:
 
 
 def _meshes() -> list:
-    explicit = jax.make_mesh((4, 2), ("data", "model"))
+    explicit = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     auto = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     return [explicit, auto]
 
@@ -166,7 +166,8 @@ def test_plain_shard_map_refuses_inputs_not_yet_laid_out_on_explicit_axes(params
         in_specs=(sr.specs(params, RULES, mesh), sr.specs(batch, RULES, mesh, group="inputs")),
         out_specs=(sr.specs(params, RULES, mesh), P()),
     )
-    with pytest.raises(ValueError, match="does not match the specs of the input"):
+    refused = r"does not match the specs of the input|enter your `jit` into a mesh"  # JAX 0.8: sooner
+    with pytest.raises(ValueError, match=refused):
         step(jax.device_put(params), jax.device_put(batch))
 
 
@@ -349,9 +350,11 @@ def test_jax_varying_output_errors_read_as_sr118():
             + tail.format("P(None, 'model')", "`data`", "`data`"),
         ),
     ]
-    assert found["eager", 0] == [
-        ("SR118", f"an output of `f` varies over {both} " + tail.format("P()", both, both))
-    ]
+    # eager, JAX 0.10 to 0.12 name the first output it refuses; JAX 0.8 lists every one, as under jit
+    assert found["eager", 0] in (
+        [("SR118", f"an output of `f` varies over {both} " + tail.format("P()", both, both))],
+        found["jit", 0],
+    )
     for how in ("eager", "jit"):
         assert found[how, 1] == [
             (

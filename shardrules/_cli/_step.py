@@ -2,7 +2,7 @@
 step on Explicit mesh axes (no data moves, nothing runs) and list how the
 layout of each contraction, and of each result JAX could not lay out alone,
 was chosen; lint reports the forward-pass layouts no activation rule gives
-(SR208).
+(SR208) and those that drop a mesh axis their operands carried (SR210).
 
 `FUNCTION(rules, mesh)` returns `(step, args)`: a `shardrules.jit` step built
 with those rules (and, usually, that mesh) and a tuple of example arguments,
@@ -14,12 +14,14 @@ none, as `jax.make_mesh` makes them) and simulated CPU devices, unless
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import Diagnostic, ShardRulesError
+from .._errors import Diagnostic, ShardRulesError, ShardRulesWarning
 from .._language._rules import RuleSet
 from .._planning._plan import spec_str
 from .._planning._shapes import ShapeSourceError, import_callable
@@ -32,9 +34,10 @@ def _ensure_devices(count: int) -> list[Any]:
     """`count` devices: simulated CPU ones when JAX has not started yet (and
     no platform is asked for in `JAX_PLATFORMS`)."""
     import jax
-    from jax._src import xla_bridge
 
-    if not xla_bridge.backends_are_initialized():
+    from .._tracing._compat import backends_started
+
+    if not backends_started():
         if not os.environ.get("JAX_PLATFORMS"):
             jax.config.update("jax_platforms", "cpu")
         if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -103,7 +106,9 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> list[An
         )
     step, args = made
     try:
-        return step.decisions(*args)
+        with warnings.catch_warnings():  # what the trace warns about comes back as findings
+            warnings.simplefilter("ignore", ShardRulesWarning)
+            return step.decisions(*args)
     except ShardRulesError:
         raise
     except Exception as err:
@@ -118,11 +123,18 @@ def _entries(spec: Any) -> str:
 
 def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
     """SR208 for each forward-pass layout JAX could not decide and no rule
-    gives (the gradient's follow the forward pass and are not listed)."""
+    gives, SR210 for each that drops a mesh axis its operands carried (the
+    gradient's follow the forward pass and are not listed)."""
     spans = dict(rules.group_span_items)
     span = spans.get("activations")
     out = []
     for d in decisions:
+        if d.dropped and not d.scope.endswith("(backward)"):  # SR210: an axis the operands carried, lost
+            from .._tracing._explicit import dropped_diagnostic
+
+            hint = d.hint.replace(" (or pass strict=False to infer it)", "") or "see `explain --step`"
+            found = dropped_diagnostic(d.primitive, d.scope, d.source, d.operands, d.spec, d.dropped, hint)
+            out.append(dataclasses.replace(found, span=span, paths=((d.scope, d.shape),)))
         if d.by not in ("inferred", "auto_axes") or d.scope.endswith("(backward)"):
             continue
         operands = ", ".join(f"{shape} {spec_str(s)}" for shape, s in d.operands) or "none"

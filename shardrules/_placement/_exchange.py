@@ -77,9 +77,13 @@ def join_timeout(strict: bool = True) -> float:
 
 
 def _client() -> Any:
-    from jax._src import distributed
-
-    return getattr(distributed.global_state, "client", None)
+    """JAX's key-value store client (`jax.distributed.initialize`'s), or `None`
+    where this JAX keeps it elsewhere: the records are then all-gathered."""
+    try:
+        from jax._src import distributed
+    except ImportError:
+        return None
+    return getattr(getattr(distributed, "global_state", None), "client", None)
 
 
 def _allgather(x: np.ndarray) -> np.ndarray:

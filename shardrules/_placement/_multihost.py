@@ -31,7 +31,7 @@ from .._language._rules import RuleSet
 from .._planning import _check, _inputs, _mesh
 from .._planning._compile import compile_leaves
 from .._planning._concrete import is_concrete, unconstrained_diagnostics
-from .._planning._plan import LeafPlan, Plan
+from .._planning._plan import LeafPlan, Plan, spec_repr
 from . import _agree, _exchange, _fingerprint
 
 
@@ -235,7 +235,7 @@ def _fingerprints(
         row = _fingerprint.fingerprint(lp.path, lp.shape, lp.dtype, data, lp.spec)
         rows.append(row)
         if row[_fingerprint.SPEC].any():
-            specs.setdefault(_fingerprint.spec_key(row[_fingerprint.SPEC]), str(lp.spec))
+            specs.setdefault(_fingerprint.spec_key(row[_fingerprint.SPEC]), spec_repr(lp.spec))
         if local and lp.spec is not None and lp.shape is not None and not failed:
             regions = _regions(lp, mesh, processes, cache)
             same.append([regions[q] == regions[me] for q in range(processes)])

@@ -355,6 +355,14 @@ def spec_str(spec: PartitionSpec | None) -> str:
     )
 
 
+def spec_repr(spec: Any) -> str:
+    """A `PartitionSpec` (or JAX's text of one) as JAX 0.10 to 0.12 write
+    it, `P('data', None)`, on every JAX: JAX 0.8 writes
+    `PartitionSpec('data', None)`."""
+    text = spec if isinstance(spec, str) else repr(spec)
+    return "P(" + text.removeprefix("PartitionSpec(") if text.startswith("PartitionSpec(") else text
+
+
 def plural(n: int, noun: str, nouns: str = "") -> str:
     """`plural(1, "array")` → `"1 array"`; `plural(3, "array")` → `"3 arrays"`."""
     return f"{n} {noun}" if n == 1 else f"{n} {nouns or noun + 's'}"

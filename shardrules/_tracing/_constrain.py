@@ -9,8 +9,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src.core import ShardingTypeError
-from jax._src.named_sharding import DuplicateSpecError
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
 from .._errors import error_for
@@ -19,6 +17,7 @@ from .._interop._paths import flatten, path_str
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._compile import compile_flat
+from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
 from ._scopes import Constrainer, interpret
 
@@ -207,11 +206,14 @@ def constrained(
         resolved = _resolved(mesh, ruleset, "auto_constrain")
         sizes, sharding = _target(resolved if isinstance(resolved, Mesh) else None, ruleset, "auto_constrain")
         explicit = is_explicit(resolved)
-        if explicit:  # traced without layouts: JAX cannot refuse what the rules will settle
-            with jax.sharding.use_abstract_mesh(AbstractMesh((), ())):
+        if explicit:
+            # traced with every value replicated, so JAX cannot refuse what the rules will settle,
+            # under the mesh's abstract form, so that layouts the model's code states work
+            with jax.sharding.use_abstract_mesh(resolved.abstract_mesh):
                 traced = [untyped(v) for v in values]
                 try:
-                    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*traced)
+                    trace = jax.make_jaxpr(flat_fn, return_shape=True)
+                    closed, out_shape = trace_replicated(trace, traced, resolved.abstract_mesh)
                 except (ShardingTypeError, DuplicateSpecError) as err:
                     raise closed_over_error(fn, err, ruleset) from None
         else:

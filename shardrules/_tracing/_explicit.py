@@ -20,18 +20,26 @@ operation:
    those axes: `settled`). A contraction whose result is used only inside
    its scope, or reshaped or reduced before it leaves it, takes no rule:
    the rule describes the scope's output, not every value made inside it;
-2. any other operation is first left to JAX; when JAX finds its result's
-   layout ambiguous, the layout is *inferred*: for a contraction, the
-   operands' layouts of the dimensions the result keeps (batch dimensions,
-   then the left operand's, then the right one's; an axis already used by an
-   earlier dimension is dropped); for another operation, the layout of its
-   most sharded operand of the same shape, else replicated. An operation JAX still
-   refuses runs under `jax.sharding.auto_axes` with that layout. With
-   `strict=True`, an inference in the forward pass is an error (SR117)
-   naming the operation's scope, its operands' layouts and the rule line
-   that settles it: a rule for the scope output the result is laid out
-   like, written in the output's dimensions, or, for a result that is no
-   scope's output, the named scope to wrap it in and its rule.
+2. any other operation is first left to JAX, and JAX's layout is kept
+   where it keeps every mesh axis the operands carried on the dimensions the
+   result keeps; where JAX finds the result's layout ambiguous, or its
+   layout would drop such an axis, the layout is *propagated* from the
+   operands (`_propagate`: each result dimension takes the axes of the
+   operand dimension it comes from; an axis is dropped only where an
+   earlier dimension uses it, which still splits the work, or where it does
+   not divide the dimension, which loses it and is warned about as SR210). An operation JAX still refuses runs under
+   `jax.sharding.auto_axes` with that layout. With `strict=True`, a layout
+   JAX refused and no rule gives, in the forward pass, is an error (SR117),
+   and so is SR210, naming the operation's scope, its operands' layouts and
+   the rule line that settles it: a rule for the scope output the result is
+   laid out like, written in the output's dimensions, or, for a result that
+   is no scope's output, the named scope to wrap it in and its rule.
+3. a layout the model's code states (`jax.sharding.reshard(x, P(...))`,
+   `jnp.einsum(..., out_sharding=P(...))`: the function is traced under the
+   mesh's abstract form, so they work as under `jax.set_mesh`) is kept and
+   recorded as decided by the model. The first trace sees every value
+   replicated, so a layout it states that names no mesh axis says nothing
+   and is dropped.
 
 The gradient's operations (a `transpose` in their name stack, and everything
 inside the loop bodies and remat regions of such an operation) never take a
@@ -50,11 +58,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax._src.core import ShapedArray, ShardingTypeError
-from jax._src.named_sharding import DuplicateSpecError
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._planning._blocks import entry_axes
+from ._compat import DuplicateSpecError, ShapedArray, ShardingTypeError
 
 # What JAX raises for a result layout it cannot decide: JAX 0.10 raises a bare
 # AssertionError (listing the operands' types) for an element-wise operation on
@@ -72,13 +79,20 @@ class Decision:
     - `shape`, `spec`: the result's shape and the spec it got.
     - `by`: `"rule"` (an activation rule: see `rule`; for an operation other
       than a contraction, JAX found it ambiguous and it was computed under
-      `jax.sharding.auto_axes` with the rule's layout), `"jax"`, `"inferred"`
-      (JAX found it ambiguous; see the module's docstring), or `"auto_axes"`
-      (inferred, and computed under `jax.sharding.auto_axes`).
+      `jax.sharding.auto_axes` with the rule's layout), `"model"` (the
+      model's code states it: `jax.sharding.reshard`, `out_sharding=`),
+      `"jax"`, `"inferred"` (JAX found it ambiguous, or would have dropped an
+      axis the operands carried; see the module's docstring), or
+      `"auto_axes"` (inferred, and computed under `jax.sharding.auto_axes`).
     - `rule`: the deciding rule's `FILE:LINE:COL`, for `by == "rule"`.
     - `hint`: for an inferred layout of the forward pass, how to write it in
       the rule file instead: the rule line that settles it (what `strict=True`
       says with SR117).
+    - `dropped`: for an inferred layout, the mesh axes its operands carried
+      on a dimension the result keeps that it could not keep, as
+      `(dimension, axis, why)` (SR210).
+    - `source`: `FILE:LINE` of the code that made the operation, where JAX
+      says.
     """
 
     scope: str
@@ -89,6 +103,8 @@ class Decision:
     by: str
     rule: str | None = None
     hint: str = ""
+    dropped: tuple[tuple[int, str, str], ...] = ()
+    source: str = ""
 
 
 def is_explicit(mesh: Any) -> bool:
@@ -102,36 +118,6 @@ def spec_of(value: Any) -> PartitionSpec:
     aval = value if isinstance(value, ShapedArray) else jax.typeof(value)
     spec = tuple(getattr(getattr(aval, "sharding", None), "spec", ()) or ())
     return PartitionSpec(*spec, *([None] * (len(aval.shape) - len(spec))))
-
-
-def _deduplicated(entries: Sequence[Any]) -> PartitionSpec:
-    used: set[str] = set()
-    out = []
-    for entry in entries:
-        kept = tuple(a for a in entry_axes(entry) if a not in used)
-        used.update(kept)
-        out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
-    return PartitionSpec(*out)
-
-
-def contraction_spec(lhs: Any, rhs: Any, dimension_numbers: Any) -> PartitionSpec:
-    """The inferred layout of a `dot_general`'s result (see the module's docstring)."""
-    (lc, rc), (lb, rb) = dimension_numbers
-    ls, rs = spec_of(lhs), spec_of(rhs)
-    entries = [ls[i] for i in lb]
-    entries += [ls[i] for i in range(len(ls)) if i not in lc and i not in lb]
-    entries += [rs[i] for i in range(len(rs)) if i not in rc and i not in rb]
-    return _deduplicated(entries)
-
-
-def inferred_spec(primitive: str, invals: Sequence[Any], params: dict[str, Any], aval: Any) -> PartitionSpec:
-    """The inferred layout of one result `aval` of an operation."""
-    if primitive == "dot_general":
-        return contraction_spec(invals[0], invals[1], params["dimension_numbers"])
-    same = [spec_of(v) for v in invals if getattr(v, "shape", None) == aval.shape]
-    if same:  # the most sharded operand of the result's shape (a broadcast mask is not)
-        return max(same, key=lambda spec: sum(len(entry_axes(e)) for e in spec))
-    return PartitionSpec(*([None] * len(aval.shape)))
 
 
 def settled(spec: PartitionSpec, natural: PartitionSpec) -> PartitionSpec:
@@ -275,14 +261,50 @@ def closed_over_error(fn: Any, err: Exception, rules: Any) -> Exception:
     diag = Diagnostic(
         "SR117",
         "error",
-        f"JAX cannot decide a layout while tracing `{name}`: the function is traced first without "
-        f"layouts, and an array it closes over (rather than takes as an argument) keeps its layout on "
-        f"this mesh's Explicit axes, or a layout is set inside it (`shardrules.constrain`, "
-        f"`jax.sharding.reshard`); JAX says: {said}",
+        f"JAX cannot decide a layout while tracing `{name}`: the function is traced first with its "
+        f"arguments replicated, and the layouts of arrays it closes over (rather than takes as "
+        f"arguments), or set inside it (`shardrules.constrain`, `jax.sharding.reshard`), are kept on "
+        f"this mesh's Explicit axes, where JAX cannot combine them for this operation; JAX says: {said}",
         None,
         None,
-        "pass the arrays the function uses as its arguments (with `in_groups` in `sr.jit`), and give "
-        "layouts inside it with `activations` rules and `out_groups` rather than constrain/reshard calls",
+        "pass the arrays the function uses as its arguments (with `in_groups` in `sr.jit`), so that "
+        "their layouts come from the rules; give the operation that JAX refuses its layout in the code "
+        "(`out_sharding=P(...)`), or give layouts with `activations` rules rather than constrain calls",
         cause="closed-over array on Explicit axes",
     )
     return error_for([diag], getattr(rules, "sources", None))
+
+
+def dropped_diagnostic(
+    primitive: str,
+    path: str,
+    source: str,
+    operands: Sequence[tuple[tuple[int, ...], Any]],
+    spec: Any,
+    dropped: Sequence[tuple[int, str, str]],
+    hint: str,
+) -> Any:
+    """SR210's diagnostic (see `Constrainer.warn_dropped`; `lint --step` makes
+    the same from a `Decision`)."""
+    from .._errors import Diagnostic
+    from .._planning._plan import spec_str
+
+    shown = ", ".join(f"{shape} {spec_str(s)}" for shape, s in operands) or "none"
+    lost = "; ".join(f"`{axis}` on dimension {d} ({why})" for d, axis, why in dropped)
+    where = f"in scope `{path}`" if path else "outside every named scope"
+    at = f" at {source}" if source else ""
+    axes = ", ".join(dict.fromkeys(f"`{axis}`" for _, axis, _ in dropped))
+    return Diagnostic(
+        "SR210",
+        "warning",
+        f"`{primitive}` {where}{at} drops {'a mesh axis' if len(set(a for _, a, _ in dropped)) == 1 else 'mesh axes'} "
+        f"its operands carried on Explicit axes: its result "
+        f"is laid out {spec_str(spec)} without {lost} (operands: {shown}), so every device along "
+        f"{axes} computes that dimension whole",
+        None,
+        path or None,
+        f"{hint}; an axis the result does not use at all is dropped only where the dimension's size "
+        "does not divide by it: make the dimension a multiple of the axes' sizes, or lay the operand "
+        "out over an axis that divides it",
+        cause=f"`{primitive}` drops {axes}",
+    )

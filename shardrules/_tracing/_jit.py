@@ -10,14 +10,13 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax._src.core import ShardingTypeError
-from jax._src.named_sharding import DuplicateSpecError
 from jax.sharding import Mesh
 
 from .._language._rules import RuleSet
 from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._compile import compile_plan
+from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated, trace_state_clean
 from ._constrain import constrained
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
 from ._groups import for_groups, moved, param_names, signature
@@ -85,9 +84,7 @@ def jit(
 
 def _is_top_level() -> bool:
     """Whether no JAX transformation is tracing the caller."""
-    from jax._src import core
-
-    return core.trace_state_clean()
+    return trace_state_clean()
 
 
 def _typed(arg: Any, shardings: Any) -> Any:
@@ -203,9 +200,10 @@ class RuleJit:
             )
         out_shardings = None
         if self.out_groups is not None:
-            with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):  # shapes only
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # shapes only, values replicated
                 try:
-                    out_shape = jax.eval_shape(self.fn, *jax.tree.map(untyped, args))
+                    shapes = functools.partial(jax.eval_shape, self.fn)
+                    out_shape = trace_replicated(shapes, jax.tree.map(untyped, args), mesh.abstract_mesh)
                 except (ShardingTypeError, DuplicateSpecError) as err:
                     raise closed_over_error(self.fn, err, self.rules) from None
             out_shardings = for_groups(out_shape, self.out_groups, plan, "out_groups")

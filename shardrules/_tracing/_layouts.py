@@ -14,10 +14,10 @@ import jax
 from jax.extend import core as jcore
 
 from .._errors import Diagnostic, error_for
+from ._compat import rebind, scan_counts, while_counts
 from ._explicit import (
     SHARDING_ERRORS,
     Decision,
-    inferred_spec,
     lift_replicated,
     match_types,
     run_with_layout,
@@ -27,6 +27,8 @@ from ._explicit import (
     typed_aval,
 )
 from ._outputs import Where
+from ._propagate import axes_of, propagate
+from ._regions import elsewhere
 
 Interpret = Callable[
     ..., list[Any]
@@ -34,41 +36,72 @@ Interpret = Callable[
 
 
 def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpret) -> list[Any]:
-    """One equation on explicit axes: a rule's layout for a contraction whose
-    result is laid out like a matched scope output, else JAX's; where JAX
-    cannot decide, an inferred layout (or SR117 with `strict`). A rule's
-    unconstrained entries take the layout JAX or the inference gives their
-    dimension (unsharded where another entry uses its axes: `settled`). The
-    gradient's equations (`at.backward`) never take a rule's layout. See
-    `_explicit`'s docstring."""
+    """One equation on explicit axes: the layout the model's code states, else
+    a rule's for a contraction whose result is laid out like a matched scope
+    output, else JAX's where it keeps every axis its operands carried on the
+    dimensions the result keeps; where JAX cannot decide, or would drop such
+    an axis, the propagated layout (`_propagate`; SR117 with `strict` where
+    JAX refused). A rule's unconstrained entries take the layout JAX or the
+    propagation gives their dimension (unsharded where another entry uses its
+    axes: `settled`). The gradient's equations (`at.backward`) never take a
+    rule's layout. See `_explicit`'s docstring."""
     name, multiple = eqn.primitive.name, eqn.primitive.multiple_results
     path, backward = at.path, at.backward
-    params = _params(c, eqn, invals, at, interpret)
+    params, stated = _stated(_params(c, eqn, invals, at, interpret), c.abstract_mesh)
     shown = f"{path} (backward)".strip() if backward else path  # rules describe the forward pass
 
     def bind(*values: Any, **extra: Any) -> Any:
-        return eqn.primitive.bind(*values, **eqn.primitive.get_bind_params({**params, **extra}))
+        return rebind(eqn.primitive, values, {**params, **extra})
 
     def listed(result: Any) -> list[Any]:
         return list(result) if multiple else [result]
 
     avals = [v.aval for v in eqn.outvars]
-    operands = tuple(
-        (tuple(x.shape), spec_of(x)) for x in invals if hasattr(x, "shape") and hasattr(x, "dtype")
-    )
+    arrays = [hasattr(x, "shape") and hasattr(x, "dtype") for x in invals]
+    operands = tuple((tuple(x.shape), spec_of(x)) for x, a in zip(invals, arrays, strict=True) if a)
 
-    def record(spec: Any, by: str, rule: Any = None, hint: str = "") -> None:
+    def record(spec: Any, by: str, rule: Any = None, hint: str = "", dropped: Any = ()) -> None:
         shape = tuple(avals[0].shape)
         where = rule.location if rule is not None else None
-        c.decisions.append(Decision(shown, name, operands, shape, spec, by, where, hint))
+        c.decisions.append(
+            Decision(shown, name, operands, shape, spec, by, where, hint, dropped, source_line(eqn))
+        )
+
+    mesh = c.abstract_mesh
+    sizes = dict(mesh.shape) if mesh is not None else {}
+    if name in _RESHARDS and stated is None:  # a reshard to no layout in the first trace
+        if not elsewhere(invals[0], mesh):
+            return list(invals[: len(avals)])  # no decision: the value keeps its layout
+        # leaving a region on other axis types: the layout it would have had (`_regions`)
+        params["dst_sharding"] = c.shadows.leaving(invals[0], mesh) or params["dst_sharding"]
+        return listed(bind(*invals))
+    if any(elsewhere(x, mesh) for x in invals):  # inside such a region: JAX decides
+        result = listed(bind(*invals))
+        c.shadows.through(name, invals, eqn.params, result, sizes)
+        return result
+    if stated is not None:  # the model's code states the layout: kept, not inferred
+        try:
+            result = bind(*invals)
+        except SHARDING_ERRORS as err:
+            hint = "the layout is the one the model's code states (`reshard`, `out_sharding=`): check it"
+            raise _ambiguous(c, name, shown, operands, hint, err) from None
+        if name in _RESHARDS and elsewhere(listed(result)[0], mesh):
+            c.shadows.entered(invals[0], listed(result)[0])  # entering a region on other axis types
+        elif not backward and axes_of(stated.spec):
+            record(spec_of(listed(result)[0]), "model")
+        return listed(result)
+
+    with_specs = [
+        (tuple(x.shape), spec_of(x)) if a else (None, None) for x, a in zip(invals, arrays, strict=True)
+    ]
+    propagated = [propagate(name, with_specs, eqn.params, a.shape, sizes) for a in avals]
 
     def ruled(i: int) -> tuple[Any, Any] | None:
         found = None if backward else c.scope_rule(path, at.aligned[i], avals[i].dtype)
         if found is None or not any(e is jax.sharding.PartitionSpec.UNCONSTRAINED for e in found[0]):
             return found
-        # unconstrained entries take JAX's layout (for a contraction, `contraction_spec` is
-        # JAX's where JAX decides; other operations get here only once JAX refused them)
-        return settled(found[0], inferred_spec(name, invals, eqn.params, avals[i])), found[1]
+        # unconstrained entries take the layout the operands give their dimension
+        return settled(found[0], propagated[i].spec), found[1]
 
     if name == "dot_general":
         found = ruled(0)
@@ -78,42 +111,61 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
             result = bind(*invals, out_sharding=jax.sharding.NamedSharding(mesh, spec))
             record(spec, "rule", rule)
             return listed(result)
+    ambiguous: Exception | None = None
     try:
         result = bind(*invals)
     except SHARDING_ERRORS as err:
-        ambiguous: Exception = err
+        ambiguous = err
     else:
-        if name == "dot_general":
-            record(spec_of(result), "jax")
-        return listed(result)
-    lifted = None if name == "dot_general" else lift_replicated(invals, at.made)
-    if lifted is not None:  # no real choice: the one sharded operand's layout
-        try:
-            return listed(bind(*lifted))
-        except SHARDING_ERRORS:
-            pass
+        got = listed(result)
+        if all(
+            axes_of(p.spec) <= axes_of(spec_of(r))
+            for p, r in zip(propagated, got, strict=True)
+            if hasattr(r, "shape") and p.known
+        ):
+            dropped = tuple(d for p in propagated for d in p.dropped if p.known)
+            if name == "dot_general" or (dropped and not backward):
+                record(spec_of(got[0]), "jax", dropped=dropped)
+            if not backward and dropped:  # JAX drops what it must: said all the same
+                hint = suggestion(path, spec_of(got[0]), at.aligned[0])
+                c.warn_dropped(eqn, name, path, operands, spec_of(got[0]), dropped, hint)
+            return got
+        # JAX decided, but its layout drops an axis the operands carried on a kept dimension
+    if ambiguous is not None and name != "dot_general":
+        lifted = lift_replicated(invals, at.made)
+        if lifted is not None:  # no real choice: the one sharded operand's layout
+            try:
+                return listed(bind(*lifted))
+            except SHARDING_ERRORS:
+                pass
     found = [ruled(i) for i in range(len(avals))]
-    specs = [
-        f[0] if f else inferred_spec(name, invals, eqn.params, a) for f, a in zip(found, avals, strict=True)
-    ]
+    specs = [f[0] if f else p.spec for f, p in zip(found, propagated, strict=True)]
     rule = found[0][1] if found[0] is not None and all(found) else None  # every result from a rule
+    dropped = () if rule is not None else tuple(d for p in propagated for d in p.dropped)
     if backward:
         hint = "no activation rule applies to the gradient's operations: they follow the forward pass"
     elif rule is not None:
         hint = f"JAX refuses the layout rule `{rule.pattern}` ({rule.location}) gives it: change that rule's spec"
     else:
         hint = suggestion(path, specs[0], at.aligned[0])
-    if c.strict and not backward and rule is None:
+    if not backward and dropped:  # with `strict`, an error (before SR117: it says more)
+        c.warn_dropped(eqn, name, path, operands, specs[0], dropped, hint)
+    if c.strict and not backward and rule is None and ambiguous is not None:
         raise _ambiguous(c, name, path, operands, hint, ambiguous)
-    if name == "dot_general":
+    hint = "" if backward else hint
+    key = _OUT_SHARDING.get(name)
+    if key is not None and key in params and not multiple:  # the primitive takes its result's layout
         try:
             result = bind(
-                *invals, out_sharding=jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), specs[0])
+                *invals, **{key: jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), specs[0])}
             )
         except SHARDING_ERRORS:
             pass
         else:
-            record(specs[0], "inferred", hint="" if backward else hint)
+            if rule is not None:
+                record(specs[0], "rule", rule)
+            else:
+                record(specs[0], "inferred", hint=hint, dropped=dropped)
             return listed(result)
     try:
         result = run_with_layout(bind, invals, specs, multiple)
@@ -122,8 +174,67 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     if rule is not None:
         record(specs[0], "rule", rule)
     else:
-        record(specs[0], "auto_axes", hint="" if backward else hint)
+        record(specs[0], "auto_axes", hint=hint, dropped=dropped)
     return listed(result)
+
+
+# Primitives that only lay their operand out (what `jax.sharding.reshard` and its kin bind).
+_RESHARDS = {"reshard", "mesh_cast", "sharding_cast"}
+# The parameter through which a primitive takes its result's layout.
+_OUT_SHARDING = {
+    "dot_general": "out_sharding",
+    "reduce_sum": "out_sharding",
+    "reduce_max": "out_sharding",
+    "reduce_min": "out_sharding",
+    "reduce_prod": "out_sharding",
+    "conv_general_dilated": "out_sharding",
+    "broadcast_in_dim": "sharding",
+    "reshape": "sharding",
+}
+_SHARDING_PARAMS = ("out_sharding", "sharding", "dst_sharding")
+
+
+def _stated(params: dict[str, Any], mesh: Any) -> tuple[dict[str, Any], Any]:
+    """`params` without the layouts the first trace put there by itself, and
+    the layout the model's code states, or `None`.
+
+    The function is traced first with every value replicated, so a layout
+    that names no mesh axis (a `broadcast_in_dim`'s, a `reshard` to
+    replicated that `jnp` adds around an indexing) says nothing: it is
+    removed, and the operation is laid out as any other. A layout that names
+    an axis is one the model's code states (`jax.sharding.reshard(x,
+    P("data"))`, `jnp.einsum(..., out_sharding=P(...))`) and is kept, and
+    so is one on a mesh whose axis types are not `mesh`'s (how JAX enters
+    and leaves `auto_axes` regions)."""
+    stated = None
+    out = dict(params)
+    for key in _SHARDING_PARAMS:
+        value = params.get(key)
+        spec = getattr(value, "spec", None)
+        if spec is None:
+            continue
+        other = getattr(getattr(value, "mesh", None), "axis_types", None) != getattr(mesh, "axis_types", None)
+        if axes_of(spec) or getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+            stated = value
+        elif other:
+            stated = stated if key != "dst_sharding" else value
+        elif key != "dst_sharding":
+            out[key] = None
+    return out, stated
+
+
+def source_line(eqn: Any) -> str:
+    """`FILE:LINE` of the user's code that made `eqn` (from the trace's
+    source information), or `""` where JAX does not say."""
+    try:
+        from jax._src import source_info_util
+
+        frame = source_info_util.user_frame(eqn.source_info.traceback)
+    except (ImportError, AttributeError):  # another JAX: the source is not named
+        return ""
+    if frame is None:
+        return ""
+    return f"{frame.file_name}:{frame.start_line}"
 
 
 def _ambiguous(c: Any, name: str, path: str, operands: Any, hint: str, err: Exception) -> Exception:
@@ -155,7 +266,7 @@ def _params(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpret
     typed = [typed_aval(x) for x in invals]
     retrace = functools.partial(_retrace, interpret, c, at=at)
     if name == "scan":
-        n, carry = params["num_consts"], params["num_carry"]
+        n, carry = scan_counts(params)
         avals = typed[: n + carry] + [typed_aval(x, drop_leading=True) for x in invals[n + carry :]]
         # a stacked result's first dimension is the loop's; the body makes one slice
         seed = at.aligned[:carry] + [
@@ -163,7 +274,7 @@ def _params(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpret
         ]
         params["jaxpr"] = retrace(params["jaxpr"], avals, (n, carry), seed=seed)
     elif name == "while":
-        cn, bn = params["cond_nconsts"], params["body_nconsts"]
+        cn, bn = while_counts(params, len(invals))
         carry = typed[cn + bn :]
         params["cond_jaxpr"] = retrace(params["cond_jaxpr"], typed[:cn] + carry, seed=[], live=[True])
         params["body_jaxpr"] = retrace(params["body_jaxpr"], typed[cn : cn + bn] + carry, (bn, len(carry)))

@@ -251,7 +251,7 @@ def _operand_dims(eqn: Any, k: int) -> list[tuple[int, tuple[int, ...]]]:
         for i, p in enumerate(eqn.params["permutation"]):
             dims[p] = i
         return [(0, tuple(dims))]
-    if name in _elementwise():
+    if name in elementwise():
         same = [i for i, v in enumerate(eqn.invars) if _shape(v) is not None and _shape(v) == _shape(out)]
         return [(i, tuple(range(len(_shape(out) or ())))) for i in same]
     inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
@@ -274,7 +274,7 @@ def _shape(v: Any) -> tuple[int, ...] | None:
 
 
 @functools.cache
-def _elementwise() -> frozenset[str]:
+def elementwise() -> frozenset[str]:
     """The element-wise primitives: JAX batches them as vectorized or
     broadcasting operations (`neg`, `tanh`, `add`, `max`, ...)."""
     names = set(_ELEMENTWISE_EXTRA)

@@ -33,7 +33,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import source_info_util
 from jax.extend import core as jcore
 from jax.sharding import AxisType
 
@@ -45,8 +44,9 @@ from .._planning._blocks import entry_axes
 from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
-from . import _explicit, _layouts
+from . import _compat, _explicit, _layouts
 from ._outputs import Aligned, Outputs, Where, analyse, forward_path, join, scope_path, transposed, under
+from ._regions import Shadows, elsewhere_mesh, mesh_of
 
 _INLINED = {"jit", "pjit", "closed_call", "core_call"}
 _OPAQUE = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
@@ -65,6 +65,7 @@ class Constrainer:
     abstract_mesh: Any = None  # explicit: the mesh each equation is evaluated under
     inserted: list[tuple[str, tuple[int, ...], Any]] = dataclasses.field(default_factory=list)
     decisions: list[_explicit.Decision] = dataclasses.field(default_factory=list)
+    shadows: Shadows = dataclasses.field(default_factory=Shadows)  # explicit: see `_regions`
 
     def __post_init__(self) -> None:
         if self.group is not None:
@@ -72,7 +73,7 @@ class Constrainer:
         self._rules = list(iter_rules(self.rules, self.group)) if self.group is not None else []
         self._matcher = Matcher(self._rules)
         self._default = self.rules.defaults.get(self.group) if self.group is not None else None
-        self._warned: set[str] = set()
+        self._warned: set[Any] = set()
 
     def rule_for(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """The rule for a scope output matched as `path`, of `shape` and
@@ -155,6 +156,37 @@ class Constrainer:
         )
         raise error_for([diag], self.rules.sources)
 
+    def warn_dropped(
+        self,
+        eqn: Any,
+        primitive: str,
+        path: str,
+        operands: Sequence[tuple[tuple[int, ...], Any]],
+        spec: Any,
+        dropped: Sequence[tuple[int, str, str]],
+        hint: str,
+    ) -> None:
+        """SR210 (a `ShardRulesWarning`; an error with `strict`): the layout of
+        `primitive`'s result in scope `path` drops mesh axes its operands
+        carried on a dimension it keeps (`dropped`: `(dimension, axis, why)`),
+        so every device along them computes that dimension whole. Once per
+        operation and source line of a traced step."""
+        source = _layouts.source_line(eqn)
+        key = ("SR210", primitive, path, source, tuple(dropped))
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        hint = hint.replace(" (or pass strict=False to infer it)", "")
+        diag = _explicit.dropped_diagnostic(primitive, path, source, operands, spec, dropped, hint)
+        if self.strict:
+            raise error_for([dataclasses.replace(diag, severity="error")], self.rules.sources)
+        warning = ShardRulesWarning(diag, self.rules.sources)
+        file, _, line = source.rpartition(":")
+        if file and line.isdigit():  # shown at the model's line that made the operation
+            warnings.warn_explicit(warning, ShardRulesWarning, file, int(line))
+        else:
+            warnings.warn(warning, stacklevel=2)
+
     def check_names(self, found: Outputs) -> None:
         """SR201 (a `ShardRulesWarning`): a rule matches the path of a scope
         whose outputs are matched as `S/0`, `S/1`, ... (one use of it makes
@@ -223,16 +255,13 @@ def interpret(
         back = backward or transposed(eqn)
         path = join(base, forward_path(eqn)) or ""
         name = eqn.primitive.name
-        name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
         aligned = [[] if back else found.aligned.get(v, []) for v in eqn.outvars]
         used = [v in found.live for v in eqn.outvars]
         with contextlib.ExitStack() as stack:
-            stack.enter_context(
-                source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack)
-            )
+            stack.enter_context(_compat.user_context(eqn))
             stack.enter_context(eqn.ctx.manager)
-            if c.abstract_mesh is not None:  # the trace had no mesh; the explicit types need it
-                stack.enter_context(jax.sharding.use_abstract_mesh(c.abstract_mesh))
+            if c.abstract_mesh is not None:  # the explicit types need the mesh the trace had
+                stack.enter_context(jax.sharding.use_abstract_mesh(_context_mesh(c.abstract_mesh, invals)))
             # which operands no argument reaches: explicit axes only (`_explicit.lift_replicated`)
             consts = (
                 tuple(isinstance(v, jcore.Literal) or v in made for v in eqn.invars) if c.explicit else ()
@@ -250,7 +279,7 @@ def interpret(
                 results = _layouts.evaluate(c, eqn, invals, at, interpret)
             else:  # the gradient's sub-computations get no constraints
                 params = eqn.params if name in _OPAQUE or back else _rewrite_params(c, eqn.params, path, used)
-                results = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+                results = _compat.rebind(eqn.primitive, invals, params)
                 if not eqn.primitive.multiple_results:
                     results = [results]
         if c.explicit:
@@ -260,6 +289,17 @@ def interpret(
                 x = c.constrain(found.names[(v, scope)], x)
             env[v] = x
     return [read(v) for v in jaxpr.outvars]
+
+
+def _context_mesh(mesh: Any, invals: Sequence[Any]) -> Any:
+    """The abstract mesh to evaluate an equation under: `mesh`, or, inside a
+    region the code moved to other axis types (`jax.sharding.auto_axes`,
+    `.at[...].get(out_sharding=...)`: see `_regions`), the mesh all its typed
+    operands are on."""
+    meshes = [m for m in map(mesh_of, invals) if m is not None]
+    if meshes and all(elsewhere_mesh(m, mesh) for m in meshes):
+        return meshes[0]
+    return mesh
 
 
 def _made_outputs(eqn: Any, made_in: Sequence[bool]) -> list[bool]:

@@ -19,6 +19,7 @@ from .._planning._api import RulesLike, as_rules, placement_specs
 from .._planning._blocks import entry_axes
 from .._planning._compile import compile_plan
 from . import _shard_map_errors as _errors
+from ._compat import explicit_mesh_context
 from ._groups import for_groups, moved, param_names, signature
 
 Groups = str | PartitionSpec | None | Sequence["Groups"]
@@ -194,6 +195,7 @@ class _Entry(NamedTuple):
     out_specs: Any
     in_shardings: tuple[Any, ...]  # in_specs as NamedShardings of the mesh
     refused: tuple[Diagnostic, ...]  # SR118: outputs that vary where their out specs replicate
+    mesh: Mesh
 
 
 class RuleShardMap:
@@ -279,7 +281,9 @@ class RuleShardMap:
         mapped = jax.shard_map(
             self.fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=self.check_vma
         )
-        entry = _Entry(mapped, in_specs, out_specs, in_shardings, tuple(refused) if self.check_vma else ())
+        entry = _Entry(
+            mapped, in_specs, out_specs, in_shardings, tuple(refused) if self.check_vma else (), mesh
+        )
         self._compiled[key] = entry
         return entry
 
@@ -301,7 +305,8 @@ class RuleShardMap:
             moved(arg, shardings, _mesh.pin) for arg, shardings in zip(args, entry.in_shardings, strict=True)
         )
         try:
-            return entry.mapped(*placed)
+            with explicit_mesh_context(entry.mesh):  # JAX 0.8: on Explicit axes, only inside set_mesh
+                return entry.mapped(*placed)
         except ValueError as err:
             found = _errors.from_jax(err, _name(self))  # JAX's check_vma error, should ours miss one
             if not found:

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, PartitionSpec
 from .._errors import Diagnostic, Shape, ShardRulesError, did_you_mean, error_for
 from .._interop._paths import leaf_paths
 from .._planning._blocks import entry_axes
+from .._planning._plan import spec_repr
 
 Where = tuple[int, ...]  # positions in a tuple argument or output, one per nested sequence
 
@@ -128,7 +129,7 @@ def _varying(
     listed = _listed(axes)
     over = repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
     cause = (
-        f"varies over {listed} across devices, but its out spec {spec} ({source}) "
+        f"varies over {listed} across devices, but its out spec {spec_repr(spec)} ({source}) "
         f"does not shard it over {listed}: it says every device along {listed} holds the same block"
     )
     hint = (
@@ -140,9 +141,10 @@ def _varying(
     return _one("SR118", f"{name} {cause}", hint, path, shape, f"{without_leaf} {cause}")
 
 
-# JAX's words (jax._src.shard_map._inout_vma_error), one bullet per output it refuses
+# JAX's words (jax._src.shard_map._inout_vma_error), one bullet per output it refuses;
+# JAX 0.8 writes a spec `PartitionSpec(...)`, later ones `P(...)`
 _JAX_VARYING = re.compile(
-    r"out_specs(?P<path>\S*) is (?P<spec>P\(.*?\)) which implies that the corresponding output value is "
+    r"out_specs(?P<path>\S*) is (?P<spec>(?:P|PartitionSpec)\(.*?\)) which implies that the corresponding output value is "
     r"(?:only varying across mesh axes \{[^}]*\} and not \{(?P<axes>[^}]*)\}"
     r"|replicated across mesh axis '(?P<axis>[^']*)')",
     re.S,
@@ -226,7 +228,7 @@ def literal_problems(
 def _literal(
     spec: PartitionSpec, shape: Shape, sizes: dict[str, int], what: str, name: str, path: str, divide: bool
 ) -> list[Diagnostic]:
-    entry = f"{spec} (the {what} entry for {name})"
+    entry = f"{spec_repr(spec)} (the {what} entry for {name})"
     axes = [a for e in spec for a in entry_axes(e)]
     mesh = ", ".join(f"{k}={v}" for k, v in sizes.items())
     unknown = [a for a in axes if a not in sizes]
@@ -256,7 +258,7 @@ def _literal(
         split = math.prod(sizes[a] for a in entry_axes(e))
         if divide and size % split:
             by = " × ".join(f"`{a}`={sizes[a]}" for a in entry_axes(e))
-            message = f"dimension {dim} of {name} (shape {shape}) has size {size}, which does not divide by {split} ({by}) as {spec} asks"
+            message = f"dimension {dim} of {name} (shape {shape}) has size {size}, which does not divide by {split} ({by}) as {spec_repr(spec)} asks"
             hint = "split it over axes that divide it, pad it, or give a group whose rule leaves it unsharded where it does not divide (`data?`)"
             found.append(_one("SR104", message, hint, path, shape, ""))
     return found
