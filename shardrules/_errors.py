@@ -220,8 +220,10 @@ class PlacementError(ShardRulesError, ValueError):
 class ShardRulesWarning(ShardRulesError, UserWarning):
     """A plan that works but is probably not what was meant, warned about (not
     raised) by `apply` and `jit` with `warnings.warn`: a rule that matches no
-    leaf of the tree (SR201), or more of the plan's bytes fully replicated than
-    the tolerance allows (SR116). Python's warning filters control it; turned
+    leaf of the tree (SR201), more of the plan's bytes fully replicated than
+    the tolerance allows (SR116), a layout that drops a mesh axis (SR210), an
+    activation rule that matches no scope (SR211), an argument left without
+    a group that rules would shard (SR212). Python's warning filters control it; turned
     into an error (`-W error`, `filterwarnings("error")`) it is caught by
     `except ShardRulesError` like any of ours. `code`, `diagnostics` and the
     rest are those of `ShardRulesError`.

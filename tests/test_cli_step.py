@@ -146,12 +146,40 @@ def test_explain_lists_every_decision(project, capsys) -> None:
     _, module = project
     assert main(["explain", "tp.shard", "--step", f"{module}:check_step"]) == 0
     captured = capsys.readouterr()
-    lines = captured.out.splitlines()
+    out = captured.out.splitlines()
+    start = next(i for i, line in enumerate(out) if line.split()[:2] == ["scope", "operation"])
+    lines = [*out[start:], ""]
+    lines = lines[: lines.index("")]
     assert lines[0].split() == ["scope", "operation", "operands", "result", "decided", "by"]
     rows = [line.split("  ")[0].strip() for line in lines[1:] if line.strip()]
     assert rows == ["up", "down", "down (backward)", "down (backward)", "up (backward)"]
     assert "rule tp.shard:8:3" in lines[1] and lines[2].rstrip().endswith("inferred")
     assert "SR208" in captured.err  # the finding, on stderr as explain prints findings
+
+
+def test_explain_lists_every_scope_output_with_its_shapes_and_rule(project, capsys) -> None:
+    """The names activation rules are matched against, before the decisions:
+    what a user writes rules from."""
+    _, module = project
+    assert main(["explain", "tp.shard", "--step", f"{module}:check_step"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["scope", "output", "shapes", "dtype", "rule"]
+    rows = {line.split()[0]: line for line in out[1 : out.index("")]}
+    assert set(rows) == {"up", "down"}
+    assert "(32, 64)" in rows["up"] and "float32" in rows["up"] and 'tp.shard:8:3 "up$"' in rows["up"]
+    assert "(32, 16)" in rows["down"] and rows["down"].rstrip().endswith("-")
+
+
+def test_lint_reports_an_activation_rule_that_matches_no_scope_sr211(project, capsys) -> None:
+    folder, module = project
+    text = RULES.replace('  "up$" -> (data, model)\n', '  "up$" -> (data, model)\n  "^dwn$" -> (data, _)\n')
+    (folder / "tp.shard").write_text(text)
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:check_step")
+    (finding,) = [f for f in found if f["code"] == "SR211"]
+    assert code == 0 and finding["severity"] == "warning" and finding["line"] == 9
+    assert "`^dwn$` matches no scope output of this step (2 scope outputs seen)" in finding["message"]
+    assert 'did you mean "down"?' in finding["hint"]
+    assert main(["lint", "tp.shard", "--step", f"{module}:check_step", "--strict"]) == 1
 
 
 def test_the_mesh_has_the_declared_types_explicit_where_unstated(project, capsys) -> None:

@@ -293,6 +293,8 @@ TESTED_ELSEWHERE = {
     "SR206",
     "SR208",
     "SR210",
+    "SR211",  # tests/test_nothing_silent.py, tests/test_cli_step.py
+    "SR212",  # tests/test_nothing_silent.py
 }
 
 

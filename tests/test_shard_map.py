@@ -422,10 +422,9 @@ def test_ordinary_mistakes_with_groups_and_meshes_are_clear_type_errors():
     mesh = _meshes()[0]
     rules = sr.loads('rules inputs:\n  "^x$" -> (data, _)\n', name="m.shard")
     x = np.ones((8, 4), np.float32)
-    with pytest.raises(
-        TypeError, match=r"in_groups must have one entry per positional argument .*in_groups=\('inputs',\)"
-    ):
-        sr.shard_map(lambda x: x, rules, mesh, in_groups="inputs", out_groups=None)  # type: ignore[arg-type]
+    # one group name alone is that group for every argument, as out_groups's is for the whole output
+    alone = sr.shard_map(lambda x: x, rules, mesh, in_groups="inputs", out_groups=P("data"))
+    assert alone.specs(x)[0] == (P("data", None),)
     with pytest.raises(TypeError, match="one entry per positional argument"):
         sr.shard_map(lambda x: x, rules, mesh, in_groups=P("data"), out_groups=None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="in_groups: 3 is not a group: give a group name"):

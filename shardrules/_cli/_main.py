@@ -326,13 +326,16 @@ def _explain_command(args: argparse.Namespace) -> int:
             "give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules] "
             "(or a step to trace: --step MODULE:FUNCTION)"
         )
-    args.decisions = None
+    args.decisions = args.scopes = None
     result = _lint_one(args.rules, args, _inputs(args))
+    tables = []
+    if args.scopes:
+        tables.append((_step.scope_rows(args.scopes), _step.SCOPE_HEADER))
     if args.decisions:
-        _render.write_table(
-            _step.rows(args.decisions), sys.stdout, _render.use_rich(sys.stdout), _step.HEADER
-        )
-        if result.plan is not None:
+        tables.append((_step.rows(args.decisions), _step.HEADER))
+    for i, (rows, header) in enumerate(tables):
+        _render.write_table(rows, sys.stdout, _render.use_rich(sys.stdout), header)
+        if result.plan is not None or i < len(tables) - 1:
             sys.stdout.write("\n")
     if result.plan is not None:
         rows = _render.explain_rows(result.plan, args.path, args.hosts)

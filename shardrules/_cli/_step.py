@@ -1,8 +1,10 @@
 """`--step MODULE:FUNCTION` for `shardrules lint` and `explain`: trace a train
 step on Explicit mesh axes (no data moves, nothing runs) and list how the
 layout of each contraction, and of each result JAX could not lay out alone,
-was chosen; lint reports the forward-pass layouts no activation rule gives
-(SR208) and those that drop a mesh axis their operands carried (SR210).
+was chosen, and every scope output with the rule it takes; lint reports the
+forward-pass layouts no activation rule gives (SR208), those that drop a mesh
+axis their operands carried (SR210), and activation rules that match no scope
+output (SR211).
 
 `FUNCTION(rules, mesh)` returns `(step, args)`: a `shardrules.jit` step built
 with those rules (and, usually, that mesh) and a tuple of example arguments,
@@ -69,8 +71,9 @@ def step_mesh(rules: RuleSet, sizes: Mapping[str, int]) -> Any:
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
 
 
-def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> list[Any]:
-    """The `Decision`s of the step `spec` names, for `rules` on a mesh of `sizes`.
+def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> Any:
+    """One trace of the step `spec` names, for `rules` on a mesh of `sizes`:
+    its `Traced` (decisions, scope outputs, activation rules matching none).
 
     **Raises:** `UsageError` for a step that cannot be imported, called or
     traced; `ShardRulesError` from the rules (SR117, SR103, ...)."""
@@ -108,7 +111,7 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> list[An
     try:
         with warnings.catch_warnings():  # what the trace warns about comes back as findings
             warnings.simplefilter("ignore", ShardRulesWarning)
-            return step.decisions(*args)
+            return step.traced(*args)
     except ShardRulesError:
         raise
     except Exception as err:
@@ -171,6 +174,18 @@ def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
 
 
 HEADER = ("scope", "operation", "operands", "result", "decided by")
+SCOPE_HEADER = ("scope output", "shapes", "dtype", "rule")
+
+
+def scope_rows(scopes: Sequence[Any]) -> list[tuple[str, ...]]:
+    """One row of `explain --step`'s table of scope outputs per output: the
+    names activation rules are matched against, and the rule each takes."""
+    out = []
+    for s in scopes:
+        shapes = ", ".join(str(shape) for shape in s.shapes)
+        rule = "-" if s.rule is None else f'{s.rule.span} "{s.rule.pattern}"'
+        out.append((s.name, shapes, s.dtype, rule))
+    return out
 
 
 def rows(decisions: Sequence[Any]) -> list[tuple[str, ...]]:
@@ -195,12 +210,13 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
     except ShardRulesError:  # lint reports why
         return
     try:
-        decisions = trace(spec, rules, sizes_for(rules, mesh))
+        traced = trace(spec, rules, sizes_for(rules, mesh))
     except ShardRulesError as err:
         # the step's error replaces lint's warning about the same place (SR207 is both)
         raised = {(d.code, d.span) for d in err.diagnostics}
         kept = [d for d in result.diagnostics if d.severity == "error" or (d.code, d.span) not in raised]
         result.diagnostics = ordered(dict.fromkeys([*kept, *err.diagnostics]))
         return
-    args.decisions = decisions
-    result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *findings(decisions, rules)]))
+    args.decisions, args.scopes = traced.decisions, traced.scopes
+    found = [*findings(traced.decisions, rules), *traced.unmatched]
+    result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *found]))

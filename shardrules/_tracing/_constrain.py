@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -11,8 +12,8 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, Mesh, PartitionSpec
 
-from .._errors import error_for
-from .._interop._nnx import module_scopes
+from .._errors import Diagnostic, error_for
+from .._interop._modules import module_scopes
 from .._interop._paths import flatten, path_str
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules
@@ -20,6 +21,18 @@ from .._planning._compile import compile_flat
 from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
 from ._scopes import Constrainer, interpret
+from ._seen import ScopeOutput
+
+
+@dataclasses.dataclass
+class Traced:
+    """What one trace of a step found: its layout decisions (Explicit axes),
+    every scope output with its rule, and the activation rules that matched
+    none (SR211)."""
+
+    decisions: list[Decision] = dataclasses.field(default_factory=list)
+    scopes: list[ScopeOutput] = dataclasses.field(default_factory=list)
+    unmatched: list[Diagnostic] = dataclasses.field(default_factory=list)
 
 
 def _resolved(mesh: Mesh | None, rules: Any, what: str) -> Mesh | AbstractMesh:
@@ -137,7 +150,9 @@ def auto_constrain(
     the first rule whose pattern matches its name and whose guard holds for
     its shape and dtype, else the group's `default` where its guard holds.
     Scopes that match
-    no rule are left alone, and so is the gradient. Nothing in `fn` changes: the
+    no rule are left alone, and so is the gradient; a rule that matches no
+    scope output of the traced function is warned about (SR211, a
+    `ShardRulesWarning`, once per trace, with the closest names seen). Nothing in `fn` changes: the
     wrapper traces it, then evaluates the trace with the constraints added.
 
     **Arguments:**
@@ -181,11 +196,11 @@ def constrained(
     mesh: Mesh | None,
     group: str | None,
     strict: bool,
-    decisions: list[Decision] | None,
+    record: Traced | None,
 ) -> Callable[..., Any]:
     """`auto_constrain`'s wrapper (`group=None`: no rules, for explicit axes'
-    result layouts alone); on explicit axes, the layout decisions of each call
-    are appended to `decisions` when it is a list."""
+    result layouts alone); what each call's trace finds is added to `record`
+    when given."""
     if group is not None:
         ruleset.group(group)
 
@@ -224,8 +239,12 @@ def constrained(
             abstract_mesh=abstract if explicit else None,
         )  # fmt: skip
         results = interpret(constrainer, closed.jaxpr, closed.consts, values)
-        if decisions is not None:
-            decisions.extend(constrainer.decisions)
+        if group is not None:
+            constrainer.seen.warn_unmatched()
+        if record is not None:
+            record.decisions.extend(constrainer.decisions)
+            record.scopes.extend(constrainer.seen.scope_outputs(constrainer.output_rule))
+            record.unmatched.extend(constrainer.seen.unmatched() if group is not None else ())
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), results)
 
     return wrapped

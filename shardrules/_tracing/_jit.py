@@ -16,12 +16,18 @@ from .._language._rules import RuleSet
 from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._compile import compile_plan
+from . import _slips
 from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated, trace_state_clean
-from ._constrain import constrained
+from ._constrain import Traced, constrained
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
 from ._groups import for_groups, moved, param_names, signature
+from ._seen import ScopeOutput
 
 Groups = str | None | Sequence["Groups"]
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def jit(
@@ -29,7 +35,7 @@ def jit(
     rules: RulesLike,
     mesh: Mesh | None = None,
     *,
-    in_groups: Sequence[Groups] | None = None,
+    in_groups: Groups | Sequence[Groups] | None = None,
     out_groups: Groups = None,
     donate: Sequence[int] = (),
     activations: str | None = "activations",
@@ -52,7 +58,8 @@ def jit(
     - `in_groups`: one entry per positional argument: a group name (its
       leaves get that group's shardings; a lone array is matched as its
       parameter's name, e.g. `x`), `None` (JAX decides), or a sequence for an
-      argument that is a tuple. `None` for all: JAX decides everywhere.
+      argument that is a tuple. One group name alone (`in_groups="params"`)
+      is that group for every argument. `None` for all: JAX decides everywhere.
     - `out_groups`: the same, for the output (one string for the whole output,
       or a sequence for a tuple output).
     - `donate`: positions of arguments whose buffers may be reused (e.g. the
@@ -116,7 +123,7 @@ class RuleJit:
         fn: Callable[..., Any],
         rules: RuleSet,
         mesh: Mesh | None,
-        in_groups: Sequence[Groups] | None,
+        in_groups: Groups | Sequence[Groups] | None,
         out_groups: Groups,
         donate: tuple[int, ...],
         activations: str | None,
@@ -138,13 +145,11 @@ class RuleJit:
         assert isinstance(mesh, Mesh)
         return mesh
 
-    def _body(self, mesh: Mesh, decisions: list[Decision] | None = None) -> Callable[..., Any]:
+    def _body(self, mesh: Mesh, record: Traced | None = None) -> Callable[..., Any]:
         """`fn` with its activation constraints (and, on explicit axes, its
-        result layouts) from the rules."""
-        if is_explicit(mesh):
-            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, decisions)
-        if self.activations is not None:
-            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, None)
+        result layouts) from the rules; what the trace finds goes to `record`."""
+        if is_explicit(mesh) or self.activations is not None or record is not None:
+            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, record)
         return self.fn
 
     def _context(self, mesh: Mesh) -> contextlib.AbstractContextManager[Any]:
@@ -162,20 +167,74 @@ class RuleJit:
         and of each result JAX could not lay out alone, is chosen for
         arguments like `args` (traced, not run): a list of `Decision`s with the
         scope, the operation, its operands' shapes and specs, the result's
-        spec, and `by` ("rule" with the rule's location, "jax", "inferred" or
-        "auto_axes"). Empty on a mesh with `Auto` axes."""
+        spec, and `by` ("rule" with the rule's location, "model", "jax",
+        "inferred" or "auto_axes"). Empty on a mesh with `Auto` axes."""
+        if not is_explicit(self._entry(args).mesh):
+            return []
+        return self.traced(*args).decisions
+
+    def scopes(self, *args: Any) -> list[ScopeOutput]:
+        """Every output of a named scope the step makes for arguments like
+        `args` (traced, not run), in the order they are made: a list of
+        `ScopeOutput`s with the name the `activations` rules are matched
+        against, its shapes and dtype, and the rule that lays it out (or
+        `None`). Write activation rules from these names.
+
+        ```python
+        for s in step.scopes(params, batch):
+            print(s.name, s.shapes, s.rule and s.rule.pattern)
+        ```
+        """
+        return self.traced(*args).scopes
+
+    def traced(self, *args: Any) -> Traced:
+        """One trace of the step for arguments like `args` (nothing runs):
+        its decisions, scope outputs and the activation rules that match
+        none of them (SR211 diagnostics)."""
         entry = self._entry(args)
-        found: list[Decision] = []
-        if is_explicit(entry.mesh):
-            if entry.in_shardings is not None:  # traced with the layouts the step runs with
-                args = tuple(_typed(a, s) for a, s in zip(args, entry.in_shardings, strict=True))
-            with self._context(entry.mesh):
-                jax.make_jaxpr(self._body(entry.mesh, found))(*args)
+        found = Traced()
+        if entry.in_shardings is not None and is_explicit(entry.mesh):  # the layouts the step runs with
+            args = tuple(_typed(a, s) for a, s in zip(args, entry.in_shardings, strict=True))
+        with self._context(entry.mesh):
+            jax.make_jaxpr(self._body(entry.mesh, found))(*args)
+        if not is_explicit(entry.mesh):
+            found.decisions.clear()
         return found
 
     def jitted(self, *args: Any) -> Any:
         """The `jax.jit`-wrapped function for arguments shaped like `args`."""
         return self._entry(args).jitted
+
+    def _in_groups(self, count: int) -> tuple[Groups, ...] | None:
+        """The group of each of `count` positional arguments (one group name
+        alone is that group for all of them), or `None` (JAX decides)."""
+        if self.in_groups is None:
+            return None
+        groups = (self.in_groups,) * count if isinstance(self.in_groups, str) else tuple(self.in_groups)
+        if len(groups) != count:
+            raise TypeError(
+                f"in_groups has {len(groups)} entries for {count} arguments of `{_name(self.fn)}`: give one "
+                "entry per positional argument (a group name, None, or a sequence for a tuple argument), "
+                "or one group name for all of them"
+            )
+        return groups
+
+    def _out_shardings(self, out_shape: Any, plan: Callable[[Any, str], Any], mesh: Mesh) -> Any:
+        """The output's shardings from `out_groups`; a group whose rules do not
+        match an output's leaves is an error naming that output."""
+        groups = self.out_groups
+        if (
+            isinstance(groups, (list, tuple))
+            and isinstance(out_shape, (list, tuple))
+            and len(groups) == len(out_shape)
+        ):
+            return type(out_shape)(
+                for_groups(o, g, _slips.planned(plan, self.rules, mesh, "out_groups", i), "out_groups")
+                for i, (o, g) in enumerate(zip(out_shape, groups, strict=True))
+            )
+        return for_groups(
+            out_shape, groups, _slips.planned(plan, self.rules, mesh, "out_groups", -1), "out_groups"
+        )
 
     def _entry(self, args: tuple[Any, ...]) -> _Entry:
         """The compiled function, argument shardings and mesh for arguments
@@ -190,14 +249,14 @@ class RuleJit:
             return placement_shardings(tree, self.rules, mesh, group=group)
 
         in_shardings = None
-        if self.in_groups is not None:
-            if len(self.in_groups) != len(args):
-                raise TypeError(f"in_groups has {len(self.in_groups)} entries for {len(args)} arguments")
+        groups = self._in_groups(len(args))
+        if groups is not None:
             names = param_names(self.fn, len(args))
             in_shardings = tuple(
-                for_groups(a, g, plan, "in_groups", n)
-                for a, g, n in zip(args, self.in_groups, names, strict=True)
+                for_groups(a, g, _slips.planned(plan, self.rules, mesh, "in_groups", i, n), "in_groups", n)
+                for i, (a, g, n) in enumerate(zip(args, groups, names, strict=True))
             )
+            _slips.warn_ungrouped(args, groups, names, self.rules, mesh)
         out_shardings = None
         if self.out_groups is not None:
             with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # shapes only, values replicated
@@ -206,7 +265,7 @@ class RuleJit:
                     out_shape = trace_replicated(shapes, jax.tree.map(untyped, args), mesh.abstract_mesh)
                 except (ShardingTypeError, DuplicateSpecError) as err:
                     raise closed_over_error(self.fn, err, self.rules) from None
-            out_shardings = for_groups(out_shape, self.out_groups, plan, "out_groups")
+            out_shardings = self._out_shardings(out_shape, plan, mesh)
         jitted = jax.jit(
             self._body(mesh),
             in_shardings=in_shardings,
@@ -214,7 +273,7 @@ class RuleJit:
             donate_argnums=self.donate,
         )
         found = self._compiled[key] = _Entry(jitted, in_shardings, mesh)
-        for arg, group in zip(args, self.in_groups or (), strict=False):  # once per signature
+        for arg, group in zip(args, groups or (), strict=False):  # once per signature
             leaves = jax.tree.leaves(arg)
             if isinstance(group, str) and not (len(leaves) == 1 and leaves[0] is arg):
                 # a rule matching nothing (SR201), a mostly replicated plan (SR116): ShardRulesWarning

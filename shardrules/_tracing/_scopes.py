@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,8 +44,9 @@ from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
 from . import _compat, _explicit, _layouts
-from ._outputs import Aligned, Outputs, Where, analyse, forward_path, join, scope_path, transposed, under
+from ._outputs import Aligned, Where, analyse, forward_path, join, scope_path, transposed, under
 from ._regions import Shadows, elsewhere_mesh, mesh_of
+from ._seen import Seen
 
 _INLINED = {"jit", "pjit", "closed_call", "core_call"}
 _OPAQUE = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
@@ -74,6 +74,7 @@ class Constrainer:
         self._matcher = Matcher(self._rules)
         self._default = self.rules.defaults.get(self.group) if self.group is not None else None
         self._warned: set[Any] = set()
+        self.seen = Seen(self.rules, self._matcher)  # the scope outputs met: SR201, SR211, `scopes`
 
     def rule_for(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """The rule for a scope output matched as `path`, of `shape` and
@@ -83,6 +84,10 @@ class Constrainer:
         if rule is None and self._default is not None and self._matcher.holds(self._default, shape, dtype):
             return self._default
         return rule
+
+    def output_rule(self, path: str, shape: tuple[int, ...], dtype: str) -> Any:
+        """`rule_for` a scope output, `None` without an activations group."""
+        return self.rule_for(path, shape, _dtype(dtype)) if self.group is not None else None
 
     def scope_rule(self, path: str, aligned: Sequence[Aligned], dtype: Any) -> tuple[Any, Any] | None:
         """`(spec, rule)` for a result made in scope `path` and aligned with
@@ -187,30 +192,6 @@ class Constrainer:
         else:
             warnings.warn(warning, stacklevel=2)
 
-    def check_names(self, found: Outputs) -> None:
-        """SR201 (a `ShardRulesWarning`): a rule matches the path of a scope
-        whose outputs are matched as `S/0`, `S/1`, ... (one use of it makes
-        several), and no rule matches those names; once per scope."""
-        for scope, names in found.several.items():
-            rule = self._matcher.first(scope)
-            if rule is None or scope in self._warned or any(self._matcher.first(n) for n in names):
-                continue
-            self._warned.add(scope)
-            shown = ", ".join(f"`{n}`" for n in dict.fromkeys(names))
-            diag = Diagnostic(
-                "SR201",
-                "warning",
-                f"activation rule `{rule.pattern}` matches scope `{scope}` but none of its outputs: "
-                f"one use of `{scope}` makes several, matched as {shown}",
-                rule.span,
-                scope,
-                f'match them with `"{re.escape(scope)}/\\d+$"` (or one rule per output), or return one '
-                "value from the scope; a scope used several times (a Python loop, a module called twice) "
-                'has each use\'s outputs matched on their own, and `jax.named_scope(f"layer_{i}")` names '
-                "each layer apart",
-            )
-            warnings.warn(ShardRulesWarning(diag, self.rules.sources), stacklevel=2)
-
 
 def _dtype(dtype: Any) -> Any:
     """`dtype` as a NumPy dtype, for guards; as it is where NumPy has none (a PRNG key's)."""
@@ -249,7 +230,7 @@ def interpret(
     # values no argument of the whole function reaches (see `_explicit.lift_replicated`)
     made = set(jaxpr.constvars) | {v for v, m in zip(jaxpr.invars, made_args, strict=False) if m}
     found = analyse(jaxpr, base, backward, seed, live)
-    c.check_names(found)
+    c.seen.add(found)
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         back = backward or transposed(eqn)

@@ -54,7 +54,8 @@ def shard_map(
       argument's leaves get that group's specs; a lone array is matched as its
       parameter's name), `None` (replicated: every device gets it whole), a
       `PartitionSpec` for the whole argument, or a sequence for an argument
-      that is a tuple.
+      that is a tuple. One group name alone (`in_groups="params"`) is that
+      group for every argument.
     - `out_groups`: the same for the output: one entry for the whole output,
       or a sequence for a tuple output. An output leaf's spec is the one its
       group's rule gives the output's global shape (each device's block
@@ -78,16 +79,17 @@ def shard_map(
     params, loss = step(params, batch)   # the loss replicated: one value on every device
     ```
     """
-    if isinstance(in_groups, (str, PartitionSpec)) or not isinstance(in_groups, Sequence):
+    if isinstance(in_groups, PartitionSpec) or not isinstance(in_groups, Sequence):
         raise TypeError(
-            f"in_groups must have one entry per positional argument of the function, "
-            f"e.g. in_groups=({in_groups!r},); got {in_groups!r}"
+            f"in_groups must have one entry per positional argument of the function (or be one group "
+            f"name for all of them), e.g. in_groups=({in_groups!r},); got {in_groups!r}"
         )
-    _errors.check_groups(tuple(in_groups), "in_groups")
+    _errors.check_groups(in_groups if isinstance(in_groups, str) else tuple(in_groups), "in_groups")
     _errors.check_groups(out_groups, "out_groups")
     if mesh is not None and not isinstance(mesh, Mesh):
         raise TypeError(f"shard_map needs a jax.sharding.Mesh with devices, got {type(mesh).__name__}")
-    return RuleShardMap(fn, as_rules(rules), mesh, tuple(in_groups), out_groups, check_vma)
+    groups = in_groups if isinstance(in_groups, str) else tuple(in_groups)
+    return RuleShardMap(fn, as_rules(rules), mesh, groups, out_groups, check_vma)
 
 
 def _specs_for(tree: Any, groups: Groups, rules: RuleSet, mesh: Mesh, what: str, name: str = "") -> Any:
@@ -207,7 +209,7 @@ class RuleShardMap:
         fn: Callable[..., Any],
         rules: RuleSet,
         mesh: Mesh | None,
-        in_groups: tuple[Groups, ...],
+        in_groups: str | tuple[Groups, ...],
         out_groups: Groups,
         check_vma: bool,
     ):
@@ -230,22 +232,23 @@ class RuleShardMap:
             return found
         mesh = self._mesh()
         fn = _name(self)
-        if len(self.in_groups) != len(args):
+        groups = (self.in_groups,) * len(args) if isinstance(self.in_groups, str) else self.in_groups
+        if len(groups) != len(args):
             raise TypeError(
-                f"in_groups has {len(self.in_groups)} entries for {len(args)} arguments: give one entry "
+                f"in_groups has {len(groups)} entries for {len(args)} arguments: give one entry "
                 f"per positional argument of `{fn}`"
             )
         names = param_names(self.fn, len(args))
         in_specs = tuple(
             _specs_for(a, g, self.rules, mesh, "in_groups", n)
-            for a, g, n in zip(args, self.in_groups, names, strict=True)
+            for a, g, n in zip(args, groups, names, strict=True)
         )
         sizes = _mesh.sizes_of(mesh)
         _raise(
             self,
             _errors.literal_problems(
                 args,
-                self.in_groups,
+                groups,
                 sizes,
                 "in_groups",
                 divide=True,

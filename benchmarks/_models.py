@@ -1,0 +1,386 @@
+"""Small train steps for `explicit_flops.py` and `tests/test_real_models.py`.
+
+Each builder returns a `Model`: a train step `step(params, batch) -> (params,
+loss)` (`jax.value_and_grad` of a next-token cross-entropy, then an SGD
+update), its parameters and a batch as NumPy arrays (not yet placed), the rule
+file that lays them out and the mesh it is written for. The steps are plain
+JAX: no sharding in them. A builder whose library is not installed raises
+`Unavailable` with the reason.
+
+- `transformer`: `examples/transformer` (its model and rule file).
+- `nnx_moe`: a Flax NNX decoder with grouped-query attention and an 8-expert
+  top-2 MoE layer (GShard-style dispatch with a capacity); the step does
+  `nnx.merge(graphdef, state)` inside.
+- `keras_gemma`: keras-hub's `GemmaBackbone` built from a config (no weights
+  downloaded), trained through `stateless_call` on the JAX backend.
+- `griffin`: recurrentgemma's Griffin (Flax linen), one recurrent and one
+  local-attention block.
+- `penzai_llamalike`: penzai's llamalike transformer, its parameters keyed by
+  their penzai labels.
+
+`data_parallel=True` (where a builder takes it) uses `rules/data_parallel.shard`
+instead: every parameter replicated, the batch split over `data=8`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RULES = HERE / "rules"
+REPO = HERE.parent
+LEARNING_RATE = 0.1
+VOCAB, BATCH, SEQ = 256, 16, 32
+
+
+class Unavailable(Exception):
+    """A model whose library is not installed (or cannot run here): the reason."""
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    step: Callable[[Any, Any], tuple[Any, Any]]
+    params: Any
+    batch: dict[str, np.ndarray]
+    rules: Path
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    library: str = ""  # the library and version it comes from, for the report
+
+    @property
+    def mesh_text(self) -> str:
+        return ", ".join(f"{a}={n}" for a, n in zip(self.axes, self.shape, strict=True))
+
+
+def _require(module: str, what: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise Unavailable(f"{what} is not installed ({err})") from None
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"{distribution} {version(distribution)}"
+    except PackageNotFoundError:
+        return distribution
+
+
+def tokens(seed: int = 0, batch: int = BATCH, seq: int = SEQ, vocab: int = VOCAB) -> np.ndarray:
+    """`(batch, seq + 1)` random token ids: inputs and next-token targets."""
+    return np.random.default_rng(seed).integers(0, vocab, (batch, seq + 1)).astype(np.int32)
+
+
+def cross_entropy(logits: Any, targets: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+
+
+def sgd(loss_fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """The train step of `loss_fn(params, batch)`: its value and gradient, then SGD."""
+    import jax
+
+    def step(params: Any, batch: Any) -> tuple[Any, Any]:
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads), loss
+
+    return step
+
+
+def _data_parallel(model: Model, data_parallel: bool) -> Model:
+    if not data_parallel:
+        return model
+    return Model(
+        model.name,
+        model.step,
+        model.params,
+        model.batch,
+        RULES / "data_parallel.shard",
+        (8,),
+        ("data",),
+        model.library,
+    )
+
+
+# --- examples/transformer ---------------------------------------------------------------------------
+
+
+def transformer(data_parallel: bool = False) -> Model:
+    sys.path.insert(0, str(REPO / "examples" / "transformer"))
+    try:
+        example = importlib.import_module("train")
+    finally:
+        sys.path.pop(0)
+    rng = np.random.default_rng(0)
+    params = example.init_params(rng)
+    seq = tokens(1, example.BATCH, example.SEQ, example.VOCAB)
+    batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+    model = Model(
+        "transformer", example.train_step, params, batch, example.RULES, (4, 2), ("fsdp", "model"), "example"
+    )
+    return _data_parallel(model, data_parallel)
+
+
+# --- Flax NNX: grouped-query attention and a mixture of experts ---------------------------------------
+
+
+def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
+    """A decoder of `layers` blocks, each GQA (4 query heads sharing 2 key/value
+    heads) and an 8-expert top-2 MoE, on a `data=4, model=2` mesh."""
+    nnx = _require("flax.nnx", "flax")
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    d, heads, kv_heads, head_dim, experts, hidden, top, capacity = 64, 4, 2, 16, 8, 128, 2, 8
+    init = nnx.initializers.lecun_normal()
+
+    class Attention(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.q = nnx.Linear(d, heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.k = nnx.Linear(d, kv_heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.v = nnx.Linear(d, kv_heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.o = nnx.Linear(heads * head_dim, d, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            groups = heads // kv_heads
+            q = self.q(x).reshape(b, t, kv_heads, groups, head_dim)
+            k = self.k(x).reshape(b, t, kv_heads, head_dim)
+            v = self.v(x).reshape(b, t, kv_heads, head_dim)
+            scores = jnp.einsum("btkgh,bskh->bkgts", q, k) / np.sqrt(head_dim)
+            scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+            out = jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(scores, axis=-1), v)
+            return self.o(out.reshape(b, t, heads * head_dim))
+
+    class MoE(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.router = nnx.Linear(d, experts, use_bias=False, kernel_init=init, rngs=rngs)
+            self.w_in = nnx.Param(init(rngs.params(), (experts, d, hidden)))
+            self.w_out = nnx.Param(init(rngs.params(), (experts, hidden, d)))
+
+        def __call__(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            probs = jax.nn.softmax(self.router(x), axis=-1)  # (b, t, experts)
+            weight, chosen = lax.top_k(probs, top)  # (b, t, top)
+            mask = jax.nn.one_hot(chosen, experts)  # (b, t, top, experts)
+            # each row of the batch is a group: its tokens fill each expert's buffer in order
+            flat = mask.reshape(b, t * top, experts)
+            slot = (jnp.cumsum(flat, axis=1) - 1.0).reshape(b, t, top, experts)
+            mask = mask * (slot < capacity)
+            where = jax.nn.one_hot(jnp.sum(slot * mask, axis=2).astype(jnp.int32), capacity)
+            dispatch = jnp.sum(mask, axis=2)[..., None] * where  # (b, t, experts, capacity)
+            combine = jnp.sum(mask * weight[..., None], axis=2)[..., None] * where
+            routed = jnp.einsum("btec,btd->becd", dispatch, x)
+            h = jax.nn.gelu(jnp.einsum("becd,edf->becf", routed, self.w_in[...]))
+            out = jnp.einsum("becf,efd->becd", h, self.w_out[...])
+            return jnp.einsum("btec,becd->btd", combine, out)
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
+            self.attn = Attention(rngs)
+            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
+            self.moe = MoE(rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = x + self.attn(self.norm1(x))
+            return x + self.moe(self.norm2(x))
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.embed = nnx.Embed(VOCAB, d, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(layers)])
+            self.norm = nnx.RMSNorm(d, rngs=rngs)
+
+        def __call__(self, ids: Any) -> Any:
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.embed.attend(self.norm(x))
+
+    graphdef, state = nnx.split(Decoder(nnx.Rngs(0)))
+    params = jax.device_get(state)
+
+    def step(state: Any, batch: dict) -> tuple[Any, Any]:
+        model = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> Any:
+            return cross_entropy(model(batch["tokens"]), batch["targets"])
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
+
+    seq = tokens(2)
+    batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+    model = Model(
+        "nnx gqa+moe",
+        step,
+        params,
+        batch,
+        RULES / "nnx_moe.shard",
+        (4, 2),
+        ("data", "model"),
+        _version("flax"),
+    )
+    return _data_parallel(model, data_parallel)
+
+
+# --- keras-hub -------------------------------------------------------------------------------------------
+
+
+def keras_gemma(data_parallel: bool = False, layers: int = 2) -> Model:
+    """keras-hub's `GemmaBackbone` (4 query heads, 2 key/value heads), its logits
+    from the tied embedding, trained through `stateless_call`."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    keras = _require("keras", "keras")
+    if keras.backend.backend() != "jax":
+        raise Unavailable(
+            f"keras runs on the {keras.backend.backend()} backend here (KERAS_BACKEND=jax needed)"
+        )
+    keras_hub = _require("keras_hub", "keras-hub")
+    import jax.numpy as jnp
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=VOCAB,
+        num_layers=layers,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        hidden_dim=64,
+        intermediate_dim=256,
+        head_dim=16,
+        dropout=0.0,
+    )
+    if backbone.non_trainable_variables:
+        raise Unavailable("this GemmaBackbone has non-trainable variables; the step assumes none")
+    names = [v.path for v in backbone.trainable_variables]
+    params = {v.path: np.asarray(v.value) for v in backbone.trainable_variables}
+
+    def loss_fn(p: dict, batch: dict) -> Any:
+        inputs = {"token_ids": batch["token_ids"], "padding_mask": batch["padding_mask"]}
+        hidden, _ = backbone.stateless_call([p[n] for n in names], [], inputs)
+        return cross_entropy(hidden @ jnp.transpose(p["token_embedding/embeddings"]), batch["targets"])
+
+    seq = tokens(3)
+    batch = {
+        "token_ids": seq[:, :-1],
+        "padding_mask": np.ones((BATCH, SEQ), np.int32),
+        "targets": seq[:, 1:],
+    }
+    model = Model(
+        "keras-hub Gemma",
+        sgd(loss_fn),
+        params,
+        batch,
+        RULES / "keras_gemma.shard",
+        (4, 2),
+        ("fsdp", "model"),
+        _version("keras-hub"),
+    )
+    return _data_parallel(model, data_parallel)
+
+
+# --- recurrentgemma --------------------------------------------------------------------------------------
+
+
+def griffin(attention: bool = True) -> Model:
+    """recurrentgemma's Griffin: a recurrent (RG-LRU) block and (with `attention`)
+    a local-attention block, with the library's default gradient checkpointing."""
+    rg = _require("recurrentgemma.jax", "recurrentgemma")
+    import jax
+    import jax.numpy as jnp
+
+    blocks = (rg.TemporalBlockType.RECURRENT,) + ((rg.TemporalBlockType.ATTENTION,) if attention else ())
+    config = rg.GriffinConfig(
+        vocab_size=VOCAB,
+        width=64,
+        mlp_expanded_width=128,
+        num_heads=4,
+        block_types=blocks,
+        embeddings_scale_by_sqrt_dim=True,
+        attention_window_size=16,
+        logits_soft_cap=30.0,
+        lru_width=64,
+        scan_type=rg.ScanType.LINEAR_NATIVE,
+    )
+    network = rg.Griffin(config)
+    seq = tokens(4)
+    positions = np.broadcast_to(np.arange(SEQ, dtype=np.int32), (BATCH, SEQ)).copy()
+    batch = {"tokens": seq[:, :-1], "segment_pos": positions, "targets": seq[:, 1:]}
+    variables = jax.jit(network.init)(jax.random.key(0), jnp.asarray(batch["tokens"]), jnp.asarray(positions))
+    params = jax.device_get(variables["params"])
+
+    def loss_fn(p: Any, batch: dict) -> Any:
+        logits, _ = network.apply({"params": p}, batch["tokens"], batch["segment_pos"], return_cache=False)
+        return cross_entropy(logits, batch["targets"])
+
+    return Model(
+        "recurrentgemma Griffin",
+        sgd(loss_fn),
+        params,
+        batch,
+        RULES / "griffin.shard",
+        (4, 2),
+        ("fsdp", "model"),
+        _version("recurrentgemma"),
+    )
+
+
+# --- penzai ----------------------------------------------------------------------------------------------
+
+
+def penzai_llamalike() -> Model:
+    """penzai's llamalike transformer (2 key/value head groups of 2 query heads,
+    SwiGLU), its parameters a dict from penzai label to named array."""
+    _require("penzai", "penzai")
+    import jax
+    from penzai import pz
+    from penzai.models.transformer.variants import llamalike_common
+
+    config = llamalike_common.LlamalikeTransformerConfig(
+        num_kv_heads=2,
+        query_head_multiplier=2,
+        embedding_dim=64,
+        projection_dim=16,
+        mlp_hidden_dim=128,
+        num_decoder_blocks=2,
+        vocab_size=VOCAB,
+        mlp_variant="swiglu",
+        tie_embedder_and_logits=False,
+    )
+    network = llamalike_common.build_llamalike_transformer(config, init_base_rng=jax.random.key(0))
+    unbound, frozen = pz.unbind_params(network, freeze=True)
+    params = jax.device_get({p.label: p.value for p in frozen})
+
+    def loss_fn(p: dict, batch: dict) -> Any:
+        bound = pz.bind_variables(unbound, [pz.ParameterValue(label=k, value=v) for k, v in p.items()])
+        logits = bound(pz.nx.wrap(batch["tokens"]).tag("batch", "seq"))
+        return cross_entropy(logits.unwrap("batch", "seq", "vocabulary"), batch["targets"])
+
+    seq = tokens(5)
+    batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+    return Model(
+        "penzai llamalike",
+        sgd(loss_fn),
+        params,
+        batch,
+        RULES / "penzai_llamalike.shard",
+        (4, 2),
+        ("fsdp", "model"),
+        _version("penzai"),
+    )

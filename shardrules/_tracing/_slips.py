@@ -1,0 +1,142 @@
+"""Slips in how `shardrules.jit` is called, said where they are made.
+
+An argument planned with the wrong group (in and out groups swapped, the
+optimizer state given the batch's group) fails with SR105 for leaves no rule
+of that group matches. The finding alone names the group and the leaves but
+not the call: here it is made to name the argument (or output) and the
+direction, and to suggest the group whose rules do match those paths, rather
+than a `default` rule that would hide the mistake.
+
+An argument given no group (`None`: JAX decides its layout) whose arrays the
+rules of a group would shard is warned about (SR212): the usual cause is an
+optimizer state left out of `in_groups`, which then stays as it was placed
+(often replicated) and comes back so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._errors import Diagnostic, PlanError, ShardRulesWarning, error_for
+from .._language._rules import RuleSet
+from .._planning._compile import compile_plan
+
+
+def where(what: str, index: int, name: str = "") -> str:
+    """How an argument or output is named in a message: `in_groups[1]
+    (argument `opt_state`)`, `out_groups[0] (output 0)`."""
+    if what == "in_groups":
+        return f"in_groups[{index}] (argument `{name}`)" if name else f"in_groups[{index}] (argument {index})"
+    return f"out_groups[{index}] (output {index})" if index >= 0 else "out_groups (the output)"
+
+
+def _fitting_groups(tree: Any, rules: RuleSet, mesh: Any, tried: str | None) -> list[str]:
+    """The groups (other than `tried` and `activations`) whose rules match
+    every array leaf of `tree`, those that match with patterns first."""
+    found: list[tuple[int, str]] = []
+    for group in rules.group_names:
+        if group in (tried, "activations"):
+            continue
+        try:
+            plan = compile_plan(tree, rules, mesh, group)
+        except Exception:  # a group that cannot plan this tree (rank mismatch, ...) does not fit it
+            continue
+        if any(d.code == "SR105" for d in plan.errors):
+            continue
+        by_default = sum(lp.why == "default" for lp in plan.leaves)
+        found.append((by_default, group))
+    return [g for _, g in sorted(found)]
+
+
+def planned(
+    plan: Callable[[Any, str], Any],
+    rules: RuleSet,
+    mesh: Any,
+    what: str,
+    index: int,
+    name: str = "",
+) -> Callable[[Any, str], Any]:
+    """`plan`, with SR105 (leaves the group's rules do not match) re-raised
+    naming the argument or output and the group whose rules do match."""
+
+    def run(tree: Any, group: str) -> Any:
+        try:
+            return plan(tree, group)
+        except PlanError as err:
+            if not any(d.code == "SR105" for d in err.diagnostics):
+                raise
+            fitting = _fitting_groups(tree, rules, mesh, group)
+            raise error_for(
+                [_placed(d, what, index, name, group, fitting) for d in err.diagnostics], rules.sources
+            ) from None
+
+    return run
+
+
+def _placed(
+    d: Diagnostic, what: str, index: int, name: str, group: str, fitting: Sequence[str]
+) -> Diagnostic:
+    if d.code != "SR105":
+        return d
+    place = where(what, index, name)
+    if fitting:
+        other = fitting[0]
+        hint = (
+            f"{place} is `{group!r}`, but the rules of group `{other}` match all of its arrays: "
+            f"did you mean `{other!r}` there (in_groups and out_groups swapped, or the arguments "
+            "in another order)?"
+        )
+    else:
+        hint = (
+            f"check that {place} is the group meant for it; if it is, add rules for these paths under "
+            f"`rules {group}:` (`shardrules explain` lists the paths)"
+        )
+    return dataclasses.replace(d, message=f"{place}: {d.message}", hint=hint)
+
+
+def warn_ungrouped(
+    args: Sequence[Any], groups: Sequence[Any], names: Sequence[str], rules: RuleSet, mesh: Any
+) -> None:
+    """SR212 (a `ShardRulesWarning`): an argument given group `None` whose
+    array leaves (every one with a dimension) the pattern rules of one group
+    all match, and which that group would shard."""
+    for i, (arg, group) in enumerate(zip(args, groups, strict=False)):
+        if group is not None:
+            continue
+        arrays = [x for x in jax.tree.leaves(arg) if np.ndim(x) >= 1 and hasattr(x, "dtype")]
+        if not arrays or (len(arrays) == 1 and arrays[0] is arg):
+            continue  # a lone array has no path for rules to match
+        for other in rules.group_names:
+            if other == "activations":
+                continue
+            try:
+                plan = compile_plan(arg, rules, mesh, other)
+            except Exception:  # a group that cannot plan this tree says nothing about it
+                continue
+            leaves = [lp for lp in plan.leaves if lp.is_array and lp.shape]
+            if plan.errors or not leaves or any(lp.why != "rule" for lp in leaves):
+                continue
+            sharded = [lp for lp in leaves if lp.spec is not None and any(e is not None for e in lp.spec)]
+            if not sharded:
+                continue
+            place = where("in_groups", i, names[i] if i < len(names) else "")
+            first = sharded[0]
+            diag = Diagnostic(
+                "SR212",
+                "warning",
+                f"{place} has no group (None: it keeps the layout it comes with), but the rules of group "
+                f"`{other}` match all {len(leaves)} of its arrays and shard {len(sharded)} of them "
+                f"(`{first.path}` {first.shape} would be {first.spec})",
+                first.rule.span if first.rule is not None else None,
+                first.path,
+                f"give it that group (`{other!r}` in in_groups) to lay it out as the rules say; "
+                "keep None only where its layout is meant to come from elsewhere",
+            )
+            warnings.warn(ShardRulesWarning(diag, rules.sources), stacklevel=4)
+            break
