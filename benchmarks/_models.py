@@ -17,6 +17,11 @@ JAX: no sharding in them. A builder whose library is not installed raises
   local-attention block.
 - `penzai_llamalike`: penzai's llamalike transformer, its parameters keyed by
   their penzai labels.
+- `maxtext_llama`: MaxText's llama2 decoder built from MaxText's own `base.yml`;
+  on Explicit axes with `shard_mode: explicit`, where MaxText's layers reshard
+  their activations and give their contractions `out_sharding`s themselves.
+  Its layers name the mesh they run on, so its step is made for each mesh
+  (`Model.step_on`).
 
 `data_parallel=True` (where a builder takes it) uses `rules/data_parallel.shard`
 instead: every parameter replicated, the batch split over `data=8`.
@@ -55,10 +60,20 @@ class Model:
     shape: tuple[int, ...]
     axes: tuple[str, ...]
     library: str = ""  # the library and version it comes from, for the report
+    # For a model whose code names the mesh it runs on (MaxText's layers make their
+    # `NamedSharding`s from it): the train step for a mesh, `None` meaning one device.
+    bind: Callable[[Any], Callable[[Any, Any], tuple[Any, Any]]] | None = None
+    # The parameters' layouts (a PartitionSpec pytree) on this mesh as the library
+    # itself gives them, where it has its own (MaxText's logical axis rules).
+    native_specs: Any = None
 
     @property
     def mesh_text(self) -> str:
         return ", ".join(f"{a}={n}" for a, n in zip(self.axes, self.shape, strict=True))
+
+    def step_on(self, mesh: Any = None) -> Callable[[Any, Any], tuple[Any, Any]]:
+        """The train step to run on `mesh` (`None`: on one device)."""
+        return self.step if self.bind is None else self.bind(mesh)
 
 
 def _require(module: str, what: str) -> Any:
@@ -383,4 +398,154 @@ def penzai_llamalike() -> Model:
         (4, 2),
         ("fsdp", "model"),
         _version("penzai"),
+    )
+
+
+# --- MaxText ---------------------------------------------------------------------------------------------
+
+
+def maxtext_llama(layers: int = 2, iota_embed: bool = False) -> Model:
+    """MaxText's llama2 decoder (Flax Linen, scanned layers, full remat: MaxText's
+    defaults) built from MaxText's own `base.yml`: 4 heads of 16, MLP 128,
+    vocabulary 256, a batch of 8 sequences of 16 tokens, on a `fsdp=4, tensor=2`
+    mesh named as MaxText names its axes, with MaxText's logical axis rules.
+
+    The step for a mesh with Explicit axes builds the model with
+    `shard_mode: explicit`: MaxText's layers then call `jax.sharding.reshard` on
+    their activations and give their contractions `out_sharding=` themselves.
+    On a mesh with Auto axes the model has `shard_mode: auto`
+    (`with_sharding_constraint`); on one device, the same on a one-device mesh.
+
+    `iota_embed` sets MaxText's `use_iota_embed`: the token embedding is a one-hot
+    matmul with an `out_sharding` rather than MaxText's default gather,
+    `embedding.at[tokens].get(out_sharding=...)` (which runs under `auto_axes`,
+    its gradient too).
+
+    Installing MaxText (tested with maxtext 0.2.3, JAX 0.10.2, flax 0.12.8, Python
+    3.11): it declares Python 3.12+ and, in its extras, a whole training stack;
+    0.2.4 and later use Python 3.12 syntax, and 0.2.5 wants JAX 0.11.1+. After
+    `pip install -e ".[test,models]"`:
+
+        pip install --no-deps --ignore-requires-python maxtext==0.2.3
+        pip install omegaconf qwix pathwaysutils aqtp tokamax==0.0.12 grain pillow transformers tiktoken
+
+    (constrained to the installed jax, jaxlib, flax, numpy and optax; no TensorFlow).
+    """
+    try:
+        pyconfig = importlib.import_module("maxtext.configs.pyconfig")
+        creation = importlib.import_module("maxtext.utils.model_creation_utils")
+        mt_sharding = importlib.import_module("maxtext.utils.sharding")
+        max_utils = importlib.import_module("maxtext.utils.max_utils")
+    except (ImportError, SyntaxError) as err:  # SyntaxError: a release written for Python 3.12+
+        raise Unavailable(f"maxtext cannot be imported ({type(err).__name__}: {err})") from None
+    import jax
+    from flax import linen as nn
+    from jax.sharding import AbstractMesh, AxisType, Mesh
+
+    shape, axes = (4, 2), ("fsdp", "tensor")
+    batch_size, seq = 8, 16
+    overrides = {
+        "run_name": "shardrules",
+        "enable_checkpointing": False,
+        "log_config": False,
+        "jax_cache_dir": "",  # MaxText turns JAX's persistent compilation cache on otherwise
+        "hardware": "cpu",
+        "skip_jax_distributed_system": True,
+        "dataset_type": "synthetic",
+        "decoder_block": "llama2",
+        "base_num_decoder_layers": layers,
+        "base_emb_dim": 64,
+        "base_num_query_heads": 4,
+        "base_num_kv_heads": 4,
+        "head_dim": 16,
+        "base_mlp_dim": 128,
+        "vocab_size": VOCAB,
+        "max_target_length": seq,
+        "max_prefill_predict_length": 4,
+        "per_device_batch_size": 1.0,
+        "attention": "dot_product",
+        "dtype": "float32",
+        "weight_dtype": "float32",
+        "matmul_precision": "highest",
+        "enable_dropout": False,
+        "use_iota_embed": iota_embed,
+        "mesh_axes": list(axes),
+        "data_sharding": [list(axes)],
+        "ici_fsdp_parallelism": shape[0],
+        "ici_tensor_parallelism": shape[1],
+    }
+    base = str(Path(pyconfig.__file__).with_name("base.yml"))
+    configs: dict[str, Any] = {}
+
+    def config(shard_mode: str) -> Any:
+        if shard_mode not in configs:
+            configs[shard_mode] = pyconfig.initialize(["maxtext", base], shard_mode=shard_mode, **overrides)
+        return configs[shard_mode]
+
+    def one_device() -> Any:
+        devices = np.asarray(jax.devices()[:1]).reshape((1,) * len(axes))
+        return Mesh(devices, axes, axis_types=(AxisType.Auto,) * len(axes))
+
+    seq_ids = tokens(6, batch_size, seq)
+    batch = {
+        "inputs": seq_ids[:, :-1],
+        "inputs_position": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch_size, seq)).copy(),
+        "inputs_segmentation": np.ones((batch_size, seq), np.int32),
+        "targets": seq_ids[:, 1:],
+    }
+
+    def network(mesh: Any) -> tuple[Any, Any]:
+        explicit = all(t == AxisType.Explicit for t in mesh.axis_types)
+        cfg = config("explicit" if explicit else "auto")
+        return creation.from_config(cfg, mesh=mesh), cfg
+
+    def bind(mesh: Any) -> Callable[[Any, Any], tuple[Any, Any]]:
+        model, cfg = network(one_device() if mesh is None else mesh)
+
+        def loss_fn(p: Any, batch: dict) -> Any:
+            # MaxText maps its layers' logical axis names to mesh axes under these rules
+            with nn.logical_axis_rules(cfg.logical_axis_rules):
+                logits = model.apply(
+                    {"params": p},
+                    batch["inputs"],
+                    batch["inputs_position"],
+                    batch["inputs_segmentation"],
+                    enable_dropout=False,
+                )
+            # MaxText's own loss: one-hot targets (a gather from logits it has laid out would
+            # need an `out_sharding` on Explicit axes), its custom-gradient cross-entropy
+            targets = jax.nn.one_hot(batch["targets"], cfg.vocab_size)
+            xent, _ = max_utils.cross_entropy_with_logits(logits, targets, z_loss=0.0)
+            return xent.mean()
+
+        return sgd(loss_fn)
+
+    model, cfg = network(one_device())
+    with nn.logical_axis_rules(cfg.logical_axis_rules):
+        variables = jax.jit(
+            lambda key: model.init(
+                {"params": key, "dropout": key},
+                batch["inputs"],
+                batch["inputs_position"],
+                batch["inputs_segmentation"],
+                enable_dropout=False,
+            )
+        )(jax.random.key(0))
+    boxed = variables["params"]
+    params = jax.device_get(nn.meta.unbox(boxed))
+    native = mt_sharding.logical_to_mesh(
+        nn.get_partition_spec(boxed), AbstractMesh(shape, axes), rules=cfg.logical_axis_rules
+    )
+    explicit_mesh = jax.make_mesh(shape, axes, axis_types=(AxisType.Explicit,) * len(axes))
+    return Model(
+        "MaxText llama2",
+        bind(explicit_mesh),
+        params,
+        batch,
+        RULES / "maxtext_llama.shard",
+        shape,
+        axes,
+        _version("maxtext"),
+        bind=bind,
+        native_specs=native,
     )

@@ -45,17 +45,24 @@ from ._planning._layouts import specs as specs
 from ._planning._plan import LeafPlan as LeafPlan
 from ._planning._plan import Plan as Plan
 from ._planning._shapes import load_shapes as load_shapes
+from ._tracing._compare import Comparison as Comparison
+from ._tracing._compare import LeafDifference as LeafDifference
 from ._tracing._constrain import auto_constrain as auto_constrain
 from ._tracing._constrain import constrain as constrain
+from ._tracing._cost import Collective as Collective
+from ._tracing._cost import StepCost as StepCost
 from ._tracing._jit import jit as jit
 from ._tracing._shard_map import shard_map as shard_map
 from ._version import __version__ as __version__
 
 __all__ = [
+    "Collective",
+    "Comparison",
     "Conversion",
     "Diagnostic",
     "GroupNotFoundError",
     "IncludeNotFoundError",
+    "LeafDifference",
     "LeafPlan",
     "MeshError",
     "PlacementError",
@@ -69,6 +76,7 @@ __all__ = [
     "ShardRulesError",
     "ShardRulesWarning",
     "Span",
+    "StepCost",
     "TreeError",
     "apply",
     "assert_plan_matches",

@@ -223,7 +223,9 @@ class ShardRulesWarning(ShardRulesError, UserWarning):
     leaf of the tree (SR201), more of the plan's bytes fully replicated than
     the tolerance allows (SR116), a layout that drops a mesh axis (SR210), an
     activation rule that matches no scope (SR211), an argument left without
-    a group that rules would shard (SR212). Python's warning filters control it; turned
+    a group that rules would shard (SR212), a leaf whose arrays the walker
+    cannot see (SR213), a positional spec against the tree's logical names
+    (SR214). Python's warning filters control it; turned
     into an error (`-W error`, `filterwarnings("error")`) it is caught by
     `except ShardRulesError` like any of ours. `code`, `diagnostics` and the
     rest are those of `ShardRulesError`.

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from typing import Any
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_ATTR = _MODULE
 
 
 def import_attr(spec: str, example: str, error: type[Exception], what: str = "attr") -> Any:
@@ -29,6 +33,10 @@ def import_attr(spec: str, example: str, error: type[Exception], what: str = "at
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise error(f"{spec!r}: write `module:{what}`, e.g. `{example}`")
+    if not _MODULE.fullmatch(module_name) or not _ATTR.fullmatch(attr):
+        raise error(
+            f"{spec!r}: {module_name!r} is not a module name; write `module:{what}`, e.g. `{example}`"
+        )
     added = os.getcwd() not in sys.path and "" not in sys.path
     if added:
         sys.path.insert(0, os.getcwd())
@@ -36,6 +44,10 @@ def import_attr(spec: str, example: str, error: type[Exception], what: str = "at
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
         raise error(f"{spec!r}: cannot import {module_name!r}: {err}") from None
+    except SystemExit as err:  # the module's own code exited on import
+        raise error(f"{spec!r}: importing it exited (SystemExit: {err.code!r})") from None
+    except Exception as err:  # the module's own code failed on import
+        raise error(f"{spec!r}: importing it raised {type(err).__name__}: {err}") from None
     finally:
         if added:
             sys.path.remove(os.getcwd())

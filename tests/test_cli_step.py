@@ -298,3 +298,60 @@ def test_lint_step_reports_an_axis_the_result_drops_sr210(project, capsys) -> No
     )
     assert "(32, 16) P('data', None)" in finding["message"]
     assert main(["lint", "tp.shard", "--step", f"{module}:slice_step", "--strict"]) == 1
+
+
+def test_explain_cost_prints_what_the_step_costs_each_device(project, capsys) -> None:
+    _, module = project
+    assert main(["explain", "tp.shard", "--step", f"{module}:check_step", "--cost"]) == 0
+    out = capsys.readouterr().out
+    cost = out[out.index("step cost:") :].splitlines()
+    assert cost[1].strip() == "devices: 8"
+    assert cost[2].strip().startswith("FLOPs per device:") and "x the ideal" in cost[2]
+    assert any(line.strip().startswith("all-reduce: ") for line in cost)
+    assert main(["explain", "tp.shard", "--cost"]) == 2  # no step to compile
+    assert "--cost needs a step" in capsys.readouterr().err
+
+
+def test_lint_fails_a_step_over_its_budgets_sr122_sr123(project, capsys) -> None:
+    folder, module = project
+    code, found = _lint_json(
+        capsys,
+        "tp.shard",
+        "--step",
+        f"{module}:check_step",
+        "--max-flops-ratio",
+        "1.0001",
+        "--max-peak-bytes",
+        "1KiB",
+    )
+    assert code == 1
+    (ratio,) = [f for f in found if f["code"] == "SR122"]
+    (peak,) = [f for f in found if f["code"] == "SR123"]
+    assert ratio["severity"] == "error" and "x the ideal FLOPs per device (at most 1.0001" in ratio["message"]
+    assert "all-reduce" in ratio["hint"]
+    assert "at most 1.0 KiB allowed by --max-peak-bytes" in peak["message"]
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:check_step", "--max-flops-ratio", "8")
+    assert code == 0 and not [f for f in found if f["code"] in ("SR122", "SR123")]
+    # the same budgets from [tool.shardrules], named as where they come from
+    (folder / "pyproject.toml").write_text(
+        f'[tool.shardrules]\nstep = "{module}:check_step"\nmax-flops-ratio = 1.0001\nmax-peak-bytes = "1KiB"\n'
+    )
+    code, found = _lint_json(capsys, "tp.shard")
+    assert code == 1 and {"SR122", "SR123"} <= {f["code"] for f in found}
+    assert "pyproject.toml" in next(f for f in found if f["code"] == "SR122")["message"]
+    assert main(["lint", "tp.shard", "--max-peak-bytes", "lots"]) == 2
+
+
+def test_a_mesh_bigger_than_the_machine_is_costed_on_simulated_devices(tmp_path: Path) -> None:
+    """256 devices on a machine with 2 cores: a fresh process starts JAX with
+    as many simulated CPU devices as the mesh needs."""
+    (tmp_path / "tp.shard").write_text(RULES)
+    (tmp_path / "big_steps.py").write_text(STEP)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "shardrules", "explain", "tp.shard", "--step", "big_steps:check_step",
+         "--mesh", "data=32,model=8", "--cost"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "  devices: 256" in done.stdout and "FLOPs per device" in done.stdout

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -432,7 +433,8 @@ def test_several_files_are_linted_together(tmp_path, capsys):
         (["lint", "r.shard", "--shapes", "weird.bin"], "cannot tell what kind"),
         (["lint", "r.shard", "--device-memory", "lots"], "--device-memory: not a size in bytes"),
         (["lint", "r.shard", "--replicated-threshold", "9XB"], "--replicated-threshold: not a size"),
-        (["explain", "r.shard", "--shapes", "s.json", "--path", "(("], "not a regular expression"),
+        (["explain", "r.shard", "--shapes", "s.json", "--path", "(("], "SR002 invalid regular expression"),
+        (["explain", "r.shard", "--shapes", "s.json", "--path", r"(a)\1"], "SR017 unsupported regular"),
     ],
 )
 def test_usage_errors_exit_2_without_traceback(tmp_path, monkeypatch, capsys, argv, fragment):
@@ -442,6 +444,28 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, monkeypatch, capsys, ar
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
     assert fragment in err and "Traceback" not in err
+
+
+def test_explain_path_is_searched_by_the_rule_patterns_engine(tmp_path, monkeypatch, capsys):
+    """`--path` is the user's own regex: a backtracking engine took over 20 s
+    for `^(a+)+$` on these paths; RE2 answers at once. It means what a rule
+    pattern means, and what a rule file may not use is refused alike (exit 2)."""
+    monkeypatch.chdir(tmp_path)
+    Path("r.shard").write_text("rules params:\n  default -> replicated\n")
+    paths = {"a" * n + "b": [[8], "float32"] for n in range(28, 36)} | {"a" * 30: [[8], "float32"]}
+    Path("s.json").write_text(json.dumps(paths))
+    start = time.perf_counter()
+    code, out, _ = run(
+        ["explain", "r.shard", "--mesh", "x=2", "--shapes", "s.json", "--path", "^(a+)+$"], capsys
+    )
+    assert time.perf_counter() - start < 10  # a hang guard: milliseconds
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("a")]
+    assert code == 0 and rows == ["a" * 30]
+    code, out, err = run(
+        ["explain", "r.shard", "--mesh", "x=2", "--shapes", "s.json", "--path", "b{,}$"], capsys
+    )
+    assert code == 2 and out == ""
+    assert "--path 'b{,}$': SR017 unsupported regular expression: `{,}`" in err and "write `*`" in err
 
 
 def test_explain_uses_rich_only_on_a_terminal(tmp_path, capsys):

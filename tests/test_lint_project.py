@@ -264,7 +264,7 @@ def test_unknown_keys_are_usage_errors_that_suggest_a_key(project, capsys):
     assert "unknown key `replicated_tolerance` in [tool.shardrules]" in err
     assert "did you mean `replicated-tolerance`?" in err
     assert (
-        "(known keys: device-memory, exclude, group, hosts, lint-included, mesh, replicated-threshold, "
+        "(known keys: device-memory, exclude, group, hosts, lint-included, max-flops-ratio, max-peak-bytes, mesh, replicated-threshold, "
         "replicated-tolerance, shapes, step, strict)"
     ) in err
     write("pyproject.toml", "[tool.shardrules]\nzzz = 1\n")

@@ -245,3 +245,24 @@ def test_flax_linen_names_method_calls_itself():
         step(params, tokens)
     (hint,) = [w.message.diagnostics[0].hint for w in caught if w.message.code == "SR211"]
     assert hint.startswith('did you mean "Lm/embedder.encode" or "Lm/embedder.decode"?')
+
+
+def test_a_step_traced_inside_a_step_names_its_calls_and_does_not_wait_for_itself():
+    import threading
+
+    inner = sr.jit(_loss, RULES, _mesh(), in_groups=(None, "inputs"))
+    outer = sr.jit(lambda m, x: inner(m, x) * 2, RULES, _mesh(), in_groups=(None, "inputs"))
+    model, found = Model(16, nnx.Rngs(0)), []
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sr.ShardRulesWarning)
+            found.append(float(outer(model, X)))
+            found.append([s.name for s in inner.scopes(model, X)])
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "the nested trace waited for the outer one"
+    assert found[0] == pytest.approx(2 * float(jax.jit(_loss)(model, X)), rel=1e-5)
+    assert [n for n in found[1] if n != "blocks"] == LAYERED

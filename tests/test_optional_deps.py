@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Top-level packages made unimportable in the subprocess.
-BLOCKED = ("flax", "optax", "equinox", "torch", "torchax", "orbax", "safetensors", "yaml")
+BLOCKED = ("flax", "optax", "equinox", "torch", "torchax", "orbax", "safetensors", "yaml", "penzai")
 
 # Every entry point that needs a framework: name -> (extra it needs, a statement
 # calling it). The statement runs after the preamble below (`sr`, `jax`, `jnp`,

@@ -36,6 +36,10 @@ REALISTIC = [
     r"(?P<name>attn)/o_proj",
     r"[a{,3}]",
     r"\{,3\}",
+    r"x\{,\}",
+    r"[{,}]",
+    r"[a[:x]",  # `[:` with no `:]` after it: a `[` and a `:` to both engines
+    r"[a\[:digit:]]",
 ]
 
 # Patterns that a backtracking engine takes exponential time on, and the paths
@@ -65,6 +69,10 @@ UNSUPPORTED = {
     r"kernel\Z": ("`\\Z`", "write `$`"),
     r"(?x) kernel  # the weights": ("verbose mode", "without spaces and comments"),
     r"x{,3}": ("`{,3}`, which RE2 reads as literal text", "write `{0,3}`"),
+    r"layers/{,}kernel": ("`{,}`, which RE2 reads as literal text", "write `*`"),  # Python: `/*`
+    r"x{,}?": ("`{,}`, which RE2 reads as literal text", "write `*`"),
+    r"[^[:alpha:]]": ("RE2 reads as a POSIX class", "rather than `[^[:alpha:]]`"),
+    r"[_[:digit:]]+": ("RE2 reads as a POSIX class", "write `\\[`"),
     r"[[:alpha:]]+": ("read differently", "`[a-z]` rather than `[[:lower:]]`"),
     r"\u00e9": ("the escape `\\u`", "write the character itself"),
     r"[\b]": ("the escape `\\b`", "`\\x08`"),
@@ -155,9 +163,12 @@ _ATOMS = st.sampled_from(
         r"\.",
         "é",
         "٣",
+        "[^[:alpha:]]",
+        "[a[:digit:]]",
+        "[a[:x]",
     ]
 )
-_SUFFIXES = st.sampled_from(["", "", "*", "+", "?", "{2}", "{1,3}", "{0,2}", "*?", "+?"])
+_SUFFIXES = st.sampled_from(["", "", "*", "+", "?", "{2}", "{1,3}", "{0,2}", "*?", "+?", "{,}", "{,2}"])
 
 
 @st.composite

@@ -343,3 +343,26 @@ def _all_eqns(jaxpr):
             inner = getattr(value, "jaxpr", None)
             if inner is not None:
                 yield from _all_eqns(getattr(inner, "jaxpr", inner) if not hasattr(inner, "eqns") else inner)
+
+
+def test_the_gradient_of_a_gather_that_states_its_layout():
+    """`.at[tokens].get(out_sharding=...)` (MaxText's embedding lookup) runs
+    under `auto_axes`; its gradient scatters into zeros the trace typed on the
+    Auto copy of the mesh, which must be made there too."""
+    mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 2)
+    rules = sr.loads('rules params:\n  "emb" -> (tensor, fsdp)\nrules inputs:\n  "tok" -> (fsdp, _)\n')
+
+    def loss(p, b):
+        return (p["emb"].at[b["tok"]].get(out_sharding=P("fsdp", None, None)) ** 2).sum()
+
+    emb = rng.standard_normal((256, 64)).astype(np.float32)
+    tok = rng.integers(0, 256, size=(8, 16)).astype(np.int32)
+    params = sr.apply({"emb": emb}, rules, mesh)
+    batch = sr.apply({"tok": tok}, rules, mesh, group="inputs")
+    value, grads = sr.jit(jax.value_and_grad(loss), rules, mesh, in_groups=("params", "inputs"))(
+        params, batch
+    )
+    with jax.set_mesh(mesh):  # the layout the model states names the mesh's axes
+        ref_value, ref_grads = jax.jit(jax.value_and_grad(loss))({"emb": emb}, {"tok": tok})
+    np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(grads["emb"]), np.asarray(ref_grads["emb"]), rtol=1e-5, atol=1e-5)

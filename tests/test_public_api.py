@@ -28,7 +28,7 @@ FUNCTIONS = [name for name in PUBLIC if inspect.isfunction(getattr(sr, name))]
 EXCEPTIONS = [name for name in CLASSES if issubclass(getattr(sr, name), BaseException)]
 
 # Optional integrations and heavy frameworks that `import shardrules` must not pull in.
-HEAVY = ("flax", "optax", "equinox", "torch", "torchax", "safetensors", "tensorflow", "yaml")
+HEAVY = ("flax", "optax", "equinox", "torch", "torchax", "safetensors", "tensorflow", "yaml", "penzai")
 
 MIN_DOC = 30  # characters: a sentence, not a placeholder
 

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
 
@@ -47,16 +48,19 @@ def _placed(model, rules, kind: AxisType):
         warnings.simplefilter("ignore", sr.ShardRulesWarning)
         params = sr.apply(model.params, rules, mesh)
         batch = sr.apply(model.batch, rules, mesh, group="inputs")
-    step = sr.jit(model.step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    step = sr.jit(
+        model.step_on(mesh), rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None)
+    )
     return step, params, batch
 
 
-def check_one_step(model) -> None:
+def check_one_step(model, vs_auto: bool = True):
     """One step on an 8-device Explicit mesh against `jax.jit` on one device:
     the same loss and new parameters, laid out as the rules say, no axis dropped
-    (SR210), and per-device FLOPs within `FLOPS_VS_AUTO` of the Auto mesh's."""
+    (SR210), and (with `vs_auto`) per-device FLOPs within `FLOPS_VS_AUTO` of the
+    Auto mesh's. Returns the Explicit step and its placed arguments."""
     rules = sr.load(model.rules)
-    ref_params, ref_loss = jax.jit(model.step)(model.params, model.batch)
+    ref_params, ref_loss = jax.jit(model.step_on(None))(model.params, model.batch)
 
     step, params, batch = _placed(model, rules, AxisType.Explicit)
     with warnings.catch_warnings(record=True) as caught:
@@ -74,6 +78,8 @@ def check_one_step(model) -> None:
     specs = [leaf.sharding.spec for leaf in jax.tree.leaves(params)]
     assert [leaf.sharding.spec for leaf in got] == specs
     assert any(entry is not None for spec in specs for entry in spec)  # really sharded
+    if not vs_auto:
+        return step, params, batch
 
     auto_step, auto_params, auto_batch = _placed(model, rules, AxisType.Auto)
     with warnings.catch_warnings():
@@ -81,6 +87,7 @@ def check_one_step(model) -> None:
         auto = _flops(auto_step.lower(auto_params, auto_batch).compile())
     explicit = _flops(compiled)
     assert explicit <= FLOPS_VS_AUTO * auto, (explicit, auto)
+    return step, params, batch
 
 
 def test_keras_hub_gemma_trains_under_sr_jit() -> None:
@@ -101,3 +108,60 @@ def test_recurrentgemma_griffin_trains_under_sr_jit() -> None:
 def test_penzai_llamalike_trains_under_sr_jit() -> None:
     pytest.importorskip("penzai", reason="penzai is not installed (pip install -e '.[models]')")
     check_one_step(models.penzai_llamalike())
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # flax's, from inside MaxText and qwix
+def test_maxtext_explicit_decoder_trains_under_sr_jit() -> None:
+    """MaxText's llama2 decoder with `shard_mode: explicit` (its layers reshard
+    their activations and give their contractions `out_sharding`s themselves)
+    trains one step under `sr.jit` on an Explicit mesh with MaxText's axis
+    names: the one-device loss and parameters, each parameter laid out as
+    MaxText's own logical axis rules lay it out, and the layouts MaxText's code
+    states kept and listed as the model's. (Its FLOPs against Auto axes, where
+    the model is built with `shard_mode: auto`, are the benchmark's.)"""
+    pytest.importorskip(
+        "maxtext",
+        reason="MaxText is not installed (how: `maxtext_llama` in benchmarks/_models.py)",
+    )
+    try:
+        model = models.maxtext_llama()
+    except models.Unavailable as why:
+        pytest.skip(str(why))
+    step, params, batch = check_one_step(model, vs_auto=False)
+    # the rule file gives each parameter the layout MaxText's logical axis rules give it
+    assert [leaf.sharding.spec for leaf in jax.tree.leaves(params)] == jax.tree.leaves(model.native_specs)
+
+    stated = [d for d in step.decisions(params, batch) if d.by == "model"]
+    assert stated, "no layout stated by MaxText's code was seen"
+    # e.g. MaxText's MLP gives its row-parallel output projection (a contraction over
+    # `tensor`, which JAX refuses on Explicit axes without one) its `out_sharding`
+    wo = [d for d in stated if d.primitive == "dot_general" and d.scope.endswith("mlp/wo")]
+    assert [d.spec for d in wo] == [P("fsdp", None, "tensor")], wo
+
+
+def test_keras_hub_scopes_are_the_layer_names_and_a_rule_that_misses_says_so() -> None:
+    """Keras names each layer call itself (`decoder_block_0/attention`), the same
+    names shardrules matches activation rules against; a rule written for
+    another framework's names (`attn$`) matches none and says which it meant."""
+    pytest.importorskip(
+        "keras_hub",
+        reason="keras-hub is not installed (pip install -e '.[models]' && pip install --no-deps keras-hub)",
+    )
+    model = models.keras_gemma()
+    text = Path(model.rules).read_text()
+    good = sr.loads(
+        text + 'rules activations:\n  "decoder_block_\\d+/attention$" -> (batch, _, _)\n', name="g.shard"
+    )
+    step, params, batch = _placed(model, good, AxisType.Explicit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sr.ShardRulesWarning)
+        scopes = step.scopes(params, batch)
+    attention = [s for s in scopes if s.name.endswith("attention") and s.rule is not None]
+    assert [s.name for s in attention] == ["decoder_block_0/attention", "decoder_block_1/attention"]
+    wrong = sr.loads(text + 'rules activations:\n  "attn$" -> (batch, _, _)\n', name="w.shard")
+    step, params, batch = _placed(model, wrong, AxisType.Explicit)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", sr.ShardRulesWarning)
+        step.lower(params, batch)
+    (found,) = [w.message for w in caught if getattr(w.message, "code", None) == "SR211"]
+    assert found.diagnostics[0].hint.startswith('did you mean "decoder_block_0/attention" or')

@@ -102,6 +102,12 @@ def _mesh(key: str, value: Any, where: str) -> dict[str, int]:
     )
 
 
+def _ratio(key: str, value: Any, where: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+        return float(value)
+    raise UsageError(f"{where}: must be a number above 0, e.g. 1.2, not {_toml(value)}")
+
+
 def _globs(key: str, value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
         raise UsageError(f'{where}: must be a list of strings, e.g. ["tests/data"], not {_toml(value)}')
@@ -114,6 +120,8 @@ KEYS: dict[str, Callable[[str, Any, str], Any]] = {
     "group": _string,
     "hosts": _hosts,
     "lint-included": _bool,
+    "max-flops-ratio": _ratio,
+    "max-peak-bytes": _size,
     "mesh": _mesh,
     "replicated-threshold": _size,
     "replicated-tolerance": _tolerance,
@@ -191,6 +199,8 @@ _OPTIONS = {
     "device-memory": "device_memory",
     "group": "group",
     "hosts": "hosts",
+    "max-flops-ratio": "max_flops_ratio",
+    "max-peak-bytes": "max_peak_bytes",
     "mesh": "mesh",
     "replicated-threshold": "replicated_threshold",
     "replicated-tolerance": "replicated_tolerance",

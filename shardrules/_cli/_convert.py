@@ -4,7 +4,10 @@ The work is `_convert`'s; this module reads the source the command line names
 (a file, `-` for standard input, or `module:attr`), writes the rule file (to
 `-o FILE` or standard output) and says on standard error what did not convert
 exactly. Exit 0: everything converted; 1: written, with notes; 2: the source
-could not be read or converted, or the command line is wrong.
+could not be read or converted (over the bounds of `_convert._documents`, or
+its Python code raised or exited), or the command line is wrong, always with
+a one-line message. Standard input is read like a source file: at most
+`MAX_SOURCE_BYTES`, UTF-8.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import argparse
 import sys
 from typing import Any
 
-from .._convert._common import Conversion, SourceError
+from .._convert._common import MAX_SOURCE_BYTES, Conversion, SourceError, one_line
+from .._convert._documents import parse_json, parse_yaml
 from .._convert._flax import convert_flax
-from .._convert._hf import convert_hf, parse_json
-from .._convert._maxtext import convert_maxtext, parse_yaml
+from .._convert._hf import convert_hf
+from .._convert._hf import from_document as hf_document
+from .._convert._maxtext import convert_maxtext
+from .._convert._maxtext import from_document as maxtext_document
 from .._convert._regex import convert_regex
 from ._lint import UsageError
 
@@ -57,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--axis is for the hf format, not {args.format}")
     try:
         conversion = _convert(args)
+    except UsageError:
+        raise
     except (SourceError, ValueError) as err:
         raise UsageError(str(err)) from None
     except FileNotFoundError:
@@ -65,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.source}: cannot read: {err.strerror or err}") from None
     except ImportError as err:
         raise UsageError(str(err)) from None
+    except (Exception, SystemExit) as err:
+        if args.format not in _PYTHON_SOURCES:
+            raise
+        # A module:attr source is Python objects: reading one runs its code (a sequence's
+        # __len__, a property), which may raise anything or exit.
+        what = f"SystemExit: {err.code!r}" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+        raise UsageError(f"{args.source}: reading it raised {one_line(what)[:300]}") from None
     if args.output in (None, "-"):
         sys.stdout.write(conversion.text)
         sys.stdout.flush()
@@ -75,8 +90,26 @@ def run(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UsageError(f"-o {args.output}: cannot write: {err.strerror or err}") from None
     for note in conversion.notes:
-        print(f"{conversion.source}: not converted exactly: {note}", file=sys.stderr)
+        print(f"{one_line(conversion.source)}: not converted exactly: {one_line(note)}", file=sys.stderr)
     return 0 if conversion.exact else 1
+
+
+_PYTHON_SOURCES = ("flax", "regex")
+"""The formats whose SOURCE is `module:attr`: Python objects, read by running their code."""
+
+
+def _stdin(what: str) -> str:
+    """Standard input as text, at most `MAX_SOURCE_BYTES` (as a source file)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    data = stream.read(MAX_SOURCE_BYTES + 1) if stream is not None else sys.stdin.read(MAX_SOURCE_BYTES + 1)
+    if len(data) > MAX_SOURCE_BYTES:
+        raise SourceError(f"<stdin>: larger than {MAX_SOURCE_BYTES >> 20} MiB; {what} is a small text file")
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SourceError(f"<stdin>: not UTF-8 text ({err.reason}); expected {what}") from None
 
 
 def _convert(args: argparse.Namespace) -> Conversion:
@@ -84,12 +117,14 @@ def _convert(args: argparse.Namespace) -> Conversion:
     stdin = source == "-"
     if args.format == "maxtext":
         if stdin:
-            return convert_maxtext(parse_yaml(sys.stdin.read(), "<stdin>"), source="<stdin>")
+            text = _stdin("a MaxText YAML config")
+            return maxtext_document(parse_yaml(text, "<stdin>"), "<stdin>")
         return convert_maxtext(source)
     if args.format == "hf":
         axis = args.axis or "model"
         if stdin:
-            return convert_hf(parse_json(sys.stdin.read(), "<stdin>"), axis=axis, source="<stdin>")
+            text = _stdin("a JSON tensor-parallel plan")
+            return hf_document(parse_json(text, "<stdin>"), axis, "<stdin>")
         return convert_hf(source, axis=axis)
     if stdin or ":" not in source:
         raise UsageError(f"{args.format}: SOURCE is module:attr, e.g. mymodel.sharding:RULES; got {source!r}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import re
 import stat
 import sys
 from collections.abc import Sequence
@@ -69,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _options.plan_options(lint)
     _options.step_option(lint, "warn about each layout no activation rule gives (SR208)")
+    _options.cost_options(lint, lint=True)
     lint.add_argument(
         "--strict",
         action=argparse.BooleanOptionalAction,
@@ -114,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("rules", metavar="RULES", help="the rule file (.shard)")
     _options.plan_options(explain)
     _options.step_option(explain, "show how each contraction's result layout is decided")
+    _options.cost_options(explain, lint=False)
     explain.add_argument("--path", metavar="REGEX", help="show only leaves whose path this regex matches")
     explain.add_argument(
         "--html", metavar="FILE", help="also write the plan as a self-contained HTML page to FILE"
@@ -296,6 +297,12 @@ def _lint_command(args: argparse.Namespace) -> int:
         raise _lint.UsageError(f"no rule files (*.shard) in {', '.join(args.rules)}")
     if args.statistics and args.format == "github":
         raise _lint.UsageError("--statistics prints a table (text) or a list (json), not GitHub annotations")
+    for option, flag in (("max_flops_ratio", "--max-flops-ratio"), ("max_peak_bytes", "--max-peak-bytes")):
+        if getattr(args, option) is not None and not args.step:
+            raise _lint.UsageError(
+                f"{_origin(args, option, flag)} is a budget for a step: give one to compile with "
+                "--step MODULE:FUNCTION (or `step` in [tool.shardrules])"
+            )
     inputs = _inputs(args)  # shapes are read once for all the files
     results = [_lint_one(path, args, inputs) for path in files]
     if args.statistics and args.format == "json":
@@ -317,25 +324,32 @@ def _lint_command(args: argparse.Namespace) -> int:
 def _explain_command(args: argparse.Namespace) -> int:
     if args.path:
         try:
-            re.compile(args.path)
-        except re.error as err:
-            raise _lint.UsageError(f"--path {args.path!r}: not a regular expression: {err}") from None
+            _render.path_matcher(args.path)  # searched as rule patterns are: by RE2, refused alike
+        except ValueError as err:
+            raise _lint.UsageError(f"--path {args.path!r}: {err}") from None
     _config.apply(args, _config.for_paths([args.rules]))
+    if args.cost and not args.step:
+        raise _lint.UsageError("--cost needs a step to compile: --step MODULE:FUNCTION")
     if not args.shapes and not args.step:
         raise _lint.UsageError(
             "give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules] "
             "(or a step to trace: --step MODULE:FUNCTION)"
         )
-    args.decisions = args.scopes = None
+    args.decisions = args.scopes = args.step_cost = None
     result = _lint_one(args.rules, args, _inputs(args))
     tables = []
     if args.scopes:
         tables.append((_step.scope_rows(args.scopes), _step.SCOPE_HEADER))
     if args.decisions:
         tables.append((_step.rows(args.decisions), _step.HEADER))
+    step_cost: Any = getattr(args, "step_cost", None)  # set by the step's trace, when asked for
     for i, (rows, header) in enumerate(tables):
         _render.write_table(rows, sys.stdout, _render.use_rich(sys.stdout), header)
-        if result.plan is not None or i < len(tables) - 1:
+        if result.plan is not None or i < len(tables) - 1 or step_cost is not None:
+            sys.stdout.write("\n")
+    if step_cost is not None:
+        sys.stdout.write("step cost:\n" + "".join(f"  {line}\n" for line in step_cost.lines()))
+        if result.plan is not None:
             sys.stdout.write("\n")
     if result.plan is not None:
         rows = _render.explain_rows(result.plan, args.path, args.hosts)
@@ -365,6 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except _lint.UsageError as err:
         print(f"shardrules {args.command}: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except (RecursionError, MemoryError) as err:  # an input deeper or larger than its reader expected
+        what = "nested too deeply to read" if isinstance(err, RecursionError) else "too large: out of memory"
+        print(f"shardrules {args.command}: an input is {what}; check the files named", file=sys.stderr)
         return EXIT_USAGE
 
 

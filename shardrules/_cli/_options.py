@@ -77,3 +77,39 @@ def step_option(parser: argparse.ArgumentParser, what: str) -> None:
         "the mesh has the --mesh or mesh-line sizes, the axis types the mesh line states "
         "(Explicit where it states none), and simulated CPU devices",
     )
+
+
+def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
+    """`--cost` (explain), or the budgets `--max-flops-ratio` and `--max-peak-bytes` (lint), of a `--step`."""
+    if not lint:
+        parser.add_argument(
+            "--cost",
+            action="store_true",
+            help="with --step: compile the step for the mesh (simulated devices) and print what it costs "
+            "each device: FLOPs against the one-device ideal, bytes, peak memory, collectives",
+        )
+        return
+    parser.add_argument(
+        "--max-flops-ratio",
+        type=_positive_float,
+        metavar="X",
+        default=None,
+        help="with --step: fail (SR122) when each device runs more than X times its share of the "
+        "one-device step's FLOPs, e.g. 1.2",
+    )
+    parser.add_argument(
+        "--max-peak-bytes",
+        metavar="SIZE",
+        default=None,
+        help="with --step: fail (SR123) when a device holds more than SIZE at once, e.g. 16GiB",
+    )
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number above 0, e.g. 1.2")
+    return value

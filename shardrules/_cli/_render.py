@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 from .._errors import EXAMPLES, Diagnostic, group
+from .._language import _regex
+from .._language._build import pattern_problem
 from .._planning._hosts import host_bytes, leaf_host_bytes
 from .._planning._mesh import axis_types_text
 from .._planning._picture import text_picture
@@ -137,16 +138,32 @@ def write_github(results: Sequence[Result], out: TextIO, *, all_leaves: bool = F
 # ------------------------------------------------------------------ explain
 
 
+def path_matcher(path_filter: str | None) -> Callable[[str], bool]:
+    """Whether a leaf's path is shown under `explain --path path_filter`:
+    the pattern searched in the path as rule patterns are, by RE2 (linear
+    time whatever the pattern); every path when there is no filter.
+
+    **Raises:** `ValueError` with the SR002/SR017 message a rule file would
+    get for the pattern."""
+    if not path_filter:
+        return lambda path: True
+    _, problem = pattern_problem(path_filter)
+    if problem is not None:
+        raise ValueError(f"{problem.code} {problem.message}\n  hint: {problem.hint}")
+    search = _regex.searcher(path_filter)
+    return lambda path: search(_regex.path_bytes(path)) is not None
+
+
 def explain_rows(
     plan: Plan, path_filter: str | None = None, hosts: int | None = None
 ) -> list[tuple[str, ...]]:
     """path, shape, dtype, rule, spec, bytes per device (and, given `hosts`,
     the distinct bytes per host), for each array leaf."""
-    search = re.compile(path_filter).search if path_filter else None
+    shows = path_matcher(path_filter)
     sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
     rows = []
     for leaf in plan.leaves:
-        if not leaf.is_array or (search is not None and search(leaf.path) is None):
+        if not leaf.is_array or not shows(leaf.path):
             continue
         rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
         rows.append(
@@ -224,14 +241,11 @@ def pictures(plan: Plan, path_filter: str | None = None, top: int = 3) -> list[s
     (`path_filter`), under a line saying how to read them; `[]` when there
     is nothing to draw."""
     sizes = dict(plan.mesh) if isinstance(plan.mesh, Mapping) else {}
-    search = re.compile(path_filter).search if path_filter else None
+    shows = path_matcher(path_filter)
     shown = [
         leaf
         for leaf in plan.leaves
-        if leaf.is_array
-        and leaf.spec is not None
-        and leaf.shape
-        and (search is None or search(leaf.path) is not None)
+        if leaf.is_array and leaf.spec is not None and leaf.shape and shows(leaf.path)
     ]
     largest = sorted(shown, key=lambda leaf: -leaf.nbytes)[:top]
     if not largest or not sizes:

@@ -27,6 +27,7 @@ from .._errors import Diagnostic, ShardRulesError, ShardRulesWarning
 from .._language._rules import RuleSet
 from .._planning._plan import spec_str
 from .._planning._shapes import ShapeSourceError, import_callable
+from . import _budget
 from ._lint import UsageError
 
 _EXAMPLE = "train:check_step"
@@ -71,9 +72,10 @@ def step_mesh(rules: RuleSet, sizes: Mapping[str, int]) -> Any:
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
 
 
-def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> Any:
-    """One trace of the step `spec` names, for `rules` on a mesh of `sizes`:
-    its `Traced` (decisions, scope outputs, activation rules matching none).
+def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[Any, tuple[Any, ...], Any]:
+    """The step `spec` names, for `rules` on a mesh of `sizes`, its example
+    arguments, and one trace of it: its `Traced` (decisions, scope outputs,
+    activation rules matching none).
 
     **Raises:** `UsageError` for a step that cannot be imported, called or
     traced; `ShardRulesError` from the rules (SR117, SR103, ...)."""
@@ -92,7 +94,7 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> Any:
         made = factory(rules, mesh)
     except ShardRulesError:
         raise
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         raise UsageError(
             f"--step {spec}: calling it with (rules, mesh) raised {type(err).__name__}: {err}"
         ) from None
@@ -111,7 +113,7 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> Any:
     try:
         with warnings.catch_warnings():  # what the trace warns about comes back as findings
             warnings.simplefilter("ignore", ShardRulesWarning)
-            return step.traced(*args)
+            return step, tuple(args), step.traced(*args)
     except ShardRulesError:
         raise
     except Exception as err:
@@ -198,6 +200,18 @@ def rows(decisions: Sequence[Any]) -> list[tuple[str, ...]]:
     return out
 
 
+def _cost(spec: str, step: Any, args: tuple[Any, ...]) -> Any:
+    """`step.cost(*args)`, a failure to compile said as a usage error."""
+    try:
+        return step.cost(*args)
+    except ShardRulesError:
+        raise
+    except Exception as err:
+        raise UsageError(
+            f"--step {spec}: compiling the step for its cost raised {type(err).__name__}: {err}"
+        ) from None
+
+
 def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: Any) -> None:
     """Trace the step `spec` for the rule file `result` is about and add its
     findings to `result` (its decisions to `args.decisions`)."""
@@ -210,7 +224,7 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
     except ShardRulesError:  # lint reports why
         return
     try:
-        traced = trace(spec, rules, sizes_for(rules, mesh))
+        step, step_args, traced = trace(spec, rules, sizes_for(rules, mesh))
     except ShardRulesError as err:
         # the step's error replaces lint's warning about the same place (SR207 is both)
         raised = {(d.code, d.span) for d in err.diagnostics}
@@ -219,4 +233,9 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         return
     args.decisions, args.scopes = traced.decisions, traced.scopes
     found = [*findings(traced.decisions, rules), *traced.unmatched]
+    max_ratio, max_peak = getattr(args, "max_flops_ratio", None), getattr(args, "max_peak_bytes", None)
+    if getattr(args, "cost", False) or max_ratio is not None or max_peak is not None:
+        args.step_cost = _cost(spec, step, step_args)
+        span = dict(rules.group_span_items).get("activations")
+        found += _budget.findings(args.step_cost, traced.decisions, max_ratio, max_peak, span, args)
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *found]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import reprlib
 import stat
 import textwrap
 from pathlib import Path
@@ -15,13 +16,25 @@ from typing import Any
 
 from .._errors import ShardRulesError
 from .._imports import import_attr
+from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
+from .._language._includes import MAX_LINES, MAX_RULES
 from .._language._load import loads
 
-MAX_SOURCE_BYTES = 16 << 20
-"""The largest source file read (16 MiB): configs and plans are a few kilobytes."""
+MAX_SOURCE_BYTES = 4 << 20
+"""The largest source read (4 MiB): configs and plans are a few kilobytes."""
+
+MAX_NOTES_WRITTEN = 100
+"""The most notes written as comments in the rule file; `Conversion.notes`
+(and `shardrules convert`'s standard error) has them all."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NOT_NAMES = frozenset({"_", "auto", "explicit", "unconstrained"})
+_MODULE = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)*")
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
 
 
 class SourceError(ValueError):
@@ -50,34 +63,74 @@ class Conversion:
 
 
 def is_name(text: object) -> bool:
-    """Whether `text` can be a mesh axis or alias name in a rule file."""
-    return isinstance(text, str) and text != "_" and _NAME.fullmatch(text) is not None
+    """Whether `text` can be a mesh axis or alias name in a rule file: the
+    language's name characters, and none of the words it reads otherwise
+    where converters write names (`mesh auto` is an axis type, an
+    `unconstrained` entry is not an axis)."""
+    return isinstance(text, str) and text not in _NOT_NAMES and _NAME.fullmatch(text) is not None
 
 
-def shown(text: object) -> str:
-    """`text` (a str, or the repr of anything else) safe to put in a comment:
-    line breaks and other unprintable characters escaped."""
-    if not isinstance(text, str):
-        text = repr(text)
+def one_line(text: str) -> str:
+    """`text` with line breaks and other unprintable characters escaped
+    (`\\n`, `\\x85`, ...): what input text becomes in a comment or message,
+    so that it can never start a line of its own."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def shown(value: object, limit: int = 160) -> str:
+    """`value` (a str, or a short repr of anything else) safe to put in a
+    comment or message: on one line (`one_line`) and at most about `limit`
+    characters, whatever the value holds (a config's aliases can stand for
+    millions of values; an integer can have too many digits to print)."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = _REPR.repr(value)
+        except Exception:  # a repr that raises: an integer too long to print, a user's __repr__
+            text = f"<{type(value).__name__}>"
+    if len(text) <= limit:
+        return one_line(text)
+    return one_line(text[:limit]) + f"... ({len(text):,} characters)"
+
+
+def check_count(count: int, where: str, what: str) -> None:
+    """Refuse, before any of them is converted, more source rules than a rule
+    file may hold (`what`: what they are, for the message)."""
+    if count > MAX_RULES:
+        raise SourceError(
+            f"{where}: {count:,} {what}, more than the {MAX_RULES:,} rules a rule file may hold (SR009); "
+            "a model needs tens: check that this is the source you meant"
+        )
 
 
 def pattern_literal(regex: str) -> str:
     """The rule-file string for the regular expression `regex`, meaning the same:
-    a bare `"` becomes `\\"` and a line break its escape (the literal's text is
-    taken verbatim, backslashes included, so an escaped quote is a quote)."""
+    a bare `"` becomes `\\"`, a line break, tab or other control character its
+    escape (`\\n`, `\\x0b`: no raw control character reaches the file; the
+    literal's text is taken verbatim, backslashes included, so an escaped quote
+    is a quote)."""
     out: list[str] = []
     i = 0
     while i < len(regex):
         c = regex[i]
         if c == "\\" and i + 1 < len(regex):
             nxt = regex[i + 1]
-            out.append("\\" + {"\n": "n", "\r": "r"}.get(nxt, nxt))
+            out.append(_escape(nxt) if _is_control(nxt) else "\\" + nxt)  # `\<tab>` is a tab: `\t`
             i += 2
             continue
-        out.append({'"': '\\"', "\n": "\\n", "\r": "\\r", "\\": "\\\\"}.get(c, c))
+        out.append('\\"' if c == '"' else "\\\\" if c == "\\" else _escape(c) if _is_control(c) else c)
         i += 1
     return '"' + "".join(out) + '"'
+
+
+def _is_control(c: str) -> bool:
+    return ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0
+
+
+def _escape(c: str) -> str:
+    """A control character as a regex escape both engines read alike."""
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or f"\\x{ord(c):02x}"
 
 
 def read_text(path: str | os.PathLike[str], what: str) -> str:
@@ -105,36 +158,78 @@ def read_text(path: str | os.PathLike[str], what: str) -> str:
 
 def import_object(spec: str, example: str) -> Any:
     """The object `module:attr` names (see `_imports.import_attr`); a
-    `SourceError` saying what is wrong otherwise (`example`: a spec to show)."""
-    return import_attr(spec, example, SourceError)
+    `SourceError` saying what is wrong otherwise (`example`: a spec to show),
+    also when importing it runs code that raises or exits."""
+    module_name, sep, attr = spec.partition(":")
+    if sep and module_name and attr and _MODULE.fullmatch(module_name) is None:
+        raise SourceError(
+            f"{shown(spec)}: `{shown(module_name)}` is not a module name; write `module:attr` with a "
+            f"dotted module name (no leading dot), e.g. `{example}`"
+        )
+    try:
+        return import_attr(spec, example, SourceError)
+    except SourceError:
+        raise
+    except SystemExit as exit_:
+        raise SourceError(f"{shown(spec)}: importing it exited (SystemExit: {shown(exit_.code)})") from None
+    except Exception as err:
+        raise SourceError(
+            f"{shown(spec)}: importing it raised {type(err).__name__}: {shown(str(err))}"
+        ) from None
 
 
 def called(obj: Any, where: str) -> Any:
     """`obj`, or what it returns when it is a function (called with no
     arguments): a `module:attr` source may name the rules or a function
-    returning them (EasyLM's `LLaMAConfig.get_partition_rules`)."""
+    returning them (EasyLM's `LLaMAConfig.get_partition_rules`). What the
+    call raises, `SystemExit` included, is a `SourceError`."""
     if not callable(obj) or isinstance(obj, type):
         return obj
     try:
         return obj()
     except TypeError as err:
         raise SourceError(
-            f"{where}: names a function that cannot be called with no arguments: {err}"
+            f"{shown(where)}: names a function that cannot be called with no arguments: {shown(str(err))}"
+        ) from None
+    except SystemExit as exit_:
+        raise SourceError(
+            f"{shown(where)}: names a function that exited (SystemExit: {shown(exit_.code)}) instead of "
+            "returning the rules"
+        ) from None
+    except Exception as err:
+        raise SourceError(
+            f"{shown(where)}: names a function that raised {type(err).__name__}: {shown(str(err))}"
         ) from None
 
 
 def finish(fmt: str, source: str, read: list[str], body: list[str], notes: list[str]) -> Conversion:
     """The `Conversion` of the rule-file lines `body`: a provenance comment
     (`fmt`, `source`, the lines of `read` saying what was read), the notes as
-    comments, then `body`; formatted canonically and checked by loading it."""
-    lines = [f"# Converted by shardrules convert {fmt} from {shown(source)}"]
-    lines += [f"# {shown(line)}" for line in read]
+    comments (the first `MAX_NOTES_WRITTEN`), then `body`; formatted
+    canonically and checked by loading it.
+
+    Input text reaches the file only escaped: in comments through `shown`
+    and `one_line`, in patterns through `pattern_literal`, as names only when
+    `is_name`. A body line that would still break in two is refused here, so
+    no input can add a line (a rule) of its own."""
+    for line in body:
+        if "\n" in line or "\r" in line:
+            raise SourceError(
+                f"{shown(source)}: a converted line would break in two ({shown(line)}); nothing is written"
+            )
+    lines = [f"# Converted by shardrules convert {fmt} from {shown(source, 1000)}"]
+    lines += [f"# {one_line(line)}" for line in read]
     if notes:
         lines.append(f"# Not converted exactly ({len(notes)}):")
-        for note in notes:
-            wrapped = textwrap.wrap(shown(note), width=96, break_on_hyphens=False, break_long_words=False)
+        for note in notes[:MAX_NOTES_WRITTEN]:
+            wrapped = textwrap.wrap(one_line(note), width=96, break_on_hyphens=False, break_long_words=False)
             lines += [("#   - " if i == 0 else "#     ") + part for i, part in enumerate(wrapped)]
+        if len(notes) > MAX_NOTES_WRITTEN:
+            lines.append(
+                f"#   - and {len(notes) - MAX_NOTES_WRITTEN:,} more (Conversion.notes, standard error)"
+            )
     text = "\n".join([*lines, "", *body]) + "\n"
+    _check_size(text, source)
     name = f"<convert {fmt}>"
     try:
         text = format_text(text, name)
@@ -142,3 +237,18 @@ def finish(fmt: str, source: str, read: list[str], body: list[str], notes: list[
     except ShardRulesError as err:
         raise SourceError(f"{shown(source)}: the converted rules do not load:\n{err}") from None
     return Conversion(text, tuple(notes), fmt, source)
+
+
+def _check_size(text: str, source: str) -> None:
+    """Refuse, before it is parsed, a converted text over a rule file's limits (SR009)."""
+    size, lines, rules = len(text.encode("utf-8", "surrogatepass")), text.count("\n"), text.count("->")
+    over = [
+        f"{size:,} bytes (at most {MAX_FILE_BYTES:,})" if size > MAX_FILE_BYTES else "",
+        f"{lines:,} lines (at most {MAX_LINES:,})" if lines > MAX_LINES else "",
+        f"{rules:,} rules (at most {MAX_RULES:,})" if rules > MAX_RULES else "",
+    ]
+    if any(over):
+        raise SourceError(
+            f"{shown(source)}: the converted rule file would have {', '.join(o for o in over if o)}: more "
+            "than a rule file may hold (SR009); nothing is written"
+        )

@@ -33,7 +33,8 @@ def convert_flax(rules: str | Sequence[Any], *, source: str | None = None) -> Co
     alternatives in list order and `| _` last, and `rules params:` with
     `default -> logical`; no `mesh` line.
 
-    **Raises:** `ValueError` for a `module:attr` that does not import, or
+    **Raises:** `ValueError` for a `module:attr` that does not import (or
+    whose import or function raises or exits), more than 10,000 rules, or
     rules that are not such pairs.
     """
     where = source or (rules if isinstance(rules, str) else "<rules>")

@@ -24,13 +24,13 @@ path), with `.` or `/` between names.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from ._common import Conversion, SourceError, finish, is_name, pattern_literal, read_text, shown
+from ._common import Conversion, SourceError, check_count, finish, is_name, pattern_literal, read_text, shown
+from ._documents import parse_json
 
 _COLWISE = ("(..., {a}, _)", "(..., {a})", None)
 _ROWWISE = ("(..., {a})", "replicated", None)
@@ -97,17 +97,23 @@ def convert_hf(
     first, and `default -> replicated` (parameters no key names).
 
     **Raises:** `FileNotFoundError` or `OSError` for a file that cannot be
-    read; `ValueError` for one that is not JSON or holds no plan, or an
-    `axis` that cannot be a mesh axis name.
+    read; `ValueError` for one that is not JSON (or nested too deeply),
+    holds no plan or more than 10,000 entries, or an `axis` that cannot be a
+    mesh axis name.
     """
     if not is_name(axis):
         raise SourceError(f"--axis {shown(axis)}: not a mesh axis name (letters, digits and _)")
-    if isinstance(plan, Mapping):
-        data: Any = plan
-        where = source or "<plan>"
-    else:
+    if isinstance(plan, (str, os.PathLike)):
         where = source or os.fspath(plan)
-        data = parse_json(read_text(plan, "a JSON tensor-parallel plan"), where)
+        return from_document(parse_json(read_text(plan, "a JSON tensor-parallel plan"), where), axis, where)
+    return from_document(plan, axis, source or "<plan>")
+
+
+def from_document(data: Any, axis: str, where: str) -> Conversion:
+    """`convert_hf` of a JSON document already read (`data`: whatever it
+    holds; `where`: the source, for messages and the provenance comment)."""
+    if not is_name(axis):
+        raise SourceError(f"--axis {shown(axis)}: not a mesh axis name (letters, digits and _)")
     styles, what = _plan_of(data, where)
     notes: list[str] = []
     entries: list[tuple[int, int, list[str]]] = []  # (segments, order, rule lines)
@@ -126,14 +132,6 @@ def convert_hf(
     if isinstance(data, Mapping) and data.get("base_model_ep_plan") and what != "base_model_ep_plan":
         read.append("Not read: base_model_ep_plan (the plan for expert parallelism).")
     return finish("hf", where, read, body, notes)
-
-
-def parse_json(text: str, where: str) -> Any:
-    """The JSON document `text`, or a `SourceError` saying where it is malformed."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SourceError(f"{where}: not JSON: {err}") from None
 
 
 def _plan_of(data: Any, where: str) -> tuple[dict[str, str], str]:
@@ -155,32 +153,37 @@ def _plan_of(data: Any, where: str) -> tuple[dict[str, str], str]:
             )
     if not isinstance(plan, Mapping):
         raise SourceError(f"{where}: {what} is {shown(plan)}, not an object of module name -> style")
+    check_count(len(plan), where, f"entries in {what}")
     bad = [
         f"{shown(k)}: {shown(v)}" for k, v in plan.items() if not isinstance(k, str) or not isinstance(v, str)
     ]
     if bad:
-        raise SourceError(f"{where}: {what}: entries that are not name -> style: {', '.join(bad)}")
+        more = f" and {len(bad) - 5:,} more" if len(bad) > 5 else ""
+        raise SourceError(f"{where}: {what}: entries that are not name -> style: {', '.join(bad[:5])}{more}")
     return dict(plan), what
 
 
 def _rules_for(key: str, style: str, axis: str, notes: list[str]) -> list[str]:
     """The rule lines for one plan key (none, with a note, if it does not convert)."""
     if style in UNCONVERTIBLE:
-        notes.append(f"`{key}`: {style} {UNCONVERTIBLE[style]}; its parameters fall to the rules below")
+        notes.append(
+            f"`{shown(key)}`: {style} {UNCONVERTIBLE[style]}; its parameters fall to the rules below"
+        )
         return [f"# {pattern_literal(_pattern(key))} -> ?  # {style}: not converted"]
     if style not in STYLES:
         known = ", ".join(sorted([*STYLES, *UNCONVERTIBLE]))
         notes.append(
-            f"`{key}`: unknown style {style!r} (known: {known}); its parameters fall to the rules below"
+            f"`{shown(key)}`: unknown style {shown(repr(style))} (known: {known}); its parameters fall to the "
+            "rules below"
         )
-        return [f"# {pattern_literal(_pattern(key))} -> ?  # {style}: unknown style"]
+        return [f"# {pattern_literal(_pattern(key))} -> ?  # {shown(style)}: unknown style"]
     dead = _never_matches(key)
     if dead:
-        notes.append(f"`{key}`: {dead}, so it never applies in transformers; not converted")
+        notes.append(f"`{shown(key)}`: {dead}, so it never applies in transformers; not converted")
         return [f"# {pattern_literal(_pattern(key))} -> ?  # {style}: never applies"]
     weight, bias, note = STYLES[style]
     if note:
-        notes.append(f"`{key}`: {style}: {note}")
+        notes.append(f"`{shown(key)}`: {style}: {note}")
     lines = []
     if bias != weight and key.rsplit(".", 1)[-1] != "bias":
         lines.append(f"{pattern_literal(_pattern(key, 'bias'))} -> {bias.format(a=axis)}  # {style}")

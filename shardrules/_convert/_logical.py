@@ -17,11 +17,12 @@ reported.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from ._common import SourceError, is_name, shown
+from ._common import SourceError, check_count, is_name, shown
 
 Axes = tuple[str, ...]
 
@@ -34,6 +35,7 @@ def read_rules(raw: Any, where: str) -> tuple[list[tuple[str, Axes]], list[str]]
     (`where`: what it is, for messages)."""
     if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
         raise SourceError(f"{where}: expected a list of (name, mesh axes) pairs, got {type(raw).__name__}")
+    check_count(len(raw), where, "rules")
     rules: list[tuple[str, Axes]] = []
     notes: list[str] = []
     for number, rule in enumerate(raw, start=1):
@@ -56,7 +58,7 @@ def read_rules(raw: Any, where: str) -> tuple[list[tuple[str, Axes]], list[str]]
             continue
         bad = [a for a in axes if not is_name(a)]
         if bad or not is_name(name):
-            what = shown(name) if not is_name(name) else ", ".join(shown(a) for a in bad)
+            what = shown(name) if not is_name(name) else _few([shown(a) for a in bad[:_FEW]], len(bad))
             notes.append(
                 f"rule {number} ({shown(name)} -> {shown(list(axes))}): `{what}` cannot be a name in a rule "
                 "file; the rule is left out"
@@ -64,7 +66,7 @@ def read_rules(raw: Any, where: str) -> tuple[list[tuple[str, Axes]], list[str]]
             continue
         if len(set(axes)) != len(axes):
             notes.append(
-                f"rule {number} ({name}): names a mesh axis twice ({', '.join(axes)}); the rule is left out"
+                f"rule {number} ({name}): names a mesh axis twice ({shown(', '.join(axes))}); the rule is left out"
             )
             continue
         rules.append((name, axes))
@@ -79,10 +81,13 @@ def _alternative(axes: Axes) -> str:
 
 def alias_lines(rules: list[tuple[str, Axes]], mesh_axes: Sequence[str]) -> tuple[list[str], list[str]]:
     """The alias lines for `rules` (see the module's docstring) and the notes on
-    what they cannot say exactly; `mesh_axes`: the names known to be mesh axes."""
+    what they cannot say exactly; `mesh_axes`: the names known to be mesh axes.
+    Time and text grow linearly with the rules: a note names the first few
+    rules it is about and how many there are."""
     order: list[str] = []
     alternatives: dict[str, list[Axes]] = {}
     positions: dict[str, list[int]] = {}
+    users: dict[str, list[int]] = {}  # mesh axis -> the rules using it, in order
     for i, (name, axes) in enumerate(rules):
         if name not in alternatives:
             order.append(name)
@@ -90,14 +95,16 @@ def alias_lines(rules: list[tuple[str, Axes]], mesh_axes: Sequence[str]) -> tupl
             positions[name] = []
         alternatives[name].append(axes)
         positions[name].append(i)
-    axes_known = set(mesh_axes) | {a for _, axes in rules for a in axes}
+        for axis in axes:
+            users.setdefault(axis, []).append(i)
+    axes_known = set(mesh_axes) | set(users)
     lines: list[str] = []
     notes: list[str] = []
     for name in order:
-        notes += _order_notes(name, positions[name], rules)
+        notes += _order_notes(name, positions[name], rules, users)
         alts = alternatives[name]
         if name in axes_known:
-            lines += _mesh_axis_name(name, alts, rules, notes)
+            lines += _mesh_axis_name(name, alts, rules, users.get(name, []), notes)
             continue
         shown_alts = [_alternative(a) for a in alts]
         if shown_alts[-1] != "_":
@@ -106,40 +113,64 @@ def alias_lines(rules: list[tuple[str, Axes]], mesh_axes: Sequence[str]) -> tupl
     return lines, notes
 
 
-def _order_notes(name: str, positions: list[int], rules: list[tuple[str, Axes]]) -> list[str]:
+_FEW = 3
+"""How many rules a note names before saying how many more there are."""
+
+
+def _few(items: list[str], total: int) -> str:
+    """The first of `items` and, when there are more of `total`, how many."""
+    more = total - len(items)
+    return ", ".join(items) + (f" and {more:,} more" if more > 0 else "")
+
+
+def _order_notes(
+    name: str, positions: list[int], rules: list[tuple[str, Axes]], users: dict[str, list[int]]
+) -> list[str]:
     """A note for each rule of `name` that is separated from the one before it
     by rules of other names using some of its axes: the alias tries it right
     after the one before, ahead of them. (When none of the rules in between
     uses its axes, whether it applies does not depend on them, nor theirs on
-    it, so the order changes nothing and there is no note.)"""
+    it, so the order changes nothing and there is no note.)
+
+    The rules in between that use its axes are found from `users` (each
+    axis's rules in order) by bisection, `_FEW + 1` per axis at most: the
+    first `_FEW + 1` of the union are among them. So a note costs the rule's
+    axes times a logarithm, not the rules in between."""
     notes = []
     for before, at in itertools.pairwise(positions):
-        between = rules[before + 1 : at]
-        axes = set(rules[at][1])
-        clash = [f"{n} -> {_alternative(a)}" for n, a in between if axes & set(a)]
-        if not clash:
+        found: set[int] = set()
+        for axis in set(rules[at][1]):
+            using = users[axis]
+            start = bisect.bisect_right(using, before)
+            found.update(i for i in using[start : start + _FEW + 1] if i < at)
+        if not found:
             continue
+        clash = sorted(found)
+        named = "; ".join(f"{rules[i][0]} -> {_alternative(rules[i][1])}" for i in clash[:_FEW])
+        if len(clash) > _FEW:
+            named += f"; and more of the {at - before - 1:,} rules in between"
         notes.append(
             f"`{name}`: its rule {at + 1} ({name} -> {_alternative(rules[at][1])}) is not next to its rule "
             f"{before + 1}; the alias tries it right after that one: rules in between use the same axes "
-            f"({'; '.join(clash)}), so a leaf with both names may be laid out differently"
+            f"({named}), so a leaf with both names may be laid out differently"
         )
     return notes
 
 
 def _mesh_axis_name(
-    name: str, alts: list[Axes], rules: list[tuple[str, Axes]], notes: list[str]
+    name: str, alts: list[Axes], rules: list[tuple[str, Axes]], using: list[int], notes: list[str]
 ) -> list[str]:
     """What to write for a logical name that is also a mesh axis: a comment if
-    its rules map it to itself, notes for whatever else they say."""
+    its rules map it to itself, notes for whatever else they say (`using`:
+    the rules that use the axis `name`)."""
     if alts[0] == (name,):
-        others = sorted({n for n, a in rules if n != name and name in a})
+        others = sorted({rules[i][0] for i in using if rules[i][0] != name})
         rest = " | ".join(_alternative(a) for a in alts[1:])
         if others or rest:
             notes.append(
                 f"`{name}` is a mesh axis too, so it cannot be an alias (SR013): the name stands for the "
                 f"axis. Where another dimension takes `{name}` first"
-                + (f" (through {', '.join(others)})" if others else "")
+                + (f" (through {_few(others[:_FEW], len(others))})" if others else "")
                 + (
                     f", Flax tries its next rules ({rest}); shardrules"
                     if rest

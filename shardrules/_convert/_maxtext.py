@@ -13,13 +13,15 @@ file replaces both lists (and `data_sharding`) of `base.yml` when named by
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from ._common import Conversion, SourceError, finish, is_name, read_text, shown
+from ._documents import EXTRA_HINT as EXTRA_HINT
+from ._documents import parse_yaml as parse_yaml
+from ._documents import yaml_module
 from ._logical import alias_lines, read_rules
-
-EXTRA_HINT = 'pip install "shardrules[yaml]"'
 
 # Keys of a MaxText config that hold sharding settings this converter does not read.
 _NOT_READ = {
@@ -28,26 +30,6 @@ _NOT_READ = {
     "logical_axis_rules_for_eval": "the rules for evaluation",
     "custom_mesh_and_rule": "a custom mesh and rule file to load instead",
 }
-
-
-def parse_yaml(text: str, where: str) -> Any:
-    """The YAML document `text` as Python data (PyYAML's safe loader).
-
-    **Raises:** `ImportError` naming the extra to install when PyYAML is
-    missing; `SourceError` for text that is not YAML."""
-    yaml = _yaml()
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise SourceError(f"{where}: not a YAML file: {err}") from None
-
-
-def _yaml() -> Any:
-    try:
-        import yaml
-    except ImportError as err:
-        raise ImportError(f"reading MaxText's YAML configs needs PyYAML: {EXTRA_HINT}") from err
-    return yaml
 
 
 def convert_maxtext(
@@ -69,16 +51,20 @@ def convert_maxtext(
 
     **Raises:** `ImportError` naming the `yaml` extra when PyYAML is missing
     (only a path needs it); `FileNotFoundError` or `OSError` for a file that
-    cannot be read; `ValueError` for one that is not YAML or has no
-    `logical_axis_rules` list.
+    cannot be read; `ValueError` for one that is not YAML, is over the bounds
+    of `_documents` (nesting, values with aliases expanded), has no
+    `logical_axis_rules` list or more than 10,000 rules.
     """
-    if isinstance(config, Mapping):
-        data: Any = config
-        where = source or "<mapping>"
-    else:
-        _yaml()  # before the file: a missing extra is said first
+    if isinstance(config, (str, os.PathLike)):
+        yaml_module()  # before the file: a missing extra is said first
         where = source or os.fspath(config)
-        data = parse_yaml(read_text(config, "a MaxText YAML config"), where)
+        return from_document(parse_yaml(read_text(config, "a MaxText YAML config"), where), where)
+    return from_document(config, source or "<mapping>")
+
+
+def from_document(data: Any, where: str) -> Conversion:
+    """`convert_maxtext` of a YAML document already read (`data`: whatever it
+    holds; `where`: the source, for messages and the provenance comment)."""
     if not isinstance(data, Mapping):
         raise SourceError(f"{where}: expected a MaxText config (a YAML mapping), got {type(data).__name__}")
     if "logical_axis_rules" not in data:
@@ -122,9 +108,11 @@ def _mesh_axes(raw: Any, where: str, notes: list[str]) -> list[str] | None:
         raise SourceError(f"{where}: mesh_axes should be a list of axis names, got {shown(raw)}")
     bad = [a for a in raw if not is_name(a)]
     if bad:
+        more = f" (and {len(bad) - 5:,} more)" if len(bad) > 5 else ""
         raise SourceError(
-            f"{where}: mesh_axes: {', '.join(shown(a) for a in bad)} cannot be a mesh axis name"
+            f"{where}: mesh_axes: {', '.join(shown(a) for a in bad[:5])}{more} cannot be a mesh axis name"
         )
-    if len(set(raw)) != len(raw):
-        raise SourceError(f"{where}: mesh_axes names an axis twice: {', '.join(raw)}")
+    twice = sorted(a for a, n in Counter(raw).items() if n > 1)
+    if twice:
+        raise SourceError(f"{where}: mesh_axes names an axis twice: {shown(', '.join(twice))}")
     return list(raw)

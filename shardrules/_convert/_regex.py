@@ -18,9 +18,18 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .._errors import ShardRulesError
-from .._language._load import loads
-from ._common import Conversion, SourceError, called, finish, import_object, is_name, pattern_literal, shown
+from .._language._build import pattern_problem
+from ._common import (
+    Conversion,
+    SourceError,
+    called,
+    check_count,
+    finish,
+    import_object,
+    is_name,
+    pattern_literal,
+    shown,
+)
 
 
 def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
@@ -41,7 +50,8 @@ def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
     replicated` when unmatched leaves are replicated, scalax's
     `strict=False`).
 
-    **Raises:** `ValueError` for a `module:attr` that does not import, pairs
+    **Raises:** `ValueError` for a `module:attr` that does not import (or
+    whose import or function raises or exits), more than 10,000 rules, pairs
     that are not `(regex, PartitionSpec)`, or a regex Python cannot compile.
     """
     where = source or (rules if isinstance(rules, str) else "<rules>")
@@ -54,8 +64,9 @@ def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
         raise SourceError(
             f"{where}: expected a list of (regex, PartitionSpec) pairs, got {type(rules).__name__}"
         )
+    check_count(len(rules), where, "(regex, PartitionSpec) rules")
     notes: list[str] = []
-    axes: list[str] = []
+    axes: dict[str, None] = {}  # the mesh axes named, in order
     lines: list[str] = []
     for number, rule in enumerate(rules, start=1):
         if isinstance(rule, (str, bytes)) or not isinstance(rule, Sequence) or len(rule) != 2:
@@ -65,17 +76,17 @@ def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
             raise SourceError(f"{where}: rule {number}: {shown(regex)} is not a regular expression")
         try:
             re.compile(regex)
-        except re.error as err:
+        except (re.error, OverflowError, ValueError, RecursionError) as err:
             raise SourceError(
-                f"{where}: rule {number}: {regex!r} is not a regular expression: {err}"
+                f"{where}: rule {number}: {shown(repr(regex))} is not a regular expression: {shown(str(err))}"
             ) from None
-        text = _spec(spec, f"rule {number} ({regex!r})", where, notes, axes)
+        text = _spec(spec, f"rule {number} ({shown(repr(regex))})", where, notes, axes)
         literal = pattern_literal(regex)
         refused = _refused(literal)
         if refused:
             notes.append(
-                f"rule {number} ({regex!r}): the rule file's regular expressions cannot say this one "
-                f"({refused}); written as a comment, so the leaves it matched fall to the rules below"
+                f"rule {number} ({shown(repr(regex))}): the rule file's regular expressions cannot say this "
+                f"one ({refused}); written as a comment, so the leaves it matched fall to the rules below"
             )
             lines.append(f"# {literal} -> {text}  # not converted: {refused}")
             continue
@@ -94,18 +105,16 @@ def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
 
 
 def _refused(literal: str) -> str | None:
-    """Why the rule file refuses the pattern `literal`, or `None`."""
-    try:
-        loads(f"rules params:\n  {literal} -> replicated\n", name="<pattern>")
-    except ShardRulesError as err:
-        first = err.diagnostics[0] if err.diagnostics else None
-        if first is None:
-            return str(err).splitlines()[0]
-        return f"{first.code} {first.message}" + (f"; {first.hint}" if first.hint else "")
-    return None
+    """Why the rule file refuses the pattern `literal` (as `pattern_literal`
+    writes it: its text between the quotes is the pattern), on one line, or
+    `None`."""
+    _, problem = pattern_problem(literal[1:-1])
+    if problem is None:
+        return None
+    return shown(f"{problem.code} {problem.message}; {problem.hint}", 400)
 
 
-def _spec(spec: Any, what: str, where: str, notes: list[str], axes: list[str]) -> str:
+def _spec(spec: Any, what: str, where: str, notes: list[str], axes: dict[str, None]) -> str:
     """The rule-file spec for the `PartitionSpec` `spec` (mesh axes it names
     added to `axes`); an entry with no equivalent is written `_`, with a note."""
     import jax
@@ -129,7 +138,7 @@ def _spec(spec: Any, what: str, where: str, notes: list[str], axes: list[str]) -
             out.append("_")
             continue
         if isinstance(names, (tuple, list)) and names and all(is_name(n) for n in names):
-            axes.extend(n for n in names if n not in axes)
+            axes.update(dict.fromkeys(names))
             out.append(names[0] if len(names) == 1 else "(" + ", ".join(names) + ")")
             continue
         unconstrained = entry is partition_spec.UNCONSTRAINED

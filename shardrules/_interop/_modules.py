@@ -139,13 +139,20 @@ class _Namer:
         return name, f"{outer}/{name}" if outer else name
 
 
-def _scoped(call: Any, namer: _Namer) -> Any:
+def _namers() -> list[_Namer]:
+    """The namers of the traces running in this thread, innermost last."""
+    if not hasattr(_active, "namers"):
+        _active.namers = []
+    return _active.namers
+
+
+def _scoped(call: Any) -> Any:
     @functools.wraps(call)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        stack = _stack()
-        if stack and stack[-1][0] is self:  # `super().__call__` of the module being called
+        namers, stack = _namers(), _stack()
+        if not namers or (stack and stack[-1][0] is self):  # no trace here, or `super().__call__`
             return call(self, *args, **kwargs)
-        scope, path = namer.name(self)
+        scope, path = namers[-1].name(self)
         stack.append((self, path))
         try:
             if scope is None:
@@ -172,22 +179,31 @@ def _classes(base: type) -> list[type]:
 
 @contextlib.contextmanager
 def module_scopes(trees: Any) -> Iterator[None]:
-    """Within the block, every NNX and Equinox module call runs inside a
-    named scope (see the module's docstring); `trees`: the step's arguments."""
+    """Within the block, every NNX and Equinox module call in this thread runs
+    inside a named scope (see the module's docstring); `trees`: the step's
+    arguments. A block inside another (a step traced inside a step) names the
+    calls it makes from its own arguments."""
     frameworks = _frameworks()
     if not frameworks:
         yield
         return
-    namer = _Namer(frameworks, trees)
-    patched: list[tuple[type, Any]] = []
-    with _lock:  # classes are shared: patch and restore them one trace at a time
-        try:
-            for framework in frameworks:
-                for cls in _classes(framework.base):
-                    call = cls.__dict__["__call__"]
-                    patched.append((cls, call))
-                    cls.__call__ = _scoped(call, namer)  # type: ignore[method-assign]
+    namers = _namers()
+    namers.append(_Namer(frameworks, trees))
+    try:
+        if len(namers) > 1:  # the classes are patched already, by the outer block
             yield
-        finally:
-            for cls, call in reversed(patched):
-                cls.__call__ = call  # type: ignore[method-assign]
+            return
+        patched: list[tuple[type, Any]] = []
+        with _lock:  # classes are shared: patch and restore them one trace at a time
+            try:
+                for framework in frameworks:
+                    for cls in _classes(framework.base):
+                        call = cls.__dict__["__call__"]
+                        patched.append((cls, call))
+                        cls.__call__ = _scoped(call)  # type: ignore[method-assign]
+                yield
+            finally:
+                for cls, call in reversed(patched):
+                    cls.__call__ = call  # type: ignore[method-assign]
+    finally:
+        namers.pop()

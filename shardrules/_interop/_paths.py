@@ -2,7 +2,13 @@
 
 A leaf's path is its key path rendered with `/`: a dict key as `str(key)`, an
 attribute by its name, a sequence index as its number. Wrappers that only box
-a value (such as Flax's `Partitioned` or NNX's `Variable`) add no segment.
+a value (such as Flax's `Partitioned`, NNX's `Variable` or penzai's
+`NamedArray`) add no segment; a penzai variable is keyed by its label
+(`_penzai`).
+
+An array leaf is anything with a tuple `shape` and a NumPy `dtype`, or a PRNG
+key array (`jax.random.key`: its shape leaves out the key data's trailing
+dimension, its dtype is `key<fry>`, whose item size is the key data's).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import jax
 import numpy as np
 
 from .._errors import Diagnostic, error_for
+from . import _penzai
 
 KeyPath = tuple[Any, ...]
 
@@ -67,7 +74,7 @@ class LeafInfo:
 
     path: str
     shape: tuple[int, ...] | None  # None: not an array
-    dtype: np.dtype | None
+    dtype: np.dtype | None  # a PRNG key array's is JAX's extended key dtype (`.name`, `.itemsize`)
 
     @property
     def is_array(self) -> bool:
@@ -86,16 +93,30 @@ class LeafInfo:
 
 def leaf_info(path: str, leaf: Any) -> LeafInfo:
     """Classify a leaf. Arrays are anything with a tuple `shape` and a `dtype`:
-    `jax.Array`, `numpy.ndarray`, NumPy scalars, `jax.ShapeDtypeStruct`.
-    Python numbers, strings, functions and other objects are not arrays."""
+    `jax.Array`, `numpy.ndarray`, NumPy scalars, `jax.ShapeDtypeStruct`, PRNG
+    key arrays. Python numbers, strings, functions and other objects are not
+    arrays."""
     shape = getattr(leaf, "shape", None)
     dtype = getattr(leaf, "dtype", None)
     if isinstance(shape, tuple) and dtype is not None and not isinstance(leaf, type):
         try:
-            return LeafInfo(path, tuple(int(d) for d in shape), np.dtype(dtype))
+            dims = tuple(int(d) for d in shape)
+        except TypeError:  # symbolic dimensions
+            return LeafInfo(path, None, None)
+        try:
+            return LeafInfo(path, dims, np.dtype(dtype))
         except TypeError:
-            pass
+            if is_key_dtype(dtype):
+                return LeafInfo(path, dims, dtype)
     return LeafInfo(path, None, None)
+
+
+def is_key_dtype(dtype: Any) -> bool:
+    """Whether `dtype` is a PRNG key dtype (`jax.random.key(0).dtype`, `key<fry>`)."""
+    try:
+        return bool(jax.numpy.issubdtype(dtype, jax.dtypes.prng_key))
+    except TypeError:
+        return False
 
 
 def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[tuple[KeyPath, Any]], Any]:
@@ -114,16 +135,19 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[li
                 )
             ]
         ) from err
-    boxes = box_types()
-    if boxes and keyed:
-        keyed = _unboxed(tree, keyed, boxes, is_leaf)
+    boxes = (*box_types(), *_penzai.named_types())
+    roots = _penzai.variable_types()[2]
+    if (boxes or roots) and keyed:
+        keyed = _unboxed(tree, keyed, boxes, roots, is_leaf)
     return keyed, treedef
 
 
 def box_types() -> tuple[type, ...]:
-    """The wrapper types that only box a value and add no path segment: Flax
-    linen's `Partitioned` (and `LogicallyPartitioned`) and NNX's `Variable`.
-    Flax is never imported here: if it is not loaded, no such box can exist."""
+    """The wrapper types that only box a value, add no path segment and may
+    carry logical axis names (`_logical`): Flax linen's `Partitioned` (and
+    `LogicallyPartitioned`) and NNX's `Variable`. (penzai's named arrays are
+    boxes too: `flatten` adds `_penzai.named_types()`.) Flax is never imported
+    here: if it is not loaded, no such box can exist."""
     found: list[type] = []
     meta = sys.modules.get("flax.core.meta")
     if meta is not None and isinstance(getattr(meta, "Partitioned", None), type):
@@ -138,12 +162,16 @@ def _unboxed(
     tree: Any,
     keyed: list[tuple[KeyPath, Any]],
     boxes: tuple[type, ...],
+    roots: tuple[type, ...],
     is_leaf: Callable[[Any], bool] | None,
 ) -> list[tuple[KeyPath, Any]]:
-    """`keyed` with the key of each box's one child (`value`) left out of the paths."""
+    """`keyed` with the key of each box's one child (`value`) left out of the
+    paths, and penzai's variables keyed by their labels (`_penzai.paths_within`)."""
     attr = jax.tree_util.GetAttrKey
-    if not any(isinstance(k, attr) for keypath, _ in keyed for k in keypath):
-        return keyed  # every box adds an attribute key: without one there is no box
+    if not any(isinstance(k, attr) for keypath, _ in keyed for k in keypath) and not (
+        roots and any(isinstance(leaf, roots) for _, leaf in keyed)
+    ):
+        return keyed  # every box (and penzai object) but a live variable adds an attribute key
     # The common case (a path walker hands over one box at a time): the box's
     # leaves all sit under its one child; drop that key, unless more boxes follow.
     first = keyed[0][0][:1]
@@ -158,13 +186,22 @@ def _unboxed(
             return inner
 
     def stop(x: Any) -> bool:
-        return isinstance(x, boxes) or (is_leaf is not None and bool(is_leaf(x)))
+        return isinstance(x, (*boxes, *roots)) or (is_leaf is not None and bool(is_leaf(x)))
 
     outer = jax.tree_util.tree_flatten_with_path(tree, is_leaf=stop)[0]
     paths: list[KeyPath] = []
     for keypath, node in outer:
         if not isinstance(node, boxes):
-            paths.append(keypath)
+            if isinstance(node, roots) and (is_leaf is None or not is_leaf(node)):  # a penzai model
+                within = _penzai.paths_within(node, is_leaf, lambda x: [k for k, _ in flatten(x, is_leaf)[0]])
+                prefix = path_str(keypath)
+                for sub in within:
+                    if _penzai.names_itself(prefix, node, sub):  # {label: variable}: the label once
+                        paths.append((_penzai.LabelKey(prefix), *sub[1:]))
+                    else:
+                        paths.append((*keypath, *sub))
+            else:
+                paths.append(keypath)
             continue
         children = jax.tree_util.tree_flatten(node, is_leaf=lambda x, node=node: x is not node)[0]
         if len(children) == 1:  # a box of one value: its contents, keyed from the box
@@ -236,9 +273,11 @@ def _other(node: Any, prefix: str | None, out: list[str], leaf_types: set[type])
     kind = type(node)
     keyed, _ = flatten(node)
     for keypath, _ in keyed:
-        if keypath:
+        if _penzai.names_itself(prefix, node, keypath):  # {label: variable}: the label once
+            out.append(_join(prefix, path_str(keypath[1:])) if len(keypath) > 1 else prefix or "")
+        elif keypath:
             out.append(_join(prefix, path_str(keypath)))
         else:  # `node` is itself a leaf
             out.append(prefix or "")
-    if len(keyed) == 1 and not keyed[0][0] and keyed[0][1] is node:
+    if len(keyed) == 1 and not keyed[0][0] and keyed[0][1] is node and not _penzai.is_live(node):
         leaf_types.add(kind)  # JAX has no flatten rule for this type: its values are leaves

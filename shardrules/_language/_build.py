@@ -7,6 +7,7 @@ Nothing here needs a mesh at hand: sizes matter only when a plan is compiled.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 from .._errors import Diagnostic, Findings, Span, did_you_mean
@@ -93,7 +94,7 @@ def build_rules(
             why = found.errors[before] if len(found.errors) > before else None
             refs = [*line.spec.entries, *([line.spec.auto_axes] if line.spec.auto_axes else [])]
             broken = [r.name for e in refs for r in e.axes if r.name in specs.failed_aliases]
-            defined = {a.name: a.span for a in found.alias_decls}
+            defined = specs.alias_spans(found)
             reason = (
                 f"it uses alias `{broken[0]}`, whose definition at {defined[broken[0]]} has an error"
                 if broken
@@ -130,15 +131,26 @@ def _not_planned(line: RuleLine, reason: str, cause: Diagnostic | None) -> Diagn
     )
 
 
-def check_pattern(line: RuleLine, errors: Findings) -> int:
-    """Report a rule's pattern that is not a regular expression (SR002, with
-    the column of the mistake) or that uses what the matcher does not have
-    (SR017: backreferences, lookarounds, ...; see `_regex`). Returns the size
-    of its compiled program (0 for a pattern with an error)."""
-    assert line.pattern is not None
+@dataclasses.dataclass(frozen=True)
+class PatternProblem:
+    """Why a pattern cannot be a rule's: its code (SR002 not a regular
+    expression, SR017 what the matcher does not have), message and hint, and
+    where in the pattern the mistake is (`offset`, when known)."""
+
+    code: str
+    message: str
+    hint: str
+    offset: int | None = None
+
+
+def pattern_problem(pattern: str) -> tuple[int, PatternProblem | None]:
+    """The size of `pattern`'s compiled program (RE2 instructions) and `None`,
+    or `0` and what makes it unusable as a rule pattern (see `_regex`). Rule
+    files and every other pattern the user gives (`explain --path`) are
+    checked by this one function, so they are refused alike."""
     try:
         try:
-            return _regex.check(line.pattern)
+            return _regex.check(pattern), None
         except (OverflowError, ValueError) as err:  # counts too large for Python's compiler
             raise re.error(f"too complex to compile ({type(err).__name__})") from None
         except RecursionError:
@@ -146,23 +158,35 @@ def check_pattern(line: RuleLine, errors: Findings) -> int:
                 "groups nested too deeply", "use fewer levels of parentheses"
             ) from None
     except _regex.UnsupportedPattern as err:
-        errors.error(
+        problem = PatternProblem(
             "SR017",
             f"unsupported regular expression: {err.reason}",
-            line.pattern_span,
             f"{err.hint} (see docs/language.md#patterns)",
         )
     except re.error as err:
-        span = line.pattern_span
-        if span is not None and err.pos is not None and span.line == span.end_line:
-            col = span.col + 1 + err.pos
-            span = Span(span.file, span.line, col, span.line, col + 1)
-        errors.error(
+        problem = PatternProblem(
             "SR002",
             f"invalid regular expression: {err.msg}",
-            span,
             "patterns are Python regular expressions; escape special characters with `\\`",
+            err.pos,
         )
+    return 0, problem
+
+
+def check_pattern(line: RuleLine, errors: Findings) -> int:
+    """Report a rule's pattern that is not a regular expression (SR002, with
+    the column of the mistake) or that uses what the matcher does not have
+    (SR017: backreferences, lookarounds, ...; see `_regex`). Returns the size
+    of its compiled program (0 for a pattern with an error)."""
+    assert line.pattern is not None
+    size, problem = pattern_problem(line.pattern)
+    if problem is None:
+        return size
+    span = line.pattern_span
+    if problem.offset is not None and span is not None and span.line == span.end_line:
+        col = span.col + 1 + problem.offset
+        span = Span(span.file, span.line, col, span.line, col + 1)
+    errors.error(problem.code, problem.message, span, problem.hint)
     return 0
 
 
@@ -175,22 +199,46 @@ class _Specs:
     declared: set[str]  # every alias name defined, including those that failed to resolve
     errors: Findings
     alternatives: dict[str, tuple[tuple[str, ...], ...]] = dataclasses.field(default_factory=dict)
+    _spans: dict[str, Span | None] | None = None
 
-    @property
+    # Computed once per load (the names do not change while rules are resolved):
+    # per entry or per rule, they made a file of many axes and rules quadratic.
+    @functools.cached_property
+    def mesh_axes(self) -> set[str]:
+        return set(self.mesh.names) if self.mesh else set()
+
+    @functools.cached_property
+    def alternative_order(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.alternatives)}
+
+    @functools.cached_property
+    def logical_axes(self) -> tuple[str, ...]:
+        """Every mesh axis the file's names can stand for (for `logical` specs)."""
+        named = [
+            *(self.mesh.names if self.mesh else ()),
+            *(a for axes in self.aliases.values() for a in axes),
+        ]
+        named += [a for alts in self.alternatives.values() for alt in alts for a in alt]
+        return tuple(dict.fromkeys(named))
+
+    @functools.cached_property
     def failed_aliases(self) -> set[str]:
         """Aliases defined but not resolved (their definition has an error)."""
         return self.declared - set(self.aliases) - set(self.alternatives)
 
+    def alias_spans(self, found: Statements) -> dict[str, Span | None]:
+        """Where each alias of `found` is defined (computed once)."""
+        if self._spans is None:
+            self._spans = {a.name: a.span for a in found.alias_decls}
+        return self._spans
+
     def resolve(self, spec: Spec) -> ResolvedSpec | None:
         """`spec` with every name resolved to mesh axes, or `None` (and errors)."""
-        mesh, aliases = self.mesh, self.aliases
         before = len(self.errors)
         if spec.kind == "replicated":
             return ResolvedSpec("replicated", span=spec.span)
         if spec.kind == "logical":  # resolved per leaf, from its names, when compiled
-            named = [*(mesh.names if mesh else ()), *(a for axes in aliases.values() for a in axes)]
-            named += [a for alts in self.alternatives.values() for alt in alts for a in alt]
-            return ResolvedSpec("logical", span=spec.span, logical_axes=tuple(dict.fromkeys(named)))
+            return ResolvedSpec("logical", span=spec.span, logical_axes=self.logical_axes)
         if spec.kind == "auto":
             assert spec.auto_axes is not None
             seen: set[str] = set()
@@ -250,7 +298,7 @@ class _Specs:
         if entry.kind != "axes":
             return ResolvedEntry(entry.kind, span=entry.span)
         groups: list[AxisGroup] = []
-        axes = set(mesh.names) if mesh else set()
+        axes = self.mesh_axes
         for ref in entry.axes:
             if ref.name == "unconstrained":  # the keyword, read as a name inside `(...)` and `auto(...)`
                 self.errors.error(
@@ -263,14 +311,14 @@ class _Specs:
             if ref.name in aliases:
                 names = aliases[ref.name]
             elif ref.name in self.alternatives:  # settled per spec when a leaf is planned
-                order = list(self.alternatives).index(ref.name)
+                order = self.alternative_order[ref.name]
                 alts = self.alternatives[ref.name]
                 groups.append(AxisGroup((), ref.optional, ref.span, ref.name, alts, order))
                 continue
             elif ref.name in self.declared and ref.name not in axes:
                 return None  # an alias whose definition failed: that error is reported already
             elif ref.name == "_" or (mesh is not None and ref.name not in axes):
-                unknown_name(ref, axes, {**aliases, **dict.fromkeys(self.alternatives, ())}, self.errors)
+                unknown_name(ref, lambda: [*axes, *aliases, *self.alternatives], self.errors)
                 return None
             else:
                 names = (ref.name,)

@@ -7,7 +7,7 @@ Aliases resolve to mesh axes, through other aliases if need be (`alias batch =
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .._errors import Findings, Span, did_you_mean
 from ._syntax import Alias, AxisRef, MeshDecl
@@ -147,7 +147,7 @@ def resolve_aliases(
                     return None
                 out.extend(sub)
             elif mesh is not None and ref.name not in axes:
-                unknown_name(ref, axes, {n: a for n, a in decls.items() if n != name}, errors)
+                unknown_name(ref, lambda name=name: [*axes, *(n for n in decls if n != name)], errors)
                 failed.add(name)
                 return None
             else:
@@ -230,12 +230,24 @@ def _alternatives(
     out[alias.name] = tuple(found)
 
 
-def unknown_name(
-    ref: AxisRef, axes: set[str], aliases: dict[str, Alias] | dict[str, tuple[str, ...]], errors: Findings
-) -> None:
+MAX_SUGGESTED = 100
+"""Errors a load may have before SR010 stops looking for the closest name.
+Each look takes as long as the names known, so a file of thousands of unknown
+names over thousands of axes would take minutes; past this many errors the
+hint says where names come from instead."""
+
+_LISTED = 20
+"""The most known names a hint lists."""
+
+_COMPARED = 5_000
+"""The most known names compared with an unknown one for a `did you mean`."""
+
+
+def unknown_name(ref: AxisRef, known: Callable[[], Iterable[str]], errors: Findings) -> None:
     """Report SR010 for `ref`, a name that is neither a mesh axis nor an alias,
-    with the closest known name (or `_` for `None`) as the hint."""
-    known = sorted(axes | set(aliases))
+    with the closest of the `known` names (mesh axes and aliases; asked for
+    only while the load has fewer than `MAX_SUGGESTED` errors) or `_` for
+    `None` as the hint."""
     if ref.name in ("None", "none", "null"):
         errors.error(
             "SR010",
@@ -252,7 +264,8 @@ def unknown_name(
             "did you mean `unconstrained` (the spec keyword, lower case), for a dimension the compiler lays out?",
         )
         return
-    hint = did_you_mean(ref.name, known) or (
-        f"known names: {', '.join(known)}" if known else "declare it in the mesh line or as an alias"
-    )
+    names = sorted(set(known())) if len(errors) < MAX_SUGGESTED else []
+    listed = ", ".join(names[:_LISTED]) + (f", ... ({len(names):,} in all)" if len(names) > _LISTED else "")
+    close = did_you_mean(ref.name, names) if len(names) <= _COMPARED else ""
+    hint = close or (f"known names: {listed}" if names else "declare it in the mesh line or as an alias")
     errors.error("SR010", f"unknown name `{ref.name}`: not a mesh axis or an alias", ref.span, hint)

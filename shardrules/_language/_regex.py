@@ -10,8 +10,8 @@ A pattern is written in Python's syntax, and must mean the same to RE2 as to
 Python's `re` (with `re.ASCII`: `\\d`, `\\w`, `\\s` and `\\b` are ASCII). That
 leaves out what RE2 lacks (backreferences, lookarounds, atomic groups,
 possessive repeats, conditionals, `\\Z`, verbose mode) and the few spellings
-the two read differently (`x{,3}`, `[[:alpha:]]`, `\\B`); each gets an SR017 that names
-the construct and says what to write instead. One difference remains, and is
+the two read differently (`x{,3}`, `x{,}`, `[[:alpha:]]`, `[^[:alpha:]]`, `\\B`);
+each gets an SR017 that names the construct and says what to write instead. One difference remains, and is
 documented: `$` is the end of the path (Python also allows a final newline
 before it).
 """
@@ -82,6 +82,7 @@ def check(pattern: str) -> int:
             "write the pattern without spaces and comments; put comments after the rule",
         )
     _counts(pattern)
+    _posix_classes(pattern)
     try:
         size = compiled(pattern).programsize
     except re2.error as err:
@@ -167,10 +168,16 @@ def _outside_classes(pattern: str) -> str:
 
 def _counts(pattern: str) -> None:
     """Refuse repeat counts that RE2 reads as literal text: `{,n}` (Python: 0
-    to n) and counts with a leading zero (`{01}`)."""
+    to n), `{,}` (Python: any number, as `*`) and counts with a leading zero
+    (`{01}`)."""
     for found in _COUNT.finditer(_outside_classes(pattern)):
         low, comma, high = found.groups()
         written = found.group()
+        if not low and comma and not high:
+            raise UnsupportedPattern(
+                "`{,}`, which RE2 reads as literal text (Python: any number of times)",
+                "write `*` for any number of times, or `\\{,\\}` for the text",
+            )
         if not low and comma and high:
             raise UnsupportedPattern(
                 f"`{written}`, which RE2 reads as literal text",
@@ -181,6 +188,30 @@ def _counts(pattern: str) -> None:
             raise UnsupportedPattern(
                 f"`{written}`: a count with a leading zero, which RE2 reads as literal text",
                 f"write `{fixed}`",
+            )
+
+
+# A character class as Python reads it: `[`, maybe `^`, maybe a leading `]`
+# (a character there), then escapes and other characters up to `]`.
+_CLASS = re.compile(r"\\.|(\[\^?\]?(?:\\.|[^\]\\])*\])", re.S)
+
+
+def _posix_classes(pattern: str) -> None:
+    """Refuse `[:` inside a character class when a `:]` follows: RE2 reads
+    `[^[:alpha:]]` and `[a[:digit:]]` as POSIX classes, Python as the
+    characters `[`, `:`, `a`, ... followed by a `]`. (A class that starts with
+    `[[` is refused already: Python warns about it.)"""
+    for found in _CLASS.finditer(pattern):
+        if found.group(1) is None:
+            continue
+        body = re.sub(r"\\.", "__", found.group(1), flags=re.S)
+        at = body.find("[:", 1)
+        if at >= 0 and ":]" in pattern[found.start(1) + at + 2 :]:
+            raise UnsupportedPattern(
+                "`[:` inside a character class, which RE2 reads as a POSIX class such as `[:alpha:]` "
+                "and Python as the characters `[` and `:`",
+                "write `\\[` for the character `[`, and ranges for POSIX classes: `[^a-zA-Z]` rather than "
+                "`[^[:alpha:]]`",
             )
 
 

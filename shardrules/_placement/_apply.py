@@ -14,6 +14,7 @@ import jax
 from jax.core import Tracer
 
 from .._errors import error_for
+from .._interop._penzai import arrays_of
 from .._interop._torchax import to_jax
 from .._language._parse import byte_size
 from .._language._rules import RuleSet
@@ -129,7 +130,7 @@ def apply(
     the_plan.raise_for_errors()
     require_concrete(the_plan)  # SR120: `unconstrained` is for activations, not for placing
     budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
-    problems = _inputs.placement_diagnostics(the_plan, leaves, resolved)
+    problems = _inputs.placement_diagnostics(the_plan, arrays_of(leaves)[0], resolved)
     if budget is not None:
         problems += _check.memory_diagnostics(the_plan, budget)
     if problems:
@@ -150,7 +151,9 @@ def place(
     leaf pinned to it, an array made by `make(leaf, leaf_plan, sharding)` when
     that returns one (a multi-process run builds its own shards), and the
     others moved together in one batched `jax.device_put`. The checks are
-    done before: this only moves."""
+    done before: this only moves. A penzai variable's array is moved, and a new
+    variable holding it takes the old one's place (`_penzai.arrays_of`)."""
+    leaves, rewrap = arrays_of(leaves)
     out = list(leaves)
     moving: list[int] = []
     targets: list[jax.sharding.NamedSharding] = []
@@ -173,4 +176,6 @@ def place(
         moved = jax.device_put([leaves[i] for i in moving], targets)
         for i, array in zip(moving, moved, strict=True):
             out[i] = array
+    if rewrap is not None:
+        out = rewrap(out)
     return jax.tree_util.tree_unflatten(the_plan.treedef, out)

@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._interop._paths import is_key_dtype
+
 VERIFY_MODES = ("sample", "full", "off")
 SAMPLE_BYTES = 1 << 20  # leaves up to this size are hashed whole in "sample" mode
 _CHUNKS, _CHUNK = 64, 4096  # else: this many evenly spaced runs of this many bytes, and the last run
@@ -93,6 +95,8 @@ def data_hash(x: Any, mode: str) -> tuple[int, int]:
     The same elements give the same words whether they are in NumPy, a strided
     view or a sharded `jax.Array`. A large `jax.Array` is sampled on its devices:
     only the sampled elements are copied to the host."""
+    if is_key_dtype(x.dtype):  # a PRNG key array: hash its key data
+        x = jax.random.key_data(x)
     shape, dtype = tuple(int(d) for d in x.shape), np.dtype(x.dtype)
     h = hashlib.blake2b(repr((shape, dtype.str)).encode(), digest_size=8)
     size = math.prod(shape)
@@ -144,7 +148,7 @@ def fingerprint(
     if shape is None:
         row[RANK] = _NOT_ARRAY
     else:
-        name = np.dtype(dtype).name
+        name = str(dtype) if is_key_dtype(dtype) else np.dtype(dtype).name
         row[DTYPE] = _DTYPES.index(name) + 1 if name in _DTYPES else 0
         row[RANK] = len(shape)
         dims = [min(int(d), 0xFFFFFFFE) for d in shape[:MAX_DIMS]]

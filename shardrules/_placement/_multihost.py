@@ -27,6 +27,7 @@ from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._errors import Diagnostic, ShardRulesError, error_for
+from .._interop._penzai import arrays_of
 from .._language._rules import RuleSet
 from .._planning import _check, _inputs, _mesh
 from .._planning._compile import compile_leaves
@@ -205,15 +206,16 @@ def prepare(
     problems = list(the_plan.errors) + problems or unconstrained_diagnostics(the_plan)  # SR120
     if budget is None:  # the limit the devices of this process report (others' cannot be asked)
         budget = _mesh.memory_limit(mesh.local_mesh)
+    arrays = arrays_of(leaves)[0]  # a penzai variable's array
     if not problems:
-        problems += _inputs.placement_diagnostics(the_plan, leaves, mesh)
+        problems += _inputs.placement_diagnostics(the_plan, arrays, mesh)
         if budget is not None:
             problems += _check.memory_diagnostics(the_plan, budget)
     rows: list[np.ndarray] | None = None
     same: list[list[bool]] = []
     specs: dict[str, str] = {}
     if verify != "off":
-        rows, same, specs = _fingerprints(the_plan, leaves, mesh, verify, bool(problems), process_local)
+        rows, same, specs = _fingerprints(the_plan, arrays, mesh, verify, bool(problems), process_local)
     what = f"apply(group={group!r})"
     the_mesh = _fingerprint.mesh_fingerprint(mesh) if verify != "off" else None
     return Prepared(the_plan, leaves, problems, rows, same, what, process_local, specs, the_mesh)

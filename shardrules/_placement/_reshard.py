@@ -15,6 +15,7 @@ import jax
 from jax.core import Tracer
 
 from .._errors import Diagnostic, Span, error_for
+from .._interop._penzai import arrays_of
 from .._interop._torchax import to_jax
 from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules
@@ -109,7 +110,7 @@ def _prepare(
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     problems = list(the_plan.errors) or unconstrained_diagnostics(the_plan)  # SR120
     if not problems:
-        problems = input_diagnostics(the_plan, leaves, resolved)
+        problems = input_diagnostics(the_plan, arrays_of(leaves)[0], resolved)
     if not problems:
         budget = _mesh.memory_limit(resolved)
         if budget is not None:
@@ -184,7 +185,8 @@ def _agree(
     """Every process's plan, tree shapes and mesh compared before anything
     moves (SR112/SR114), as for `apply`: the global arrays' data is the same
     array on every process, so only the fully addressable leaves are hashed."""
-    rows, same, specs = _multihost._fingerprints(the_plan, leaves, mesh, "sample", bool(problems), False)
+    arrays = arrays_of(leaves)[0]
+    rows, same, specs = _multihost._fingerprints(the_plan, arrays, mesh, "sample", bool(problems), False)
     prepared = _multihost.Prepared(
         the_plan,
         leaves,
@@ -200,7 +202,10 @@ def _agree(
 
 
 def _move(the_plan: Plan, leaves: list[Any], mesh: jax.sharding.Mesh, donate: bool) -> Any:
-    """The tree with each planned leaf in its sharding (the checks are done)."""
+    """The tree with each planned leaf in its sharding (the checks are done); a
+    penzai variable's array moved, and a new variable in the old one's place."""
+    leaves, rewrap = arrays_of(leaves)
+    rebuild = rewrap if rewrap is not None else list
     cache = the_plan.rules._plan_cache
     targets: dict[int, jax.sharding.NamedSharding] = {}
     for i, lp in enumerate(the_plan.leaves):
@@ -213,7 +218,7 @@ def _move(the_plan: Plan, leaves: list[Any], mesh: jax.sharding.Mesh, donate: bo
         moved = jax.device_put([leaves[i] for i in moving], [targets[i] for i in moving])
         for i, array in zip(moving, moved, strict=True):
             out[i] = _unshared(array, leaves[i])
-        return jax.tree_util.tree_unflatten(the_plan.treedef, out)
+        return jax.tree_util.tree_unflatten(the_plan.treedef, rebuild(out))
     # An array kept as it is somewhere in the tree (or twice in it) is freed
     # only when no result uses it: after its last copy, and never if kept.
     kept = {id(leaves[i]) for i in targets if i not in set(moving)}
@@ -225,7 +230,7 @@ def _move(the_plan: Plan, leaves: list[Any], mesh: jax.sharding.Mesh, donate: bo
             copy = _unshared(copy, source).block_until_ready()  # the copy exists before its source goes
             source.delete()
         out[i] = copy
-    return jax.tree_util.tree_unflatten(the_plan.treedef, out)
+    return jax.tree_util.tree_unflatten(the_plan.treedef, rebuild(out))
 
 
 def _pointers(array: jax.Array) -> set[int] | None:

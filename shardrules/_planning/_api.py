@@ -22,6 +22,7 @@ import jax
 from .._errors import Diagnostic, ordered
 from .._errors import group as group_findings
 from .._interop._paths import flatten
+from .._interop._penzai import arrays_of
 from .._interop._torchax import to_jax
 from .._language._load import load
 from .._language._parse import byte_size
@@ -157,7 +158,7 @@ def check(
     if len(keyed) != len(the_plan.leaves):
         raise TypeError(f"the plan has {len(the_plan.leaves)} leaves but the tree has {len(keyed)}")
     if isinstance(the_plan.mesh, jax.sharding.Mesh):
-        leaves = [leaf for _, leaf in keyed]
+        leaves = arrays_of([leaf for _, leaf in keyed])[0]  # a penzai variable's array
         found += _inputs.placement_diagnostics(the_plan, leaves, the_plan.mesh, abstract_ok=True)
     return group_findings(ordered(dict.fromkeys(found)))  # as `shardrules lint` prints them
 

@@ -21,7 +21,7 @@ import dataclasses
 import math
 import warnings
 
-from .._errors import Diagnostic, ShardRulesWarning
+from .._errors import Diagnostic, ShardRulesWarning, group
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
 from . import _mesh
@@ -158,7 +158,7 @@ def replicated_share(plan: Plan) -> tuple[float, int, int]:
             continue
         nbytes = math.prod(shape) * dtype.itemsize * count
         total += nbytes
-        if why != "size-1" and all(entry is None for entry in spec):
+        if why not in ("size-1", "key") and all(entry is None for entry in spec):
             replicated += nbytes
     return (replicated / total if total else 0.0), replicated, total
 
@@ -210,16 +210,30 @@ def tolerance_diagnostics(
 def warn_about(plan: Plan, tolerance: float = DEFAULT_REPLICATED_TOLERANCE, stacklevel: int = 3) -> None:
     """Warn (`ShardRulesWarning`) about what `apply` and `jit` would otherwise
     carry out silently: a rule of the group that matches no leaf of the tree
-    (SR201), more of the plan's bytes fully replicated than `tolerance` (SR116,
+    (SR201), leaves hiding arrays that are passed over (SR213, grouped by
+    cause), more of the plan's bytes fully replicated than `tolerance` (SR116,
     here a warning), an alias alternative naming an axis the mesh lacks but
     has one close to (SR209: a typo). Once per plan cached on the rule set."""
     found = [d for d in rule_warnings(plan) if d.code == "SR201"]
+    found += group(d for d in plan.diagnostics if d.code in UNSEEN_WARNINGS)
     found += [dataclasses.replace(d, severity="warning") for d in tolerance_diagnostics(plan, tolerance)]
     # An alternative naming an axis the mesh lacks is how one file serves several meshes;
     # one naming an axis close to one the mesh has is most likely a typo.
     sizes = None if plan.mesh is None else _mesh.sizes_of(plan.mesh)
     found += [d for d in alternative_warnings(plan.rules, sizes) if d.hint.startswith("did you mean")]
     for diagnostic in found:
+        warnings.warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
+
+
+UNSEEN_WARNINGS = ("SR213",)
+"""Codes of `plan.diagnostics` about leaves passed over, warned about where trees are laid out."""
+
+
+def warn_unseen(plan: Plan, stacklevel: int = 3) -> None:
+    """Warn (`ShardRulesWarning`, one per cause) about the leaves of `plan`
+    that hide arrays and are passed over (SR213): what `specs` and
+    `shardings` would otherwise leave `None` without a word."""
+    for diagnostic in group(d for d in plan.diagnostics if d.code in UNSEEN_WARNINGS):
         warnings.warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
 
 

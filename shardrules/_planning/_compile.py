@@ -8,6 +8,7 @@ collected, not raised, so a plan reports all of them at once.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -16,11 +17,13 @@ from jax.sharding import PartitionSpec
 
 from .._errors import Diagnostic, Span, did_you_mean
 from .._gcpause import paused
-from .._interop._paths import LeafInfo, flatten, leaf_info, leaf_paths, path_strs
+from .._interop import _leaves
+from .._interop._leaves import Signature, Unseen
+from .._interop._paths import LeafInfo, flatten, is_key_dtype, leaf_paths, path_strs
 from .._language._format import spec_text
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
-from . import _logical
+from . import _logical, _named_dims
 from ._dtypes import jax_holds, unholdable
 from ._match import Matcher
 from ._mesh import MeshLike, sizes_of
@@ -48,10 +51,11 @@ def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str)
         flatten(tree)  # raises the SR109 error that explains it
         raise
     sizes = tuple(sizes_of(mesh).items()) if mesh is not None else None
-    signatures = _signatures(leaves)
+    signatures = _leaves.signatures(leaves)
     # The treedef's text tells apart dict keys that compare equal but make different
     # paths (0, 0.0 and False; "a" and a str-valued enum member); treedefs do not.
-    key = (group, treedef, str(treedef), tuple(signatures), sizes)
+    text = str(treedef)
+    key = (group, treedef, text, tuple(signatures), sizes)
     cached = rules._plan_cache.get(key)
     if cached is not None:
         plan_leaves, diagnostics = cached
@@ -62,41 +66,14 @@ def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str)
             keyed, _ = flatten(tree)
             paths = path_strs([keypath for keypath, _ in keyed])
         plan = _compile(paths, signatures, treedef, rules, mesh, group)
+        hidden = _leaves.hidden_in_nodes(tree, text)  # SR213: arrays in nodes' static data
+        if hidden:
+            plan = dataclasses.replace(plan, diagnostics=(*plan.diagnostics, *_leaves.diagnostics(hidden)))
     if _logical.uses_logical(rules, group):
         plan = _logical.resolve(plan, tree, mesh)  # `logical` specs read the boxes around leaves
+    plan = _named_dims.check(plan, tree)  # SR214: positional specs against the boxes' names
     rules._plan_cache.put(key, (plan.leaves, plan.diagnostics))
     return plan, leaves
-
-
-def _signatures(leaves: list[Any]) -> list[tuple[tuple[int, ...], np.dtype] | None]:
-    """`_signature` of every leaf, worked out once per distinct (shape, dtype)."""
-    seen: dict[Any, tuple[tuple[int, ...], np.dtype] | None] = {}
-    out = []
-    for leaf in leaves:
-        shape = getattr(leaf, "shape", None)
-        if type(shape) is not tuple or isinstance(leaf, type):
-            out.append(_signature(leaf))
-            continue
-        key = (shape, getattr(leaf, "dtype", None))
-        try:
-            signature = seen[key]
-        except KeyError:
-            signature = seen[key] = _signature(leaf)
-        except TypeError:  # an unhashable dtype
-            signature = _signature(leaf)
-        out.append(signature)
-    return out
-
-
-def _signature(leaf: Any) -> tuple[tuple[int, ...], np.dtype] | None:
-    """`(shape, dtype)` of an array leaf (see `leaf_info`), `None` for any other leaf."""
-    shape = getattr(leaf, "shape", None)
-    dtype = getattr(leaf, "dtype", None)
-    if isinstance(shape, tuple) and dtype is not None and not isinstance(leaf, type):
-        info = leaf_info("", leaf)
-        if info.shape is not None and info.dtype is not None:
-            return info.shape, info.dtype
-    return None
 
 
 def compile_flat(
@@ -104,7 +81,7 @@ def compile_flat(
 ) -> Plan:
     """`compile_plan` for a tree already flattened with its key paths."""
     paths = path_strs([keypath for keypath, _ in keyed])
-    plan = _compile(paths, [_signature(leaf) for _, leaf in keyed], treedef, rules, mesh, group)
+    plan = _compile(paths, [_leaves.signature(leaf) for _, leaf in keyed], treedef, rules, mesh, group)
     if _logical.uses_logical(rules, group):
         tree = jax.tree_util.tree_unflatten(treedef, [leaf for _, leaf in keyed])
         plan = _logical.resolve(plan, tree, mesh)
@@ -113,7 +90,7 @@ def compile_flat(
 
 def _compile(
     paths: list[str],
-    signatures: list[tuple[tuple[int, ...], np.dtype] | None],
+    signatures: list[Signature],
     treedef: Any,
     rules: RuleSet,
     mesh: MeshLike | None,
@@ -141,8 +118,11 @@ def _compile(
     unheld: dict[tuple[np.dtype, int], tuple[Rule | None, list[LeafInfo]]] = {}
     listed: dict[int, list[LeafInfo]] = {}  # kinds whose every leaf is listed in one finding
     reported: set[tuple[str, str, Span | None]] = set()
+    unseen: list[tuple[str, Unseen]] = []  # SR121/SR213: leaves hiding arrays
     for path, signature in zip(paths, signatures, strict=True):
-        if signature is None:
+        if signature is None or isinstance(signature, Unseen):
+            if signature is not None:
+                unseen.append((path, signature))
             kinds.append(0)
             continue
         shape, dtype = signature
@@ -177,6 +157,7 @@ def _compile(
     diagnostics.extend(unholdable(found, None if r is None else r.span) for r, found in unheld.values())
     if unmatched:
         diagnostics.append(_unmatched(unmatched, rules, group))
+    diagnostics.extend(_leaves.diagnostics(unseen))
     return Plan(LeafPlans(paths, kinds, parts), treedef, tuple(diagnostics), group, rules, mesh)
 
 
@@ -198,6 +179,8 @@ def _plan_one(
     if info.size == 1 or not shape:
         return PartitionSpec(*([None] * len(shape))), info.nbytes, "scalar" if not shape else "size-1"
     if rule is None:
+        if is_key_dtype(dtype):  # PRNG keys are state, not parameters: replicated unless a rule says
+            return PartitionSpec(*([None] * len(shape))), info.nbytes, "key"
         return None
     if id(rule) in broken:
         return None, 0, "error"

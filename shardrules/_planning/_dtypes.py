@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from .._errors import Diagnostic, Span
-from .._interop._paths import LeafInfo
+from .._interop._paths import LeafInfo, is_key_dtype
 
 try:  # the runtime's NumPy → XLA type conversion, without a backend
     from jaxlib.xla_client import Shape as _XlaShape
@@ -34,6 +34,8 @@ def jax_holds(dtype: np.dtype) -> bool:
         dtype == jax.dtypes.float0
     ):  # the gradient of an integer (`allow_int=True`): device_put passes it through
         return True
+    if is_key_dtype(dtype):  # PRNG keys (`jax.random.key`): their data is uint32
+        return True
     try:
         jax.typeof(np.zeros((), dtype))  # JAX's own list of dtypes
     except (TypeError, ValueError):
@@ -45,6 +47,29 @@ def jax_holds(dtype: np.dtype) -> bool:
     except (jax.errors.JaxRuntimeError, TypeError, ValueError):
         return False
     return True
+
+
+_KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")  # jax.random's PRNG implementations
+
+
+@functools.lru_cache(maxsize=64)
+def named_dtype(name: str) -> np.dtype:
+    """The dtype a plan file names: NumPy's and JAX's names (`bfloat16`), and
+    PRNG key dtypes (`key<fry>`) by the implementations `jax.random` has.
+
+    **Raises:** `TypeError` for a name JAX does not know."""
+    try:
+        return jax.numpy.dtype(name)
+    except TypeError:
+        if name.startswith("key<"):
+            for impl in _KEY_IMPLS:
+                try:
+                    dtype = jax.eval_shape(lambda impl=impl: jax.random.key(0, impl=impl)).dtype
+                except (TypeError, ValueError):  # pragma: no cover - an implementation this JAX lacks
+                    continue
+                if str(dtype) == name:
+                    return dtype
+        raise
 
 
 def _why_and_fix(dtype: np.dtype) -> tuple[str, str]:

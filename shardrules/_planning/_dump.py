@@ -21,11 +21,11 @@ from json.encoder import encode_basestring_ascii as _quote  # type: ignore[attr-
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType, Mesh, PartitionSpec
 
 from .._language._rules import RuleSet
 from ._blocks import UNCONSTRAINED, entry_axes
+from ._dtypes import named_dtype
 from ._mesh import sizes_of
 from ._plan import LeafPlans, Plan
 
@@ -184,7 +184,7 @@ def _nbytes(part: Kind) -> int:
     shape, dtype = part[0], part[1]
     if shape is None or dtype is None:
         return 0
-    size = jnp.dtype(dtype).itemsize
+    size = named_dtype(dtype).itemsize
     for n in shape:
         size *= n
     return size
@@ -228,7 +228,7 @@ def _validate(table: Table) -> None:
         if dtype is None:
             raise _fail(f"{where}: an array without a dtype")
         try:
-            jnp.dtype(dtype)
+            named_dtype(dtype)
         except TypeError:
             raise _fail(f"{where}: {dtype!r} is not a dtype JAX knows") from None
         if spec is None:
@@ -333,7 +333,7 @@ def _lines(text: str) -> Table | None:
     return dataclasses.replace(table, paths=paths, kinds=kinds, parts=parts)
 
 
-_WHY = ("default", "scalar", "size-1", "not an array", "unmatched", "error")
+_WHY = ("default", "scalar", "size-1", "key", "not an array", "unmatched", "error")
 
 
 def plan_of(table: Table) -> Plan:
@@ -356,7 +356,7 @@ def plan_of(table: Table) -> Plan:
             if spec is None
             else PartitionSpec(*(PartitionSpec.UNCONSTRAINED if e == UNCONSTRAINED else e for e in spec))
         )
-        dt = None if dtype is None else jnp.dtype(dtype)
+        dt = None if dtype is None else named_dtype(dtype)
         parts.append((shape, dt, None, pspec, per_device, why, label if why == "rule" else None))
     order = sorted(range(len(table.paths)), key=table.paths.__getitem__)
     paths = [table.paths[i] for i in order]

@@ -154,11 +154,13 @@ def check_devices(**trees: Any) -> None:
     ```
     """
     from .._interop._paths import flatten, path_str
+    from .._interop._penzai import arrays_of
 
     reference: tuple[str, frozenset[int], tuple[int, ...] | None] | None = None
     for name, tree in trees.items():
         keyed, _ = flatten(tree)
-        for keypath, leaf in keyed:
+        arrays = arrays_of([leaf for _, leaf in keyed])[0]  # a penzai variable's array
+        for (keypath, _), leaf in zip(keyed, arrays, strict=True):
             if not isinstance(leaf, jax.Array) or isinstance(leaf, Tracer) or not leaf.committed:
                 continue
             if leaf.is_deleted():

@@ -18,6 +18,7 @@ from jax.sharding import AxisType, Mesh
 from .._interop._torchax import to_jax
 from . import _mesh
 from ._api import RulesLike, as_rules
+from ._check import warn_unseen
 from ._compile import compile_plan
 from ._concrete import NO_AUTO_AXES, require_concrete
 from ._mesh import MeshLike
@@ -26,7 +27,8 @@ from ._mesh import MeshLike
 def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: str = "params") -> Any:
     """The `PartitionSpec` for every leaf, as a pytree like `tree`.
 
-    Leaves that are not arrays get `None`. Specs have one entry per array
+    Leaves that are not arrays get `None` (a leaf that hides arrays shardrules
+    cannot see is warned about: SR213). Specs have one entry per array
     dimension. Use them as `shard_map` `in_specs`/`out_specs`, or with
     `NamedSharding`. A dimension a rule leaves `unconstrained` (activation
     rules) is `PartitionSpec.UNCONSTRAINED`: fine for
@@ -46,7 +48,10 @@ def specs(tree: Any, rules: RulesLike, mesh: MeshLike | None = None, *, group: s
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=False, what="specs")
     tree = to_jax(tree)[0]
-    return compile_plan(tree, ruleset, resolved, group).specs()
+    the_plan = compile_plan(tree, ruleset, resolved, group)
+    found = the_plan.specs()
+    warn_unseen(the_plan)  # SR213: leaves hiding arrays, `None` here
+    return found
 
 
 def shardings(
@@ -74,4 +79,6 @@ def shardings(
     if isinstance(resolved, Mesh) and AxisType.Auto not in tuple(resolved.axis_types):
         the_plan.raise_for_errors()
         require_concrete(the_plan, NO_AUTO_AXES)  # SR120 rather than JAX's ValueError
-    return the_plan.shardings(resolved)  # type: ignore[arg-type]
+    found = the_plan.shardings(resolved)  # type: ignore[arg-type]
+    warn_unseen(the_plan)  # SR213: leaves hiding arrays, `None` here
+    return found

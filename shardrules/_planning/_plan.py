@@ -18,7 +18,7 @@ from .._gcpause import paused
 from .._language._rules import Rule, RuleSet
 from ._mesh import MeshLike, axis_types_text, sizes_of
 
-Why = Literal["rule", "default", "scalar", "size-1", "not an array", "unmatched", "error"]
+Why = Literal["rule", "default", "scalar", "size-1", "key", "not an array", "unmatched", "error"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,13 +29,17 @@ class LeafPlan:
 
     - `path`: the leaf's `/`-joined path.
     - `shape`, `dtype`: the array's, or `None` for a leaf that is not an array.
+      A PRNG key array's shape leaves out the key data's trailing dimension,
+      and its dtype is JAX's key dtype (`key<fry>`, with the key data's
+      `itemsize`).
     - `rule`: the rule that decided the spec (`rule.span` says where it is written),
       or `None`.
     - `spec`: the `PartitionSpec`, one entry per dimension; `None` for a leaf that
       is not an array or could not be planned.
     - `bytes_per_device`: the largest shard's size in bytes.
     - `why`: `"rule"`, `"default"`, `"scalar"`, `"size-1"` (replicated without a
-      rule), `"not an array"` (passed through), `"unmatched"` or `"error"`.
+      rule), `"key"` (a PRNG key array no rule matches: replicated), `"not an
+      array"` (passed through), `"unmatched"` or `"error"`.
     - `where`: for a plan read from a file (`Plan.from_json`), the rule's
       location as the file gives it (`"model.shard:12"`; `rule` is then `None`);
       otherwise `None`.

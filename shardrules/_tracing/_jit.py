@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -12,13 +13,16 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from .._errors import ShardRulesWarning
 from .._language._rules import RuleSet
 from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._compile import compile_plan
 from . import _slips
+from ._compare import Comparison, compare_outputs
 from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated, trace_state_clean
 from ._constrain import Traced, constrained
+from ._cost import StepCost, cost_of, one_device_mesh, shapes_only
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
 from ._groups import for_groups, moved, param_names, signature
 from ._seen import ScopeOutput
@@ -289,8 +293,62 @@ class RuleJit:
         with self._context(entry.mesh):
             return entry.jitted(*args)
 
-    def lower(self, *args: Any) -> Any:
-        """`jax.jit(...).lower(*args)` for the function calls with these shapes use."""
+    def cost(self, *args: Any, ideal: bool = True) -> StepCost:
+        """What one call with arguments like `args` costs each device, read off
+        the compiled step (nothing is allocated or run; arrays or
+        `jax.ShapeDtypeStruct`s): a `StepCost` with the FLOPs, bytes accessed,
+        peak memory and collectives per device, and, with `ideal`, the
+        one-device step's FLOPs divided by the devices (the same step compiled
+        on a mesh of the same axis names, each of size 1) and their `ratio`.
+
+        ```python
+        cost = step.cost(params, batch)
+        print(cost.ratio, cost.peak_bytes_per_device)   # 1.04, 4718592
+        ```
+        """
         entry = self._entry(args)
+        with warnings.catch_warnings():  # told once already, when the step was traced for its mesh
+            warnings.simplefilter("ignore", ShardRulesWarning)
+            compiled = self.lower(*shapes_only(args)).compile()
+            ideal_flops = None
+            if ideal:
+                one = self._like(one_device_mesh(entry.mesh))
+                ideal_flops = cost_of(one.lower(*shapes_only(args)).compile(), 1, None).flops_per_device
+        return cost_of(compiled, int(entry.mesh.devices.size), ideal_flops)
+
+    def compare(self, *args: Any, rtol: float = 1e-5, atol: float = 1e-6) -> Comparison:
+        """Run the step on its mesh and on one device with the same inputs
+        (neither donates them) and compare the outputs leaf by leaf: a
+        `Comparison` whose `ok` says whether every output array is
+        `numpy.allclose` under `rtol`/`atol`, with each leaf's largest absolute
+        and relative difference and the `worst` leaf. This shows that a
+        layout, or a `shard_map` kernel, did not change the math.
+
+        ```python
+        result = step.compare(params, batch, rtol=1e-4)
+        assert result.ok, result
+        ```
+        """
+        mesh = self._entry(args).mesh
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShardRulesWarning)
+            sharded = self._like(mesh)(*args)
+            single = self._like(one_device_mesh(mesh))(*args)
+        return compare_outputs(sharded, single, rtol, atol)
+
+    def _like(self, mesh: Mesh) -> RuleJit:
+        """This step on `mesh`, donating nothing."""
+        return RuleJit(
+            self.fn, self.rules, mesh, self.in_groups, self.out_groups, (), self.activations, self.strict
+        )
+
+    def lower(self, *args: Any) -> Any:
+        """`jax.jit(...).lower(*args)` for the function calls with these shapes
+        use, with each argument laid out as a call lays it out (arrays or
+        `jax.ShapeDtypeStruct`s)."""
+        entry = self._entry(args)
+        if entry.in_shardings is not None and is_explicit(entry.mesh):
+            # on Explicit axes a layout is part of the type: lowered as a call moves them
+            args = tuple(_typed(a, s) for a, s in zip(shapes_only(args), entry.in_shardings, strict=True))
         with self._context(entry.mesh):
             return entry.jitted.lower(*args)

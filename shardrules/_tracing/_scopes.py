@@ -242,7 +242,8 @@ def interpret(
             stack.enter_context(_compat.user_context(eqn))
             stack.enter_context(eqn.ctx.manager)
             if c.abstract_mesh is not None:  # the explicit types need the mesh the trace had
-                stack.enter_context(jax.sharding.use_abstract_mesh(_context_mesh(c.abstract_mesh, invals)))
+                context = _context_mesh(c.abstract_mesh, invals, eqn.outvars)
+                stack.enter_context(jax.sharding.use_abstract_mesh(context))
             # which operands no argument reaches: explicit axes only (`_explicit.lift_replicated`)
             consts = (
                 tuple(isinstance(v, jcore.Literal) or v in made for v in eqn.invars) if c.explicit else ()
@@ -272,14 +273,21 @@ def interpret(
     return [read(v) for v in jaxpr.outvars]
 
 
-def _context_mesh(mesh: Any, invals: Sequence[Any]) -> Any:
+def _context_mesh(mesh: Any, invals: Sequence[Any], outvars: Sequence[Any] = ()) -> Any:
     """The abstract mesh to evaluate an equation under: `mesh`, or, inside a
     region the code moved to other axis types (`jax.sharding.auto_axes`,
     `.at[...].get(out_sharding=...)`: see `_regions`), the mesh all its typed
-    operands are on."""
+    operands are on; for an equation with no typed operand (a constant
+    broadcast, such as the zeros a gather's gradient scatters into), the mesh
+    the trace typed its results on."""
     meshes = [m for m in map(mesh_of, invals) if m is not None]
     if meshes and all(elsewhere_mesh(m, mesh) for m in meshes):
         return meshes[0]
+    if not meshes:
+        made = [getattr(getattr(getattr(v, "aval", None), "sharding", None), "mesh", None) for v in outvars]
+        made = [m for m in made if m is not None]
+        if made and all(elsewhere_mesh(m, mesh) for m in made):
+            return made[0]
     return mesh
 
 

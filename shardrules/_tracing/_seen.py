@@ -127,6 +127,25 @@ def _counted(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
+def _likeness(text: str, name: str) -> float:
+    """How alike a pattern's text and a scope output's name are, 0 to 1: the
+    better of the whole name's and its last segment's likeness, an
+    abbreviation of the last segment (`attn`, `attention`) counting as 0.8."""
+    tail = name.rsplit("/", 1)[-1]
+    score = max(
+        difflib.SequenceMatcher(None, text, name).ratio(), difflib.SequenceMatcher(None, text, tail).ratio()
+    )
+    if len(text) >= 3 and text[0] == tail[:1] and _in_order(text, tail):
+        score = max(score, 0.8)
+    return score
+
+
+def _in_order(short: str, long: str) -> bool:
+    """Whether the characters of `short` appear in `long` in the same order."""
+    it = iter(long)
+    return all(ch in it for ch in short)
+
+
 def _unmatched_hint(pattern: str, names: Sequence[str]) -> str:
     """How to fix an activation rule that matches none of `names`: the names
     it would match without its anchors (`embedder$` and `embedder.encode`),
@@ -147,7 +166,7 @@ def _unmatched_hint(pattern: str, names: Sequence[str]) -> str:
     if not near:
         text = re.sub(r"\\d[+*]?", "0", pattern)
         text = re.sub(r"[\\^$()|?*+\[\]{}]", "", text)
-        scored = sorted(((difflib.SequenceMatcher(None, text, n).ratio(), n) for n in names), reverse=True)
+        scored = sorted(((_likeness(text, n), n) for n in names), key=lambda x: (-x[0], len(x[1])))
         near = [n for score, n in scored if score >= 0.75]
     near = near[:3]
     if near:

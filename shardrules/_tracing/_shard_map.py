@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._errors import Diagnostic, ShardRulesError, error_for
 from .._language._rules import RuleSet
@@ -19,7 +19,7 @@ from .._planning._api import RulesLike, as_rules, placement_specs
 from .._planning._blocks import entry_axes
 from .._planning._compile import compile_plan
 from . import _shard_map_errors as _errors
-from ._compat import explicit_mesh_context
+from ._compat import explicit_mesh_context, trace_state_clean
 from ._groups import for_groups, moved, param_names, signature
 
 Groups = str | PartitionSpec | None | Sequence["Groups"]
@@ -218,19 +218,23 @@ class RuleShardMap:
         self._compiled: dict[Any, _Entry] = {}  # per argument signature
         functools.update_wrapper(self, fn)
 
-    def _mesh(self) -> Mesh:
+    def _mesh(self) -> Any:
+        """`mesh`, else JAX's ambient mesh (inside a trace, such as `sr.jit`'s,
+        its abstract form), else the rule file's `mesh` line."""
         mesh = self.mesh if self.mesh is not None else _mesh.ambient_mesh()
+        if isinstance(mesh, AbstractMesh) and not trace_state_clean():
+            return mesh  # inside `jax.jit` / `sr.jit` under `jax.set_mesh`: the mesh the trace has
         if not isinstance(mesh, Mesh):
             mesh = _mesh.resolve(None, self.rules, concrete=True, what="shard_map")
         assert isinstance(mesh, Mesh)
         return mesh
 
     def _build(self, args: tuple[Any, ...]) -> _Entry:
-        key = signature(args)
+        mesh = self._mesh()
+        key = (signature(args), mesh)  # the ambient mesh can differ between calls
         found = self._compiled.get(key)
         if found is not None:
             return found
-        mesh = self._mesh()
         fn = _name(self)
         groups = (self.in_groups,) * len(args) if isinstance(self.in_groups, str) else self.in_groups
         if len(groups) != len(args):

@@ -1,0 +1,105 @@
+"""A step's cost held to a budget in CI: `lint --step --max-flops-ratio X`
+fails the run when each device runs more than X times its share of the
+one-device step's FLOPs (SR122), `--max-peak-bytes SIZE` when a device holds
+more than SIZE at once (SR123). Each finding names what costs most: the
+scopes whose operations are laid out on no mesh axis (every device computes
+them whole), and the largest collectives."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .._errors import Diagnostic, Span
+from ._lint import UsageError
+
+
+def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
+    """The forward-pass scopes with the largest results laid out on no axis."""
+    sizes: dict[str, int] = {}
+    for d in decisions:
+        if d.scope.endswith("(backward)") or any(e is not None for e in d.spec):
+            continue
+        if len(d.shape) == 0 or math.prod(d.shape) <= 1:
+            continue
+        scope = d.scope or "(no scope)"
+        sizes[scope] = max(sizes.get(scope, 0), math.prod(d.shape))
+    ranked = sorted(sizes, key=lambda s: -sizes[s])[:count]
+    return [f"`{s}`" for s in ranked]
+
+
+def _collectives(cost: Any, count: int = 3) -> list[str]:
+    from .._tracing._cost import bytes_text
+
+    ranked = sorted(cost.collectives, key=lambda c: -c.bytes_per_device)[:count]
+    out = []
+    for c in ranked:
+        where = f" from {', '.join(c.scopes[:2])}" if c.scopes else ""
+        out.append(f"{c.count} {c.kind} ({bytes_text(c.bytes_per_device)} per device{where})")
+    return out
+
+
+def _origin(args: Any, option: str, flag: str) -> str:
+    return (getattr(args, "origins", {}) or {}).get(option, flag)
+
+
+def findings(
+    cost: Any,
+    decisions: Sequence[Any],
+    max_ratio: float | None,
+    max_peak: Any,
+    span: Span | None,
+    args: Any,
+) -> list[Diagnostic]:
+    """SR122 / SR123 for a step over its budget (`max_peak`: bytes, or a size such as `"4GiB"`)."""
+    from .._language._parse import byte_size
+    from .._tracing._cost import bytes_text, flops_text
+
+    found = []
+    ratio = cost.ratio
+    if max_ratio is not None and ratio is not None and ratio > max_ratio:
+        replicated = _replicated(decisions)
+        biggest = _collectives(cost)
+        parts = []
+        if replicated:
+            parts.append(f"operations laid out on no mesh axis in {', '.join(replicated)}")
+        if biggest:
+            parts.append(f"collectives: {'; '.join(biggest)}")
+        found.append(
+            Diagnostic(
+                "SR122",
+                "error",
+                f"the step runs {ratio:.2f}x the ideal FLOPs per device (at most {max_ratio:g} allowed by "
+                f"{_origin(args, 'max_flops_ratio', '--max-flops-ratio')}): "
+                f"{flops_text(cost.flops_per_device)} per device against {flops_text(cost.ideal_flops_per_device)}, "
+                f"the one-device step's over {cost.devices} devices",
+                span,
+                None,
+                ("the most costly: " + "; ".join(parts) + ". Lay " if parts else "lay ")
+                + "those scopes out with activation rules (`explain --step` lists each decision), "
+                "or shard the parameters and batch over more of the mesh",
+            )
+        )
+    if max_peak is not None:
+        try:
+            limit = max_peak if isinstance(max_peak, int) else byte_size(str(max_peak))
+        except ValueError as err:
+            raise UsageError(f"{_origin(args, 'max_peak_bytes', '--max-peak-bytes')}: {err}") from None
+        if cost.peak_bytes_per_device > limit:
+            found.append(
+                Diagnostic(
+                    "SR123",
+                    "error",
+                    f"the step holds {bytes_text(cost.peak_bytes_per_device)} per device at its peak (at most "
+                    f"{bytes_text(limit)} allowed by {_origin(args, 'max_peak_bytes', '--max-peak-bytes')}): "
+                    f"arguments {bytes_text(cost.argument_bytes_per_device)}, outputs "
+                    f"{bytes_text(cost.output_bytes_per_device)}, temporaries {bytes_text(cost.temp_bytes_per_device)}",
+                    span,
+                    None,
+                    "shard the largest arguments over more of the mesh (FSDP), donate the parameters and "
+                    "optimizer state (`donate=` in sr.jit) so outputs reuse their buffers, or rematerialise "
+                    "activations (`jax.checkpoint`) to cut the temporaries",
+                )
+            )
+    return found

@@ -1,0 +1,99 @@
+"""A step on its mesh against the same step on one device: `Comparison`.
+
+A layout should change where the math runs, never what it computes (up to
+the order of floating-point sums). `RuleJit.compare` runs the step both ways
+on the same inputs and reports, per output leaf, the largest absolute and
+relative difference, so that a layout change, or a `shard_map` kernel, can
+be shown not to change the results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._interop._paths import flatten, path_str
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafDifference:
+    """How one output leaf differs between the mesh and one device.
+
+    **Attributes:** `path` (the leaf's path in the output, `""` for a lone
+    array), `shape`, `max_abs` (the largest `|mesh - one device|`),
+    `max_rel` (the largest of that over `|one device|`, where it is not 0),
+    `close` (`numpy.allclose` under the comparison's tolerances).
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    max_abs: float
+    max_rel: float
+    close: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """What `RuleJit.compare` found (see there).
+
+    **Attributes:** `leaves` (a `LeafDifference` per array leaf of the
+    output), `rtol`, `atol`; `ok` (every leaf close), `worst` (the leaf with
+    the largest relative difference, or `None` for an output with no array).
+    """
+
+    leaves: tuple[LeafDifference, ...]
+    rtol: float
+    atol: float
+
+    @property
+    def ok(self) -> bool:
+        return all(leaf.close for leaf in self.leaves)
+
+    @property
+    def worst(self) -> LeafDifference | None:
+        if not self.leaves:
+            return None
+        return max(self.leaves, key=lambda leaf: (not leaf.close, leaf.max_rel, leaf.max_abs))
+
+    def __str__(self) -> str:
+        worst = self.worst
+        if worst is None:
+            return "no array in the output"
+        verdict = "the same" if self.ok else "DIFFERENT"
+        return (
+            f"{verdict} on the mesh and on one device (rtol={self.rtol:g}, atol={self.atol:g}): "
+            f"{len(self.leaves)} output arrays; largest difference at `{worst.path or '(output)'}` "
+            f"{worst.shape}: {worst.max_abs:.3g} absolute, {worst.max_rel:.3g} relative"
+        )
+
+
+def compare_outputs(sharded: Any, single: Any, rtol: float, atol: float) -> Comparison:
+    """The `Comparison` of two outputs of the same structure."""
+    got, _ = flatten(sharded)
+    want, _ = flatten(single)
+    leaves = []
+    for (keys, a), (_, b) in zip(got, want, strict=True):
+        if not hasattr(a, "shape") or not hasattr(b, "shape"):
+            continue
+        x, y = np.asarray(jax.device_get(a)), np.asarray(jax.device_get(b))
+        if x.dtype.kind not in "fciub" or x.dtype == np.bool_:
+            same = bool(np.array_equal(x, y))
+            leaves.append(LeafDifference(path_str(keys), x.shape, 0.0 if same else float("inf"), 0.0, same))
+            continue
+        x64, y64 = x.astype(np.float64), y.astype(np.float64)
+        diff = np.abs(x64 - y64)
+        scale = np.abs(y64)
+        rel = np.divide(diff, scale, out=np.zeros_like(diff), where=scale > 0)
+        leaves.append(
+            LeafDifference(
+                path_str(keys),
+                x.shape,
+                float(diff.max()) if diff.size else 0.0,
+                float(rel.max()) if rel.size else 0.0,
+                bool(np.allclose(x64, y64, rtol=rtol, atol=atol)),
+            )
+        )
+    return Comparison(tuple(leaves), rtol, atol)

@@ -1,0 +1,285 @@
+"""What a layout costs per device, read off the compiled step: `StepCost`.
+
+XLA compiles a step for the mesh it runs on (simulated CPU devices do as
+well as real ones for this: the partitioned program is the same). From the
+compiled step come its per-device FLOPs and bytes accessed
+(`cost_analysis()`), its memory (`memory_analysis()`: arguments, outputs,
+temporaries), and, from its optimised HLO, every collective with its result
+size and the scope of the operation it was made for (the HLO's `op_name`
+metadata). The ideal is the same step compiled for one device (a mesh of the
+same axis names, each of size 1), its FLOPs divided by the devices: what a
+perfect split would leave each device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+_KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+_OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<kind>" + "|".join(_KINDS) + r")(?P<start>-start)?\(")
+_ARRAY = re.compile(r"(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
+_COMMENT = re.compile(r"/\*.*?\*/")
+_OP_NAME = re.compile(r'op_name="(?P<name>[^"]*)"')
+_BITS = {"pred": 8, "s4": 4, "u4": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One kind of collective in a compiled step.
+
+    **Attributes:**
+
+    - `kind`: `"all-gather"`, `"all-reduce"`, `"reduce-scatter"`,
+      `"all-to-all"` or `"collective-permute"`.
+    - `count`: how many the step runs (each once per call; a loop's body's
+      count once).
+    - `bytes_per_device`: the size of their results on one device, summed.
+    - `scopes`: the named scopes of the operations they were made for, as
+      the HLO's metadata says (`SCOPE (backward)` for the gradient's), most
+      bytes first.
+    """
+
+    kind: str
+    count: int
+    bytes_per_device: int
+    scopes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """What one call of a compiled step costs each device (see `RuleJit.cost`).
+
+    **Attributes:**
+
+    - `devices`: how many devices the step is partitioned over.
+    - `flops_per_device`: XLA's count of floating-point operations one
+      device runs.
+    - `ideal_flops_per_device`: the one-device step's FLOPs divided by
+      `devices` (`None` where it was not computed).
+    - `ratio`: `flops_per_device / ideal_flops_per_device`: 1.0 is a perfect
+      split; 2.0, each device doing twice its share.
+    - `bytes_accessed_per_device`: bytes one device reads and writes.
+    - `peak_bytes_per_device`: arguments, outputs and temporaries held by one
+      device at once, less what outputs reuse of donated arguments.
+    - `argument_bytes_per_device`, `output_bytes_per_device`,
+      `temp_bytes_per_device`: its parts.
+    - `collectives`: a `Collective` per kind the step runs.
+    """
+
+    devices: int
+    flops_per_device: float
+    ideal_flops_per_device: float | None
+    bytes_accessed_per_device: float
+    peak_bytes_per_device: int
+    argument_bytes_per_device: int
+    output_bytes_per_device: int
+    temp_bytes_per_device: int
+    collectives: tuple[Collective, ...] = ()
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.ideal_flops_per_device:
+            return None
+        return self.flops_per_device / self.ideal_flops_per_device
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of every attribute (and `ratio`)."""
+        out = dataclasses.asdict(self)
+        out["ratio"] = self.ratio
+        out["collectives"] = [dataclasses.asdict(c) | {"scopes": list(c.scopes)} for c in self.collectives]
+        return out
+
+    def lines(self) -> list[str]:
+        """The cost as lines of text (what `str` gives)."""
+        ratio = (
+            f" ({self.ratio:.2f}x the ideal {flops_text(self.ideal_flops_per_device)})" if self.ratio else ""
+        )
+        out = [
+            f"devices: {self.devices}",
+            f"FLOPs per device: {flops_text(self.flops_per_device)}{ratio}",
+            f"bytes accessed per device: {bytes_text(self.bytes_accessed_per_device)}",
+            f"peak memory per device: {bytes_text(self.peak_bytes_per_device)} (arguments "
+            f"{bytes_text(self.argument_bytes_per_device)}, outputs {bytes_text(self.output_bytes_per_device)}, "
+            f"temporaries {bytes_text(self.temp_bytes_per_device)})",
+        ]
+        if not self.collectives:
+            out.append("collectives: none")
+        for c in self.collectives:
+            where = (
+                f"; from {', '.join(c.scopes[:4])}{', ...' if len(c.scopes) > 4 else ''}" if c.scopes else ""
+            )
+            out.append(f"{c.kind}: {c.count} ({bytes_text(c.bytes_per_device)} per device{where})")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def flops_text(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} FLOP"
+
+
+def bytes_text(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def _size(shape: str) -> int:
+    """Bytes of an HLO result type (`f32[16,64]{1,0}`, or a tuple of them)."""
+    total = 0
+    for m in _ARRAY.finditer(shape):
+        dtype = m["dtype"]
+        bits = _BITS.get(dtype)
+        if bits is None:
+            digits = re.sub(r"^[a-z]+", "", dtype)
+            bits = int(digits) if digits else 8
+        dims = [int(d) for d in m["dims"].split(",") if d]
+        total += math.prod(dims) * bits // 8
+    return total
+
+
+def _split(text: str, sep: str) -> list[str]:
+    """`text` split at `sep` outside parentheses."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == sep and depth == 0:
+            out.append(text[start:i])
+            start = i + 1
+    out.append(text[start:])
+    return out
+
+
+_WRAPPER = re.compile(r"(?P<name>[\w-]+)\((?P<inner>.*)\)")
+_NOT_SCOPES = {"jit", "pjit", "pmap", "jvp", "vmap", "transpose", "remat", "checkpoint", "shard_map"}
+
+
+def _segments(path: str) -> tuple[list[str], bool]:
+    """The scope names in `path` (transforms unwrapped), and whether a
+    `transpose` wraps any of them."""
+    names: list[str] = []
+    backward = False
+    for segment in _split(path, "/"):
+        m = _WRAPPER.fullmatch(segment)
+        if m is None:
+            if segment:
+                names.append(segment)
+            continue
+        backward = backward or m["name"] == "transpose"
+        inner, inner_backward = _segments(m["inner"])
+        backward = backward or inner_backward
+        if m["name"] not in _NOT_SCOPES or inner:
+            names.extend(inner)
+    return names, backward
+
+
+def scope_of(op_name: str) -> list[str]:
+    """The named scopes an HLO `op_name` names (several for a fused one,
+    `(a/op:b/op)`), `SCOPE (backward)` under a `transpose`; `""` outside
+    every scope."""
+    parts = _split(op_name, "/")
+    while (
+        parts
+        and (outer := _WRAPPER.fullmatch(parts[0])) is not None
+        and outer["name"] in ("jit", "pjit", "pmap")
+    ):
+        parts.pop(0)
+    text = "/".join(parts)
+    fused = text.startswith("(") and text.endswith(")")  # one operation made of several
+    out = []
+    for piece in _split(text[1:-1], ":") if fused else [text]:
+        pieces = _split(piece, "/")
+        names, backward = _segments("/".join(pieces[:-1]))  # the last is the primitive
+        scope = "/".join(names)
+        out.append(f"{scope} (backward)" if backward and scope else scope)
+    return out
+
+
+def collectives(hlo: str) -> tuple[Collective, ...]:
+    """Every collective in the optimised HLO text `hlo`, by kind."""
+    found: dict[str, list[Any]] = {}
+    for line in hlo.splitlines():
+        line = _COMMENT.sub("", line)  # XLA numbers long tuples' elements: `/*index=5*/f32[4]`
+        m = _OP.search(line)
+        if m is None:
+            continue
+        size = _size(m["shape"])
+        if m["start"]:  # an async start's result holds its operands too: the last element is the output
+            arrays = list(_ARRAY.finditer(m["shape"]))
+            size = _size(arrays[-1].group(0)) if arrays else size
+        entry = found.setdefault(m["kind"], [0, 0, {}])
+        entry[0] += 1
+        entry[1] += size
+        name = _OP_NAME.search(line)
+        for scope in scope_of(name["name"]) if name else []:
+            if scope:
+                entry[2][scope] = entry[2].get(scope, 0) + size
+    return tuple(
+        Collective(kind, count, nbytes, tuple(sorted(scopes, key=lambda s: -scopes[s])))
+        for kind in _KINDS
+        if kind in found
+        for count, nbytes, scopes in [found[kind]]
+    )
+
+
+def _number(cost: Any, key: str) -> float:
+    if isinstance(cost, Sequence) and not isinstance(cost, dict):
+        cost = cost[0] if cost else {}
+    return float((cost or {}).get(key, 0.0) or 0.0)
+
+
+def cost_of(compiled: Any, devices: int, ideal_flops: float | None) -> StepCost:
+    """The `StepCost` of a compiled step partitioned over `devices`, given
+    the one-device step's FLOPs (`None`: not known)."""
+    cost = compiled.cost_analysis()
+    memory = compiled.memory_analysis()
+
+    def stat(name: str) -> int:
+        return int(getattr(memory, name, 0) or 0) if memory is not None else 0
+
+    arguments, outputs = stat("argument_size_in_bytes"), stat("output_size_in_bytes")
+    temps, aliased = stat("temp_size_in_bytes"), stat("alias_size_in_bytes")
+    return StepCost(
+        devices=devices,
+        flops_per_device=_number(cost, "flops"),
+        ideal_flops_per_device=None if ideal_flops is None else ideal_flops / devices,
+        bytes_accessed_per_device=_number(cost, "bytes accessed"),
+        peak_bytes_per_device=arguments + outputs + temps - aliased,
+        argument_bytes_per_device=arguments,
+        output_bytes_per_device=outputs,
+        temp_bytes_per_device=temps,
+        collectives=collectives(compiled.as_text() or ""),
+    )
+
+
+def shapes_only(args: Sequence[Any]) -> tuple[Any, ...]:
+    """`args` with every array leaf a `ShapeDtypeStruct` with no layout."""
+
+    def one(leaf: Any) -> Any:
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+            return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype)
+        return leaf
+
+    return tuple(jax.tree.map(one, a) for a in args)
+
+
+def one_device_mesh(mesh: Any) -> Any:
+    """A mesh of `mesh`'s axis names and types, every axis of size 1, on one device."""
+    names = tuple(mesh.axis_names)
+    return jax.make_mesh(
+        (1,) * len(names), names, axis_types=tuple(mesh.axis_types), devices=[mesh.devices.flat[0]]
+    )
