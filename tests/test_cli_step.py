@@ -355,3 +355,35 @@ def test_a_mesh_bigger_than_the_machine_is_costed_on_simulated_devices(tmp_path:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "  devices: 256" in done.stdout and "FLOPs per device" in done.stdout
+
+
+def test_diff_step_shows_both_rule_files_costs_side_by_side(project, capsys) -> None:
+    folder, module = project
+    replicated = RULES.replace('"up$"   -> (_, model)', '"up$"   -> replicated')
+    (folder / "rep.shard").write_text(replicated.replace('"down$" -> (model, _)', '"down$" -> replicated'))
+    (folder / f"{module}_shapes.py").write_text(
+        f"from {module} import shapes\n\ndef params():\n    return shapes()[0]\n"
+    )
+    argv = [
+        "diff",
+        "rep.shard",
+        "tp.shard",
+        "--shapes",
+        f"{module}_shapes:params",
+        "--step",
+        f"{module}:check_step",
+    ]
+    assert main(argv) == 1  # the plans differ
+    out = capsys.readouterr().out
+    table = out[out.index("step cost") :].splitlines()
+    rows = {line[:22].strip(): line[22:].split() for line in table[1:] if line.strip()}
+    assert rows["devices"] == ["8", "8", "1.00x"]
+    flops_a, flops_b = float(rows["FLOPs per device"][0]), float(rows["FLOPs per device"][2])
+    assert flops_b < flops_a  # tensor parallelism splits the work the replicated file repeats
+    assert main([*argv, "--format", "json"]) == 1
+    costs = json.loads(capsys.readouterr().out)["step_cost"]
+    assert costs["a"]["ratio"] > costs["b"]["ratio"] >= 0.95
+    assert (
+        main(["diff", "rep.shard", "tp.shard", "--shapes", f"{module}_shapes:params", "--step", "nope:x"])
+        == 2
+    )

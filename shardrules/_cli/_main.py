@@ -150,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("b", metavar="B", help="a rule file (.shard) or a plan file (.json)")
     _plans.add_options(diff, sides=True)
     diff.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    _options.step_option(
+        diff, "compare what it costs each device under A's and B's rules (FLOPs, memory, collectives)"
+    )
     diff.set_defaults(run=_plans.run_diff)
 
     _convert.add_parser(commands)

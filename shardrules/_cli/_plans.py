@@ -16,7 +16,7 @@ from .._planning._dump import PlanFormatError, Table, dumps, loads, table_of
 from .._planning._plan import Plan
 from .._planning._plandiff import compare
 from .._planning._shapes import ShapeSourceError, load_shapes
-from . import _config, _lint, _options, _render
+from . import _config, _lint, _options, _render, _step
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
@@ -168,9 +168,35 @@ def run_diff(args: argparse.Namespace) -> int:
         except PlanFailed:
             return EXIT_ERROR
     diff = compare(tables["a"], tables["b"])
+    costs = _step_costs(args, meshes) if getattr(args, "step", None) else None
     if args.format == "json":
-        json.dump(diff.as_json(), sys.stdout, indent=2)
+        found = diff.as_json()
+        if costs is not None:
+            found["step_cost"] = {side: cost.to_json() for side, cost in costs.items()}
+        json.dump(found, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(diff.text() + "\n")
+        if costs is not None:
+            sys.stdout.write("\n")
+            _render.write_table(
+                _step.cost_rows(costs), sys.stdout, _render.use_rich(sys.stdout), _step.COST_HEADER
+            )
     return EXIT_OK if diff.equal else EXIT_DIFFERENT
+
+
+def _step_costs(args: argparse.Namespace, meshes: dict[str, dict[str, int] | None]) -> dict[str, Any]:
+    """`--step`: the step's cost under each side's rules and mesh (both rule files)."""
+    sides = {}
+    for side in ("a", "b"):
+        path = getattr(args, side)
+        if is_dump(path):
+            raise _lint.UsageError(
+                f"--step compiles the step under each side's rules: {path} is a dump, not a rule file"
+            )
+        try:
+            rules = load(path)
+        except ShardRulesError as err:
+            raise _lint.UsageError(f"{path}: {err}") from None
+        sides[side] = (rules, meshes[side] if meshes[side] is not None else _file_sizes(path))
+    return _step.costs(args.step, sides)

@@ -239,3 +239,45 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         span = dict(rules.group_span_items).get("activations")
         found += _budget.findings(args.step_cost, traced.decisions, max_ratio, max_peak, span, args)
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *found]))
+
+
+def costs(spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None]]) -> dict[str, Any]:
+    """The `StepCost` of the step `spec` names under each side's rules and
+    mesh sizes (`diff --step`), traced and compiled on simulated devices."""
+    counts = [math.prod(sizes.values()) for _, sizes in sides.values() if sizes]
+    if counts:
+        _ensure_devices(max(counts))  # JAX starts once: with enough devices for both sides
+    out = {}
+    for side, (rules, sizes) in sides.items():
+        step, step_args, _ = trace(spec, rules, sizes)
+        out[side] = _cost(spec, step, step_args)
+    return out
+
+
+def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """`diff --step`'s table: each measure of the two sides' costs, and B over A."""
+    from .._tracing._cost import bytes_text, flops_text
+
+    a, b = costs["a"], costs["b"]
+
+    def collective_bytes(cost: Any) -> int:
+        return sum(c.bytes_per_device for c in cost.collectives)
+
+    def ratio(x: float | None, y: float | None) -> str:
+        return f"{y / x:.2f}x" if x and y is not None else "-"
+
+    measures = [
+        ("devices", str(a.devices), str(b.devices), ratio(a.devices, b.devices)),
+        ("FLOPs per device", flops_text(a.flops_per_device), flops_text(b.flops_per_device),
+         ratio(a.flops_per_device, b.flops_per_device)),
+        ("against the ideal", f"{a.ratio:.2f}x" if a.ratio else "-", f"{b.ratio:.2f}x" if b.ratio else "-",
+         ratio(a.ratio, b.ratio)),
+        ("peak memory per device", bytes_text(a.peak_bytes_per_device), bytes_text(b.peak_bytes_per_device),
+         ratio(a.peak_bytes_per_device, b.peak_bytes_per_device)),
+        ("collectives per device", bytes_text(collective_bytes(a)), bytes_text(collective_bytes(b)),
+         ratio(collective_bytes(a), collective_bytes(b))),
+    ]  # fmt: skip
+    return measures
+
+
+COST_HEADER = ("step cost", "A", "B", "B / A")
