@@ -66,6 +66,8 @@ class Model:
     # The parameters' layouts (a PartitionSpec pytree) on this mesh as the library
     # itself gives them, where it has its own (MaxText's logical axis rules).
     native_specs: Any = None
+    # The parameters as the library boxes them with their logical axis names, where it does.
+    boxed: Any = None
 
     @property
     def mesh_text(self) -> str:
@@ -548,4 +550,5 @@ def maxtext_llama(layers: int = 2, iota_embed: bool = False) -> Model:
         _version("maxtext"),
         bind=bind,
         native_specs=native,
+        boxed=jax.device_get(boxed),
     )

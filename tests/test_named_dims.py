@@ -46,9 +46,20 @@ def test_a_spec_written_for_unstacked_kernels_splits_the_layer_dimension():
     (d,) = found
     assert d.severity == "warning" and d.path == "decoder/layers/query/kernel"
     assert "splits dimension 1 of `decoder/layers/query/kernel` (shape (64, 4, 8)) over fsdp" in d.message
-    assert "logical name `layers`" in d.message and "lays out as (_)" in d.message
+    assert "logical name `layers` for that dimension, which the rule file has no alias for" in d.message
+    assert (
+        "fsdp is what the tree's `embed` (dimension 0) stands for: the spec's positions are shifted"
+        in d.message
+    )
     assert "('embed', 'layers', 'heads')" in d.hint or "(embed, layers, heads)" in d.hint
     assert d.span is not None and d.span.line == 5
+
+
+def test_a_name_the_file_has_no_alias_for_is_not_a_contradiction_by_itself():
+    """`kv_heads` split over `tensor` by the `heads` alias: the file does not name
+    every logical name the model uses, and `tensor` is no other dimension's."""
+    tree = nnx.State({"key": {"kernel": _param((64, 4, 8), "embed", "layers", "kv_heads")}})
+    assert _sr214('rules params:\n  "key/kernel" -> (embed, _, heads)\n', tree) == []
 
 
 def test_a_spec_that_follows_the_names_says_nothing():

@@ -165,3 +165,37 @@ def test_keras_hub_scopes_are_the_layer_names_and_a_rule_that_misses_says_so() -
         step.lower(params, batch)
     (found,) = [w.message for w in caught if getattr(w.message, "code", None) == "SR211"]
     assert found.diagnostics[0].hint.startswith('did you mean "decoder_block_0/attention" or')
+
+
+def test_maxtext_logical_names_check_a_positional_spec_sr214() -> None:
+    """MaxText stacks its layers on dimension 1 and names every dimension
+    (`embed`, `layers`, `q_heads`, ...): its rule file agrees with the names;
+    a spec written for unstacked kernels, `(..., embed, heads, _)`, splits the
+    layer dimension, and SR214 says so."""
+    model = _maxtext_or_skip(layers=4)  # a layer dimension `fsdp=4` divides: the plan is valid
+    rules = sr.load(model.rules)
+    mesh = dict(zip(model.axes, model.shape, strict=True))
+    assert [d for d in sr.check(model.boxed, rules, mesh) if d.code == "SR214"] == []
+    text = Path(model.rules).read_text()
+    unstacked = text.replace(
+        '"self_attention/(query|key|value)/kernel$" -> (embed, _, heads, _)',
+        '"self_attention/(query|key|value)/kernel$" -> (..., embed, heads, _)',
+    )
+    assert unstacked != text
+    found = [
+        d
+        for d in sr.check(model.boxed, sr.loads(unstacked, name="unstacked.shard"), mesh)
+        if d.code == "SR214"
+    ]
+    assert found and all("self_attention" in d.path for d in found)
+    assert any("`layers` for that dimension" in d.message and "shifted" in d.message for d in found), found
+
+
+def _maxtext_or_skip(layers: int = 2):
+    pytest.importorskip(
+        "maxtext", reason="MaxText is not installed (how: `maxtext_llama` in benchmarks/_models.py)"
+    )
+    try:
+        return models.maxtext_llama(layers=layers)
+    except models.Unavailable as why:
+        pytest.skip(str(why))

@@ -11,10 +11,13 @@ axis divides), so nothing else would say so.
 
 For each leaf a positional rule shards, each sharded dimension's mesh axes
 are compared with what its logical name stands for in the rule file: the
-alias of that name, else the mesh axis of that name, else nothing (Flax
-leaves a name without a rule unsharded). A dimension split over axes its
-name does not stand for is an SR214 warning naming the dimension, its
-logical name, the axes and the rule; one per rule and kind of leaf.
+alias of that name, else the mesh axis of that name. A dimension split over
+axes its name does not stand for is an SR214 warning naming the dimension,
+its logical name, the axes and the rule; one per rule and kind of leaf. A
+name the file has no alias for (nor an axis of that name) says nothing by
+itself (the file may not mirror every name the model uses), so it is
+warned about only where the axes splitting it are what another dimension's
+name stands for: the spec's positions are shifted.
 Linen's `Partitioned` names mesh axes, not logical names, and is compared
 directly.
 """
@@ -30,14 +33,18 @@ from ._logical import MeshAxisNames, logical_names
 from ._plan import Plan
 
 
-def _stands_for(name: Any, aliases: dict[str, tuple[str, ...]], axes: set[str], mesh_names: bool) -> Any:
-    """The mesh axes logical name `name` lays its dimension out over, as a
-    set, or `None` where that cannot be told (a name that is neither an
-    alias nor a mesh axis, in a file without a mesh line)."""
+def _stands_for(
+    name: Any, aliases: dict[str, tuple[str, ...]], axes: set[str], mesh_names: bool
+) -> tuple[set[str], bool] | None:
+    """The mesh axes logical name `name` lays its dimension out over, and
+    whether the rule file says so (the name, or each part of it, is an alias
+    or a mesh axis); `None` where that cannot be told at all (a name that is
+    not text, or a file without a mesh line)."""
     if name is None:
-        return set()
+        return set(), False
     parts = name if isinstance(name, tuple) else (name,)
     found: set[str] = set()
+    known = True
     for part in parts:
         if not isinstance(part, str):
             return None
@@ -49,8 +56,9 @@ def _stands_for(name: Any, aliases: dict[str, tuple[str, ...]], axes: set[str], 
             found.add(part)
         elif not axes:
             return None  # no mesh line: whether it is an axis cannot be told
-        # else neither an alias nor an axis: unsharded, as Flax leaves it
-    return found
+        else:
+            known = False  # neither an alias nor an axis: the file says nothing of it
+    return found, known
 
 
 def check(plan: Plan, tree: Any) -> Plan:
@@ -70,30 +78,51 @@ def check(plan: Plan, tree: Any) -> Plan:
         if lp.shape is None or len(leaf_names) != len(lp.shape):
             continue
         mesh_names = isinstance(leaf_names, MeshAxisNames)
+        meanings = [_stands_for(n, aliases, axes, mesh_names) for n in leaf_names]
         for dim, (entry, name) in enumerate(zip(lp.spec, leaf_names, strict=True)):
             used = set(entry_axes(entry))
-            if not used:
+            meaning = meanings[dim]
+            if not used or meaning is None:
                 continue
-            meant = _stands_for(name, aliases, axes, mesh_names)
-            if meant is None or used <= meant:
-                continue
+            meant, known = meaning
+            if known:
+                if used <= meant:
+                    continue
+                shown = "_" if not meant else ", ".join(sorted(meant))
+                why = f"which the rule file lays out as ({shown})"
+                fix = f"write the entry for dimension {dim} as `{shown}`"
+            else:  # a name the file has no alias for: wrong where its axes are another dimension's
+                other = next(
+                    (
+                        (e, leaf_names[e])
+                        for e, m in enumerate(meanings)
+                        if e != dim and m is not None and m[1] and m[0] & used
+                    ),
+                    None,
+                )
+                if other is None:
+                    continue
+                why = (
+                    f"which the rule file has no alias for, while {', '.join(sorted(used))} is what the "
+                    f"tree's `{_show(other[1])}` (dimension {other[0]}) stands for: the spec's positions "
+                    "are shifted"
+                )
+                fix = f"give dimension {other[0]} that entry, or add `alias {_show(name)} = AXES`"
             key = (id(rule), lp.shape, dim, name)
             if key in found:
                 found[key] = dataclasses.replace(found[key], paths=(*found[key].paths, (lp.path, lp.shape)))
                 continue
-            shown = "_" if not meant else ", ".join(sorted(meant))
             what = "names the mesh axes" if mesh_names else "has the logical name"
             found[key] = Diagnostic(
                 "SR214",
                 "warning",
                 f"rule `{rule.pattern or 'default'}` splits dimension {dim} of `{lp.path}` (shape "
                 f"{lp.shape}) over {', '.join(sorted(used))}, but the tree {what} `{_show(name)}` for "
-                f"that dimension, which the rule file lays out as ({shown})",
+                f"that dimension, {why}",
                 rule.spec.span or rule.span,
                 lp.path,
-                f"check the spec's positions against the tree's names {_show(leaf_names)}: write the entry "
-                f"for dimension {dim} as `{shown}`, or let the names decide with `-> logical` (aliases as "
-                "Flax's logical_axis_rules)",
+                f"check the spec's positions against the tree's names {_show(leaf_names)}: {fix}, or let "
+                "the names decide with `-> logical` (aliases as Flax's logical_axis_rules)",
                 ((lp.path, lp.shape),),
                 f"rule `{rule.pattern or 'default'}` splits dimension {dim} (logical name `{_show(name)}`) "
                 f"over {', '.join(sorted(used))}",
