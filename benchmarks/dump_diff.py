@@ -27,7 +27,8 @@ import jax
 
 import shardrules as sr
 from shardrules._cli._plans import plan_file
-from shardrules._planning._dump import dumps, loads, table_of
+from shardrules._planning._dump import dumps, table_of
+from shardrules._planning._dumpread import loads
 from shardrules._planning._plandiff import compare
 
 SIZES = {"data": 2, "fsdp": 32, "model": 8}

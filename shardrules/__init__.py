@@ -19,6 +19,7 @@ from ._errors import IncludeNotFoundError as IncludeNotFoundError
 from ._errors import MeshError as MeshError
 from ._errors import PlacementError as PlacementError
 from ._errors import PlanError as PlanError
+from ._errors import PlanFileError as PlanFileError
 from ._errors import ProcessMismatchError as ProcessMismatchError
 from ._errors import RuleDefinitionError as RuleDefinitionError
 from ._errors import RuleSyntaxError as RuleSyntaxError
@@ -33,6 +34,7 @@ from ._language._rules import Rule as Rule
 from ._language._rules import RuleSet as RuleSet
 from ._placement._apply import apply as apply
 from ._placement._checkpoint import load_checkpoint as load_checkpoint
+from ._placement._meeting import agree_on_step as _agree_on_step
 from ._placement._orbax import load_orbax as load_orbax
 from ._placement._reshard import reshard as reshard
 from ._placement._sharded_init import init as init
@@ -45,6 +47,7 @@ from ._planning._layouts import specs as specs
 from ._planning._plan import LeafPlan as LeafPlan
 from ._planning._plan import Plan as Plan
 from ._planning._shapes import load_shapes as load_shapes
+from ._suggest._suggest import suggest as suggest
 from ._tracing._compare import Comparison as Comparison
 from ._tracing._compare import LeafDifference as LeafDifference
 from ._tracing._constrain import auto_constrain as auto_constrain
@@ -52,6 +55,7 @@ from ._tracing._constrain import constrain as constrain
 from ._tracing._cost import Collective as Collective
 from ._tracing._cost import StepCost as StepCost
 from ._tracing._jit import jit as jit
+from ._tracing._jit import set_agreement as _set_agreement
 from ._tracing._shard_map import shard_map as shard_map
 from ._version import __version__ as __version__
 
@@ -68,6 +72,7 @@ __all__ = [
     "PlacementError",
     "Plan",
     "PlanError",
+    "PlanFileError",
     "ProcessMismatchError",
     "Rule",
     "RuleDefinitionError",
@@ -101,4 +106,10 @@ __all__ = [
     "shard_map",
     "shardings",
     "specs",
+    "suggest",
 ]
+
+# Before a step first runs in a multi-process run, `sr.jit` has the processes
+# compare their plans and meshes: placement's meeting, handed to tracing here
+# (tracing does not import placement).
+_set_agreement(_agree_on_step)

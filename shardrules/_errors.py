@@ -247,6 +247,12 @@ class TreeError(ShardRulesError, TypeError):
     """The input is not a pytree shardrules can walk."""
 
 
+class PlanFileError(ShardRulesError, ValueError):
+    """A plan file (`Plan.from_json`, `shardrules diff`) that cannot be read:
+    not JSON, another format or version, a key or value the format does not
+    have, or leaves that no plan could hold (SR124)."""
+
+
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """` did you mean `x`?` for the closest candidate, or `""`."""
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
@@ -282,6 +288,7 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
     "SR112": ProcessMismatchError,
     "SR114": ProcessMismatchError,
     "SR109": TreeError,
+    "SR124": PlanFileError,
 }
 
 

@@ -43,7 +43,10 @@ def import_attr(spec: str, example: str, error: type[Exception], what: str = "at
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as err:
-        raise error(f"{spec!r}: cannot import {module_name!r}: {err}") from None
+        where = ""
+        if isinstance(err, ModuleNotFoundError) and err.name == module_name.split(".")[0]:
+            where = f" (looked for in the current directory, {os.getcwd()}, then on sys.path: run from the folder that holds it, or add that folder to PYTHONPATH)"
+        raise error(f"{spec!r}: cannot import {module_name!r}: {err}{where}") from None
     except SystemExit as err:  # the module's own code exited on import
         raise error(f"{spec!r}: importing it exited (SystemExit: {err.code!r})") from None
     except Exception as err:  # the module's own code failed on import

@@ -424,9 +424,83 @@ def main() -> None:
         expect_any_error("verify_bogus_on_one", lambda: sr.apply(host_params, rules, mesh, verify=verify))
         unchecked = sr.apply(skewed, rules, mesh, verify="off")  # the check is what stops it
         result["unchecked_embed_shape"] = list(unchecked["embed"].shape)
+        every_entry_point_meets(mesh, other_mesh, same_rules, other_rules, w)
         # After all that, the processes still agree and go on together.
         result["after_errors_total"] = total(sr.apply(host_params, rules, mesh))
     result["seconds"] = time.perf_counter() - started
+
+
+def every_entry_point_meets(mesh, other_mesh, same_rules, other_rules, w) -> None:
+    """Each entry point that places data, with a rule file or a mesh that
+    differs between the processes, or a plan that fails on process 1 only:
+    every process must stop, with SR112 (or its own error), at once."""
+    flipped = "(data, model)" if PROCESS == 0 else "(model, data)"
+    ckpt_rules = sr.loads(
+        f'mesh data, model\nrules params:\n  "sharded" -> {flipped}\n  default -> replicated\n'
+    )
+    missing_group = "no_such_group" if PROCESS == 1 else "params"
+
+    # apply with verify="off": the values are not compared, the plan and the mesh are.
+    expect_any_error("off_rules", lambda: sr.apply(w, other_rules, mesh, verify="off"))
+    expect_any_error("off_mesh", lambda: sr.apply(w, same_rules, other_mesh, verify="off"))
+
+    # init: the plan of the initialiser's output and the mesh.
+    def make(key):
+        return {"w": jax.random.normal(key, (8, 8))}
+
+    key = jax.random.key(0)
+    expect_any_error("init_rules", lambda: sr.init(make, other_rules, mesh)(key))
+    expect_any_error("init_mesh", lambda: sr.init(make, same_rules, other_mesh)(key))
+    expect_any_error("init_fails_on_one", lambda: sr.init(make, same_rules, mesh, group=missing_group)(key))
+    unreadable = OUT / "missing.shard" if PROCESS == 1 else same_rules  # fails when wrapped, on process 1
+    expect_any_error("init_wrap_fails_on_one", lambda: sr.init(make, unreadable, mesh)(key))
+    result["init_after_total"] = total(sr.init(make, same_rules, mesh)(key))
+
+    # load_checkpoint: the same file, planned by rule files that differ; another mesh.
+    file = OUT / "model.safetensors"
+    expect_any_error("checkpoint_rules", lambda: sr.load_checkpoint(file, ckpt_rules, mesh))
+    same_ckpt = sr.loads(
+        'mesh data, model\nrules params:\n  "sharded" -> (data, model)\n  default -> replicated\n'
+    )
+    expect_any_error("checkpoint_mesh", lambda: sr.load_checkpoint(file, same_ckpt, other_mesh))
+
+    # load_orbax: stopped before Orbax reads anything (the path need not exist).
+    target = {"w": jax.ShapeDtypeStruct((8, 8), np.float32)}
+    ckpt = OUT / "no-orbax-checkpoint"
+    expect_any_error("orbax_rules", lambda: sr.load_orbax(ckpt, other_rules, mesh, target=target))
+    expect_any_error("orbax_mesh", lambda: sr.load_orbax(ckpt, same_rules, other_mesh, target=target))
+    expect_any_error(
+        "orbax_fails_on_one",
+        lambda: sr.load_orbax(ckpt, same_rules, mesh, group=missing_group, target=target),
+    )
+
+    # reshard: its plan on the target mesh; an argument only one process gets wrong.
+    placed = sr.apply(w, same_rules, mesh)
+    expect_any_error("reshard_rules", lambda: sr.reshard(placed, other_rules, mesh))
+    expect_any_error("reshard_mesh", lambda: sr.reshard(placed, same_rules, other_mesh))
+    donate = "yes" if PROCESS == 1 else False
+    expect_any_error("reshard_fails_on_one", lambda: sr.reshard(placed, same_rules, mesh, donate=donate))
+
+    # sr.jit's first call: in and out shardings, activation rules, mesh.
+    def double(p):
+        with jax.named_scope("h"):
+            return jax.tree.map(lambda x: x * 2, p)
+
+    def step(rules_, mesh_, **kwargs):
+        return sr.jit(double, rules_, mesh_, in_groups=("params",), out_groups="params", **kwargs)
+
+    expect_any_error("jit_rules", lambda: step(other_rules, mesh)(placed))
+    expect_any_error("jit_mesh", lambda: step(same_rules, other_mesh)(placed))
+    expect_any_error(
+        "jit_fails_on_one",
+        lambda: sr.jit(double, same_rules, mesh, in_groups=(missing_group,), out_groups="params")(placed),
+    )
+    spec = "(data, _)" if PROCESS == 0 else "(model, _)"
+    with_acts = sr.loads(
+        f'mesh data, model\nrules params:\n  "w$" -> (data, model)\nrules activations:\n  "h" -> {spec}\n'
+    )
+    expect_any_error("jit_activations", lambda: step(with_acts, mesh)(placed))
+    result["jit_after_total"] = total(step(same_rules, mesh)(placed))
 
 
 def dead_peer() -> None:

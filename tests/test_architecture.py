@@ -5,6 +5,7 @@ Stages sit in a stack, each importing only those below it:
 
     _cli → _placement | _tracing → _planning → _interop → _language → _errors
     _cli → _convert → _language
+    _cli → _suggest → _planning
 
 `_placement` and `_tracing` stand side by side and never import each other;
 `_convert` (other projects' rules to rule files) needs only the language.
@@ -42,7 +43,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "_planning": PLANNING,
     "_placement": PLANNING | {"_placement"},
     "_tracing": PLANNING | {"_tracing"},
-    "_cli": PLANNING | {"_placement", "_tracing", "_convert", "_cli"},
+    "_suggest": PLANNING | {"_suggest"},
+    "_cli": PLANNING | {"_placement", "_tracing", "_convert", "_suggest", "_cli"},
 }
 """For each stage (a folder, or a base module), the stages it may import."""
 

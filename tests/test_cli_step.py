@@ -387,3 +387,10 @@ def test_diff_step_shows_both_rule_files_costs_side_by_side(project, capsys) -> 
         main(["diff", "rep.shard", "tp.shard", "--shapes", f"{module}_shapes:params", "--step", "nope:x"])
         == 2
     )
+
+
+def test_a_step_module_that_is_not_found_says_where_it_was_looked_for(project, capsys) -> None:
+    assert main(["lint", "tp.shard", "--step", "no_such_steps:check_step"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import 'no_such_steps'" in err and "looked for in the current directory" in err
+    assert "PYTHONPATH" in err

@@ -35,6 +35,11 @@ SKIPS: dict[str, tuple[int, str]] = {
     # test session has done (the single-process blocks of the page do run)
     "multihost.md": (3, "jax.distributed.initialize needs several processes and a fresh JAX"),
 }
+# page -> the optional library (and its extra) its programs need: a page whose library is
+# not installed skips, saying which extra installs it (as the tests of that library do)
+NEEDS: dict[str, tuple[str, str]] = {
+    "cookbook/penzai.md": ("penzai", "pip install -e '.[penzai]'"),
+}
 
 
 @dataclasses.dataclass
@@ -84,6 +89,9 @@ def test_block_runs_as_a_program(
 ) -> None:
     if block.skipped is not None:
         pytest.skip(block.skipped)
+    if block.page in NEEDS:
+        module, how = NEEDS[block.page]
+        pytest.importorskip(module, reason=f"{module} is not installed ({how})")
     monkeypatch.chdir(tmp_path)
     for other in _blocks(page):
         if other.line > block.line:

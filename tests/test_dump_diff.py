@@ -192,7 +192,7 @@ def test_dumps_that_no_plan_could_hold_are_refused() -> None:
         '"spec": ["model", null]': ('"spec": ["modle", null]', "names 'modle', which the mesh (model) lacks"),
         '"dtype": "float32", "spec": ["model"': (
             '"dtype": "flaot32", "spec": ["model"',
-            "'flaot32' is not a dtype",
+            '"flaot32" is not a dtype',
         ),
         '"shape": [8, 4]': ('"shape": [8, "4"]', "a shape is a list of whole numbers"),
         '"bytes": 64}': ('"bytes": 99}', "99 bytes per device, but its shape, dtype and spec make 64"),

@@ -9,12 +9,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import shardrules as sr
 from shardrules._cli._main import main
-from shardrules._planning._html import page
+from shardrules._planning._html import _SCRIPT, natural_key, page
 from shardrules._planning._plan import format_bytes
 
 RULES = """mesh fsdp, model
@@ -48,6 +50,64 @@ class _Balance(html.parser.HTMLParser):
         self.text.append(data)
 
 
+class _Report(html.parser.HTMLParser):
+    """The scripts of a page, and the rows of its leaf table (cell texts, and
+    whether the row is hidden)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.scripts: list[str] = []
+        self.rows: list[tuple[list[str], bool]] = []
+        self.inputs: list[dict[str, str | None]] = []
+        self._script: list[str] | None = None
+        self._leaves = self._body = False
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        found = dict(attrs)
+        if tag == "script":
+            self._script = []
+        elif tag == "input":
+            self.inputs.append(found)
+        elif tag == "table":
+            self._leaves = "sr-leaves" in (found.get("class") or "")
+        elif tag == "tbody" and self._leaves:
+            self._body = True
+        elif tag == "tr" and self._body:
+            self.rows.append(([], "hidden" in found))
+        elif tag == "td" and self._body:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script" and self._script is not None:
+            self.scripts.append("".join(self._script))
+            self._script = None
+        elif tag == "td" and self._cell is not None:
+            self.rows[-1][0].append("".join(self._cell))
+            self._cell = None
+        elif tag == "tbody":
+            self._body = False
+        elif tag == "table":
+            self._leaves = False
+
+    def handle_data(self, data: str) -> None:
+        if self._script is not None:
+            self._script.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _report(text: str) -> _Report:
+    parser = _Report()
+    parser.feed(text)
+    parser.close()
+    return parser
+
+
+def _scripts(text: str) -> list[str]:
+    return _report(text).scripts
+
+
 def _balanced(text: str) -> str:
     parser = _Balance()
     parser.feed(text)
@@ -77,7 +137,8 @@ def test_page_is_well_formed_and_has_the_numbers(plan: sr.Plan) -> None:
     assert "fsdp=1 model=3" in shown  # a grid cell of a/w
     assert "devices 7" in shown  # the device holding it, in mesh order
     assert "devices 0,4" in shown  # a/b's first block, on model=0 of both fsdp rows
-    assert "<script>" not in text and "&lt;script&gt;" in text
+    assert "<script>alert" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert _scripts(text) == [_SCRIPT]  # the one script is the constant filter: no text of the plan
     assert not re.search(r"https?://", text)
 
 
@@ -127,5 +188,129 @@ def test_in_a_headless_browser(plan: sr.Plan, tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-2000:]
     assert format_bytes(plan.bytes_per_device) in run.stdout
     assert "a/w" in run.stdout
+    bad = [line for line in run.stderr.splitlines() if "Uncaught" in line or "ERROR:CONSOLE" in line]
+    assert not bad, bad
+
+
+def _hf_plan(layers: int = 80) -> sr.Plan:
+    """A 723-leaf plan named as a Hugging Face checkpoint names its tensors."""
+    S = jax.ShapeDtypeStruct
+    shapes = {
+        "model.embed_tokens.weight": S((1024, 64), jnp.bfloat16),
+        "model.norm.weight": S((64,), jnp.float32),
+    }
+    shapes["lm_head.weight"] = S((1024, 64), jnp.bfloat16)
+    for i in range(layers):
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            shapes[f"model.layers.{i}.self_attn.{name}.weight"] = S((64, 64), jnp.bfloat16)
+        for name in ("up_proj", "down_proj", "gate_proj"):
+            shapes[f"model.layers.{i}.mlp.{name}.weight"] = S((64, 64), jnp.bfloat16)
+        shapes[f"model.layers.{i}.input_layernorm.weight"] = S((64,), jnp.float32)
+        shapes[f"model.layers.{i}.post_attention_layernorm.weight"] = S((64,), jnp.float32)
+    rules = sr.loads(
+        'mesh fsdp, model\nrules params:\n  "proj" -> (model, fsdp)\n  default -> replicated\n',
+        name="hf.shard",
+    )
+    return sr.plan(shapes, rules, {"fsdp": 2, "model": 4})
+
+
+def test_every_leaf_is_listed_in_natural_order() -> None:
+    plan = _hf_plan()
+    assert len(plan) == 723
+    report = _report(page(plan))
+    paths = [cells[0] for cells, _ in report.rows]
+    assert sorted(paths) == sorted(leaf.path for leaf in plan)  # every leaf, once
+    assert paths == sorted(paths, key=natural_key)
+    assert paths.index("model.layers.2.mlp.down_proj.weight") < paths.index(
+        "model.layers.10.mlp.down_proj.weight"
+    )
+    assert paths.index("model.layers.9.self_attn.v_proj.weight") < paths.index(
+        "model.layers.10.mlp.down_proj.weight"
+    )
+    q_proj = [cells for cells in (c for c, _ in report.rows) if "q_proj" in cells[0]]
+    assert len(q_proj) == 80 and q_proj[0] == [
+        "model.layers.0.self_attn.q_proj.weight", "(64, 64)", "bfloat16", "P('model', 'fsdp')", "hf.shard:3:3",
+        "8.0 KiB", "1.0 KiB",
+    ]  # fmt: skip
+    assert not any(hidden for _, hidden in report.rows)  # all shown until something is typed
+    [box] = report.inputs
+    assert box["class"] == "sr-filter" and box["type"] == "search"
+    assert report.scripts == [_SCRIPT]
+    assert "723 leaves" in _balanced(page(plan))
+
+
+def test_natural_key() -> None:
+    paths = ["layers.10", "layers.2", "layers.1/b", "layers.1", "layers.01", "a", "", "layers.x", "9" * 5000]
+    assert sorted(paths, key=natural_key) == [
+        "", "9" * 5000, "a", "layers.01", "layers.1", "layers.1/b", "layers.2", "layers.10", "layers.x",
+    ]  # fmt: skip
+
+
+def test_every_text_of_the_plan_is_escaped() -> None:
+    """Paths that would close the script, open a comment or leave an attribute
+    are shown as written, and the one script is still the constant."""
+    hostile = [
+        "</script><script>alert(1)</script>",
+        '" onmouseover="alert(1)',
+        "<!-- a",
+        "a&amp;b",
+        "<img src=x onerror=alert(1)>",
+        "]]>",
+    ]
+    rules = sr.loads("rules params:\n  default -> (data, ...)\n", name="<evil>.shard")
+    plan = sr.plan({path: np.zeros((8,), np.float32) for path in hostile}, rules, {"data": 2})
+    text = page(plan)
+    report = _report(text)
+    assert sorted(cells[0] for cells, _ in report.rows) == sorted(hostile)
+    assert report.scripts == [_SCRIPT]
+    assert len(report.inputs) == 1
+    assert "<img" not in text and "<evil>" not in text and "&lt;evil&gt;" in text
+    _balanced(text)
+
+
+def test_a_plan_read_from_a_dump_shows_its_report() -> None:
+    plan = _hf_plan(layers=3)
+    back = sr.Plan.from_json(plan.to_json())
+    fragment = back._repr_html_()
+    report = _report(fragment)
+    assert sorted(cells[0] for cells, _ in report.rows) == sorted(leaf.path for leaf in plan)
+    shown = _balanced(fragment)
+    assert "hf.shard:3" in shown and "21 leaves" in shown  # the rules, by the location the file gives
+    assert format_bytes(plan.bytes_per_device) in shown
+
+
+def _chromium_dom(text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    path = tmp_path / "plan.html"
+    path.write_text(text, encoding="utf-8")
+    return subprocess.run(
+        [
+            chromium, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr", "--v=0",
+            f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def test_the_filter_box_in_a_headless_browser(tmp_path: Path) -> None:
+    """Typing `q_proj` into the box leaves the 80 query projections of 723 leaves shown."""
+    typing = (
+        "<script>var box = document.querySelector('input.sr-filter'); box.value = 'Q_PROJ layers.1';"
+        "box.dispatchEvent(new Event('input'));</script>"
+    )
+    text = page(_hf_plan()).replace("</body>", typing + "</body>")
+    run = _chromium_dom(text, tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = _report(run.stdout)
+    shown = [cells[0] for cells, hidden in report.rows if not hidden]
+    assert len(report.rows) == 723
+    # every word, in any case: layers 1 and 10 to 19
+    assert shown == [f"model.layers.{i}.self_attn.q_proj.weight" for i in [1, *range(10, 20)]]
+    assert "11 of 723 leaves shown" in run.stdout
+    assert "disabled" not in report.inputs[0]
     bad = [line for line in run.stderr.splitlines() if "Uncaught" in line or "ERROR:CONSOLE" in line]
     assert not bad, bad

@@ -26,9 +26,10 @@ import pytest
 
 import shardrules as sr
 from shardrules._cli._main import main as cli_main
-from shardrules._placement import _agree, _exchange, _fingerprint, _multihost
+from shardrules._placement import _agree, _exchange, _fingerprint, _meeting, _multihost
 from shardrules._planning import _hosts
 from shardrules._planning._compile import compile_leaves
+from shardrules._tracing import _jit
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 TIMEOUT = 100  # seconds for every process together
@@ -318,6 +319,76 @@ def test_meshes_that_differ_between_processes_are_stopped_and_named(results):
         assert "jax.make_mesh" in found["message"]  # the hint
 
 
+# Every entry point that places data, with a rule file (or a mesh) that differs
+# between the processes: (case, what the message names, the first words of its line).
+DIFFERENT_PLANS = {
+    "off_rules": ("apply(group='params')", "w: "),  # verify="off": the plan is compared all the same
+    "init_rules": ("init(group='params')", "w: "),
+    "checkpoint_rules": ("load_checkpoint(", "sharded: "),
+    "orbax_rules": ("load_orbax(", "w: "),
+    "reshard_rules": ("reshard(group='params')", "w: "),
+    "jit_rules": ("jit(", "in/0/w: "),
+}
+DIFFERENT_MESHES = ["off_mesh", "init_mesh", "checkpoint_mesh", "orbax_mesh", "reshard_mesh", "jit_mesh"]
+# A plan that fails on process 1 only: (case, process 1's own error).
+FAILS_ON_ONE = {
+    "init_fails_on_one": "GroupNotFoundError",
+    "init_wrap_fails_on_one": "IncludeNotFoundError",  # its rule file is missing: when init() wraps
+    "orbax_fails_on_one": "GroupNotFoundError",
+    "reshard_fails_on_one": "TypeError",  # donate="yes"
+    "jit_fails_on_one": "GroupNotFoundError",
+}
+
+
+@pytest.mark.slow
+def test_every_entry_point_compares_plans_on_every_process(results):
+    specs = ("P('data', 'model')", "P('model', 'data')")
+    for me, r in enumerate(results["multi"]):
+        for case, (what, leaf) in DIFFERENT_PLANS.items():
+            found = r[case]
+            assert found is not None, f"{case}: rule files that differ were not detected"
+            assert found["type"] == "ProcessMismatchError" and found["code"] == "SR112", (case, found)
+            assert found["message"].startswith(f"SR112 {what}"), (case, found["message"])
+            assert "the processes plan different layouts" in found["message"], case
+            line = f"{leaf}{specs[me]} here, {specs[1 - me]} on process {1 - me}"
+            assert line in found["message"], (case, found["message"])
+            assert found["seconds"] < 10, (case, found["seconds"])  # at once, not after a timeout
+        # sr.jit also compares its outputs' layouts and its activation rules.
+        assert f"out/w: {specs[me]} here" in r["jit_rules"]["message"]
+        activations = r["jit_activations"]
+        assert activations is not None and activations["code"] == "SR112", activations
+        assert "rules activations: 1 rule #" in activations["message"]
+
+
+@pytest.mark.slow
+def test_every_entry_point_compares_meshes_on_every_process(results):
+    meshes = ("model=4 × data=2", "data=2 × model=4")
+    for me, r in enumerate(results["multi"]):
+        for case in DIFFERENT_MESHES:
+            found = r[case]
+            assert found is not None, f"{case}: meshes that differ were not detected"
+            assert found["type"] == "ProcessMismatchError" and found["code"] == "SR112", (case, found)
+            assert f"mesh: {meshes[me]} here, {meshes[1 - me]} on process {1 - me}" in found["message"], case
+            assert found["seconds"] < 10, (case, found["seconds"])
+
+
+@pytest.mark.slow
+def test_a_plan_that_fails_on_one_process_stops_every_process(results):
+    first, second = results["multi"]
+    for case, own in FAILS_ON_ONE.items():
+        mine, theirs = second[case], first[case]
+        assert mine is not None and mine["type"] == own, (case, mine)
+        assert theirs is not None and theirs["code"] == "SR112", (case, theirs)
+        assert (
+            "process 1 stopped on errors that this process (process 0 of 2) did not find" in theirs["message"]
+        )
+        assert mine["seconds"] < 10 and theirs["seconds"] < 10, (case, mine["seconds"], theirs["seconds"])
+    # After all that, the processes are still in step: the same calls with the same rules go through.
+    for r in results["multi"]:
+        assert r["init_after_total"] == pytest.approx(results["multi"][0]["init_after_total"])
+        assert r["jit_after_total"] == 2 * sum(range(64))
+
+
 @pytest.mark.slow
 def test_a_bad_argument_on_one_process_still_joins_the_comparison(results):
     first, second = results["multi"]
@@ -380,13 +451,18 @@ def test_mismatches_names_paths_shapes_and_processes():
     tables = np.stack([_table(mine, 4), _table(theirs, 4)])
     found = _agree.mismatches(["w", "v", "only/here"], headers, tables, 0)
     assert found == [
-        ("w", "w: values differ from those on process 1", "tree"),
+        ("w", "w: values differ from those on process 1", "values"),
         ("v", "v: (4,) float32 here, (5,) float16 on process 1", "tree"),
         ("only/here", "only/here: only on this process, not on process 1", "tree"),
         (None, "process 1 has 2 leaves that this process lacks (its error names them)", "tree"),
     ]
     error = _agree.mismatch_error(found, 0, 2, "apply(group='params')", local=False)
     assert error.code == "SR112" and error.path == "w"
+    assert "the processes do not hold the same tree" in str(error)
+    # verify='off' drops only the values from the comparison: the hint says so where values differ.
+    assert "verify='off' skips the comparison of the values (not of the plan and the mesh)" in error.hint
+    shapes_only = _agree.mismatch_error(found[1:], 0, 2, "apply(group='params')", local=False)
+    assert "verify='off'" not in shapes_only.hint
     # Processes holding different slices (process-local data) compare shapes only.
     assert (
         _agree.mismatches(["w"], np.array([[1, 0], [1, 0]], np.uint32), tables[:, :1], 0, [[True, False]])
@@ -485,6 +561,78 @@ def test_regions_are_computed_once_per_shape_and_spec(monkeypatch, mesh42):
     assert len(rows) == 4 and same == [[True]] * 4
     assert sorted(specs.values()) == ["P('data', None)", "P(None, 'model')"]
     assert len(calls) == 2  # (8, 4) under (data, _) for a, b, c; under (_, model) for d
+
+
+def test_one_process_meets_no_one(monkeypatch, mesh42):
+    # With one process, no entry point exchanges anything, and sr.jit does not call its hook.
+    def no_exchange(*args, **kwargs):
+        raise AssertionError("an exchange with one process")
+
+    hooked: list[str] = []
+    monkeypatch.setattr(_exchange, "exchange", no_exchange)
+    monkeypatch.setattr(_jit, "_agreement", lambda what, planned: hooked.append(what))
+    rules = sr.loads('mesh data, model\nrules params:\n  "w$" -> (data, model)\n')
+    w = {"w": np.ones((8, 8), np.float32)}
+    for verify in ("sample", "off"):
+        sr.apply(w, rules, mesh42, verify=verify)
+    made = sr.init(lambda: {"w": jax.numpy.ones((8, 8))}, rules, mesh42)()
+    sr.reshard(made, rules, mesh42)
+    sr.jit(lambda p: p, rules, mesh42, in_groups="params", out_groups="params")(made)
+    assert hooked == []
+
+
+def test_the_first_call_of_a_step_meets_the_other_processes(monkeypatch, mesh42):
+    # With several processes, sr.jit's first call of each signature hands its
+    # layouts to the meeting; later calls with that signature do not.
+    met: list[tuple[str, jax.sharding.Mesh, list]] = []
+
+    def meeting(what, planned):
+        met.append((what, *planned()))
+
+    rules = sr.loads(
+        'mesh data, model\nrules params:\n  "w$" -> (data, model)\nrules activations:\n  "h" -> (data, _)\n'
+    )
+
+    def scoped(p):
+        with jax.named_scope("h"):
+            return jax.tree.map(lambda x: x + 1, p)
+
+    step = sr.jit(scoped, rules, mesh42, in_groups="params", out_groups="params")
+    made = sr.apply({"w": np.ones((8, 8), np.float32)}, rules, mesh42)
+    taller = sr.apply({"w": np.ones((16, 8), np.float32)}, rules, mesh42)
+    monkeypatch.setattr(_jit, "_agreement", meeting)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    step(made)
+    step(made)
+    step(taller)
+    assert len(met) == 2 and all(what.startswith("jit(") for what, _, _ in met)
+    _, mesh, layouts = met[0]
+    assert mesh is mesh42
+    P = jax.sharding.PartitionSpec
+    assert layouts[:2] == [
+        ("in/0/w", None, None, P("data", "model")),
+        ("out/w", None, None, P("data", "model")),
+    ]
+    assert layouts[2][0] == "rules activations" and layouts[2][3].startswith("1 rule #")
+
+
+def test_layout_rows_compare_what_a_spec_means():
+    P = jax.sharding.PartitionSpec
+    rows, texts = _meeting.layout_rows(
+        [
+            ("a", None, None, P("data")),
+            ("b", None, None, P("data", None)),  # the same layout, written longer
+            ("c", (8, 8), np.float32, P("data")),
+            ("d", (8, 8), np.float32, P("data", None)),
+            ("e", None, None, P("model")),
+            ("f", None, None, "3 rules #abcd"),
+            ("g", None, None, None),
+        ]
+    )
+    spec = [tuple(row[_fingerprint.SPEC]) for row in rows]
+    assert spec[0] == spec[1] and spec[2] == spec[3] and spec[0] != spec[4]
+    assert spec[5] != (0, 0) and spec[6] == (0, 0)  # zeros: not compared
+    assert "3 rules #abcd" in texts.values() and "P('model',)" in texts.values()  # what messages show
 
 
 def test_verify_modes_and_one_process(mesh42):

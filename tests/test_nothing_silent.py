@@ -191,3 +191,22 @@ def test_a_group_count_that_does_not_fit_says_so() -> None:
         TypeError, match=r"in_groups has 2 entries for 1 arguments of `.*<lambda>`.*or one group"
     ):
         step(PARAMS)
+
+
+def test_groups_for_an_output_that_is_not_a_sequence_say_to_give_one_name() -> None:
+    step = sr.jit(lambda p, b: p, RULES, _mesh(), in_groups=("params", "inputs"), out_groups=("params", None))
+    with pytest.raises(
+        TypeError, match=r"2 groups given for a dict, which is not a tuple or list: give one group name"
+    ):
+        step(PARAMS, BATCH)
+
+
+def test_a_rule_that_matches_no_leaf_of_an_argument_names_the_argument() -> None:
+    rules = sr.loads(
+        'rules params:\n  "w$" -> (data, _)\n  "nothing_here$" -> replicated\n  default -> replicated\n'
+    )
+    step = sr.jit(lambda p: p, rules, _mesh(), in_groups=("params",), activations=None)
+    with pytest.warns(sr.ShardRulesWarning, match="SR201") as caught:
+        step(PARAMS)
+    (found,) = [str(w.message) for w in caught if w.message.code == "SR201"]
+    assert "in_groups[0] (argument `p`) in group `params`: rule `nothing_here$` matches no leaf" in found

@@ -5,6 +5,7 @@ collect every finding (`_render` prints them)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ from .._planning import _check
 from .._planning._choice import alternative_warnings
 from .._planning._compile import compile_plan
 from .._planning._hosts import HostsError, check_hosts
-from .._planning._mesh import declared_sizes
+from .._planning._mesh import MAX_DEVICES, declared_sizes
 from .._planning._plan import Plan
 
 
@@ -39,6 +40,17 @@ def parse_mesh(text: str, where: str = "--mesh") -> dict[str, int]:
         if name.strip() in sizes:
             raise UsageError(f"{what}: axis `{name.strip()}` is given twice")
         sizes[name.strip()] = int(size)
+    return limit_devices(sizes, what)
+
+
+def limit_devices(sizes: dict[str, int], what: str) -> dict[str, int]:
+    """`sizes`, unless they make more than `MAX_DEVICES` devices (`UsageError`,
+    naming `what`): the bytes to move and per host hold a number per device."""
+    devices = math.prod(sizes.values())
+    if devices > MAX_DEVICES:
+        raise UsageError(
+            f"{what}: {devices} devices in all; shardrules checks meshes of at most {MAX_DEVICES}"
+        )
     return sizes
 
 
@@ -77,7 +89,8 @@ def sizes_for(rules: RuleSet, mesh: Mapping[str, int] | None) -> dict[str, int] 
         return dict(mesh)
     if rules.mesh is None or any(not isinstance(a.size, int) for a in rules.mesh.axes):
         return None  # `*` or no sizes: lint never guesses from the devices it runs on
-    return declared_sizes(rules.mesh, None, rules.sources)
+    sizes = declared_sizes(rules.mesh, None, rules.sources)
+    return None if sizes is None else limit_devices(sizes, f"{rules.name}: the mesh line")
 
 
 def lint_file(

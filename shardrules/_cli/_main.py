@@ -14,7 +14,7 @@ from .._errors import ShardRulesError
 from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._version import __version__
-from . import _config, _convert, _discover, _lint, _options, _plans, _render, _step
+from . import _config, _convert, _discover, _lint, _options, _plans, _render, _step, _suggest
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -156,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     diff.set_defaults(run=_plans.run_diff)
 
     _convert.add_parser(commands)
+    _suggest.add_parser(commands)
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,8 @@ from typing import Any
 from .._errors import ShardRulesError
 from .._language._load import load
 from .._planning._compile import compile_plan
-from .._planning._dump import PlanFormatError, Table, dumps, loads, table_of
+from .._planning._dump import Table, dumps, table_of
+from .._planning._dumpread import loads
 from .._planning._plan import Plan
 from .._planning._plandiff import compare
 from .._planning._shapes import ShapeSourceError, load_shapes
@@ -91,10 +94,12 @@ def is_dump(path: str) -> bool:
 
 def read_dump(path: str) -> Table:
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+            raise _lint.UsageError(f"{path}: not a regular file (a folder, a FIFO, a device or a socket)")
         return loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise _lint.UsageError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, PlanFormatError) as err:
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8, a NUL in the name, SR124 and its hint
         raise _lint.UsageError(f"{path}: {err}") from None
 
 
@@ -106,7 +111,7 @@ def _side_mesh(base: dict[str, int] | None, value: str | None, option: str) -> d
         return base
     sizes = _lint.parse_mesh(value, option)
     if base is not None and sizes is not None and set(sizes) <= set(base):
-        return {**base, **sizes}
+        return _lint.limit_devices({**base, **sizes}, f"{option} {value!r} over the base mesh")
     return sizes
 
 

@@ -14,12 +14,16 @@ for what differs, SR114 for a process that never joined the comparison.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import jax
 import numpy as np
 
 from .._errors import Diagnostic, ProcessMismatchError, ShardRulesError, error_for
 from ._fingerprint import DATA, PATH, SHAPE, SPEC, describe
+
+if TYPE_CHECKING:
+    from ._exchange import Exchanged
 
 NO_TABLE = 2  # a process's failed flag when it stopped before making its table
 _MAX_LISTED = 12
@@ -82,7 +86,7 @@ def mismatches(
             theirs_text = "; ".join(f"{t} on {_processes(qs)}" for t, qs in specced.items())
             lines.append((path, f"{label}: {text(me, row[SPEC])} here, {theirs_text}", "layout"))
         if valued:
-            lines.append((path, f"{label}: values differ from those on {_processes(valued)}", "tree"))
+            lines.append((path, f"{label}: values differ from those on {_processes(valued)}", "values"))
     my_keys = {tuple(r[PATH]) for r in mine}
     for q in range(processes):
         extra = sum(1 for key in others[q] if key not in my_keys)
@@ -156,7 +160,7 @@ def mismatch_error(
     a hint for each kind of difference; `fix` replaces the hint written for
     `apply` about trees that differ."""
     lines = [line for _, line, _ in found]
-    kinds = [k for k in ("mesh", "layout", "tree") if any(kind == k for _, _, kind in found)]
+    kinds = [k for k in ("mesh", "layout", "tree", "values") if any(kind == k for _, _, kind in found)]
     shown = lines[:_MAX_LISTED] + (
         [f"... and {len(lines) - _MAX_LISTED} more"] if len(lines) > _MAX_LISTED else []
     )
@@ -167,7 +171,10 @@ def mismatch_error(
         "generators identically on every process and read the same files; for data where each "
         "process holds only its own slice (a batch), pass process_local=True"
     )
-    hint = "; ".join([*(_FIXES.get(k, tree) for k in kinds), "verify='off' skips this check"])
+    fixes = dict.fromkeys(_FIXES.get(k, tree) for k in kinds)
+    if "values" in kinds:  # the plan and the mesh are compared whatever `verify` says
+        fixes["verify='off' skips the comparison of the values (not of the plan and the mesh)"] = None
+    hint = "; ".join(fixes)
     path = next((p for p, _, _ in found if p is not None), None)
     title = "mesh" if "mesh" in kinds else "layout" if kinds == ["layout"] else "tree"
     return error_for(
@@ -182,6 +189,38 @@ def mismatch_error(
             )
         ]
     )
+
+
+def settle(
+    got: Exchanged,
+    paths: Sequence[str],
+    what: str,
+    *,
+    failed: bool,
+    mesh: Mapping[str, Any],
+    same: Sequence[Sequence[bool]] | None = None,
+    local: bool = False,
+    fix: str | None = None,
+    cause: str | None = None,
+) -> None:
+    """What every entry point concludes from an exchange, the same on every
+    process: SR112 when a mesh differs (`mesh`: this process's description);
+    else when a leaf's path, shape, dtype, planned spec or, where hashed, its
+    values differ (`same`, `local`, `fix`: as for `mismatches` and
+    `mismatch_error`); else, unless this process `failed` itself, when another
+    one failed (`cause`: what usually makes it fail). Returns otherwise (a
+    process that failed then raises its own error)."""
+    me, processes = jax.process_index(), jax.process_count()
+    others = got.other_meshes(me)
+    if others:
+        found = mesh_differences(mesh, {q: got.details(q).get("mesh") for q in others})
+        raise mismatch_error(found, me, processes, what, local, fix)
+    found = mismatches(paths, got.headers, got.tables, me, same, got.spec_text)
+    if found:
+        raise mismatch_error(found, me, processes, what, local, fix)
+    elsewhere = failed_elsewhere(got.headers, me)
+    if elsewhere and not failed:
+        raise failed_elsewhere_error(elsewhere, me, processes, what, cause)
 
 
 def failed_elsewhere(headers: np.ndarray, me: int) -> list[int]:
@@ -238,8 +277,8 @@ def did_not_join_error(
                 f"within {seconds:g} s (this is process {me} of {processes}); nothing was moved{said}",
                 hint=f"{logs} what became of {them}: check whether {they} crashed, ran out "
                 f"of memory or {was} killed, or {are} running other code: every process must call "
-                f"{what.split('(')[0]} the same number of times, in the same order, with the same verify= "
-                f"(not verify='off' on some processes only, nor under `if jax.process_index() == 0:`); "
+                f"{what.split('(')[0]} the same number of times, in the same order "
+                f"(not under `if jax.process_index() == 0:`); "
                 f"if {they} {are} only slow to get there (verify='full' on a large tree, a slow file "
                 f"system), give {them} longer with the environment variable {setting}",
             )

@@ -65,15 +65,16 @@ def apply(
       own slice of the arrays (its part of the batch), and the global arrays
       are assembled from the slices (`jax.make_array_from_process_local_data`);
       by default every process passes the whole tree. One process: no effect.
-    - `verify`: in a multi-process run, how the processes check that they
-      pass the same tree, plan the same specs and use the same mesh before
-      anything moves (SR112): `"sample"` (or `True`) hashes every byte of a
-      leaf up to 1 MiB, and of a larger one 64 evenly spaced runs of 4 KiB
-      plus its last 4 KiB (260 KiB, taken on the devices for a `jax.Array`);
-      `"full"` every byte; `"off"` (or `False`) skips the check. Each process
-      waits at most `SHARDRULES_JOIN_TIMEOUT` seconds (environment variable,
-      read at each call; default 60) for the others to join it. See
-      docs/multihost.md.
+    - `verify`: in a multi-process run, how much of the data the processes
+      compare before anything moves. They always compare their meshes and,
+      for each leaf, its path, shape, dtype and planned spec (SR112 when they
+      differ); `verify` adds a hash of the values: `"sample"` (or `True`)
+      hashes every byte of a leaf up to 1 MiB, and of a larger one 64 evenly
+      spaced runs of 4 KiB plus its last 4 KiB (260 KiB, taken on the devices
+      for a `jax.Array`); `"full"` every byte; `"off"` (or `False`) none.
+      Each process waits at most `SHARDRULES_JOIN_TIMEOUT` seconds
+      (environment variable, read at each call; default 60) for the others
+      to join it. See docs/multihost.md.
     - `replicated_tolerance`: the share of the plan's bytes (0 to 1) that may
       be fully replicated, every device holding them whole, before a
       `ShardRulesWarning` (SR116) says so; default 0.25. A group whose rules
@@ -101,12 +102,10 @@ def apply(
     """
     if jax.process_count() > 1:  # each process puts its own shards: see _multihost
         # Whatever fails on this process before the exchange (a bad argument too),
-        # the others hear of it.
-        exchanging = not (verify is False or verify == "off")
-        with _multihost.joining_on_error(exchanging, what=f"apply(group={group!r})"):
+        # the others hear of it. The plan and the mesh are compared whatever `verify` says.
+        with _multihost.joining_on_error(True, what=f"apply(group={group!r})"):
             mode = check_mode(verify)
-            if mode != "off":
-                join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is an error of this process
+            join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is an error of this process
             ruleset = as_rules(rules)
             resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
             assert isinstance(resolved, jax.sharding.Mesh)

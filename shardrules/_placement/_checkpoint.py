@@ -7,7 +7,6 @@ Each device's slices are read from a memory map of the file
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -21,24 +20,33 @@ from jax.sharding import Mesh
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._plan import format_bytes
-from .._planning._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, read_header
-from ._multihost import agree_on_shapes
+from .._planning._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, index_files, read_header, shown
+from ._meeting import agree_on_shapes
 
 
 def _checkpoint_files(path: Path) -> dict[str, tuple[Path, dict[str, Any], int]]:
-    """Tensor name → (file, header entry, offset of the file's data region)."""
+    """Tensor name → (file, header entry, offset of the file's data region).
+    An index may only name files in its own folder (see `index_files`)."""
     if path.name.endswith(".index.json"):
-        try:
-            weight_map = json.loads(path.read_text())["weight_map"]
-        except (KeyError, TypeError, json.JSONDecodeError) as err:
-            raise ShapeSourceError(f"{path}: not a checkpoint index with a `weight_map` ({err})") from None
-        files = sorted({path.parent / f for f in weight_map.values()})
+        files = sorted({shard for _, shard in index_files(path).values()})
     else:
         files = [path]
     out: dict[str, tuple[Path, dict[str, Any], int]] = {}
     for file in files:
         _, header, start = read_header(file)  # validated, with clear errors
+        size = file.stat().st_size
         for name, info in header.items():
+            offsets = info.get("data_offsets")
+            if (
+                not isinstance(offsets, list)
+                or len(offsets) != 2
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= size - start
+            ):
+                raise ShapeSourceError(
+                    f"{file}: tensor {name!r} has `data_offsets` {shown(offsets)}, not two offsets "
+                    f"within the file's {max(size - start, 0)} bytes of data: the file is damaged or cut short"
+                )
             out[name] = (file, info, start)
     return out
 
@@ -86,7 +94,10 @@ def load_checkpoint(
     **Arguments:**
 
     - `path`: a `.safetensors` file, or a sharded checkpoint's
-      `model.safetensors.index.json`.
+      `model.safetensors.index.json`. The index may only name files in its
+      own folder (or in the folder the index links to, as in the Hugging Face
+      cache): an absolute name, or one that leads elsewhere through `..` or a
+      symbolic link, is a `ValueError` naming the entry, before anything is read.
     - `rules`, `mesh`, `group`: as for `shardrules.apply`; tensors are matched
       by their name in the checkpoint (`model.layers.0.mlp.up_proj.weight`).
     - `rename`: maps a checkpoint name to the key to use in the result (and to
@@ -100,9 +111,9 @@ def load_checkpoint(
     before anything is read), `ValueError` for a malformed checkpoint,
     `FileNotFoundError`, `TypeError` for a mesh without devices. In a
     multi-process run, `ProcessMismatchError` (SR112) when the processes'
-    tensors differ, or when another process stopped on an error of its own
-    (that process raises its own error; every process joins the comparison
-    either way, so none waits for another).
+    tensors, planned specs or meshes differ, or when another process stopped
+    on an error of its own (that process raises its own error; every process
+    joins the comparison either way, so none waits for another).
 
     ```python
     params = shardrules.load_checkpoint("llama/model.safetensors.index.json", rules, mesh)
@@ -134,7 +145,7 @@ def load_checkpoint(
         # raise SR112 naming this process at once, then raise this process's own error.
         agree_on_shapes(shapes, what, failed=True)
         raise
-    agree_on_shapes(shapes, what)  # every process: the same tensors
+    agree_on_shapes(shapes, what, shardings=targets, mesh=resolved)  # the same tensors, plan and mesh
     total = sum(s.size * s.dtype.itemsize for s in shapes.values())
     if progress is None:
         progress = total > 2**30 and sys.stderr.isatty()

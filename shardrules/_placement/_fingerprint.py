@@ -162,11 +162,16 @@ def fingerprint(
     return row
 
 
-def spec_words(spec: PartitionSpec, rank: int) -> tuple[int, int]:
-    """Two words hashing what `spec` means for an array of `rank` dimensions:
-    `P('data')` and `P('data', None)` (or `P(('data',), None)`) hash the same."""
+def spec_words(spec: PartitionSpec, rank: int | None) -> tuple[int, int]:
+    """Two words hashing what `spec` means for an array of `rank` dimensions
+    (`None`: not known): `P('data')` and `P('data', None)` (or
+    `P(('data',), None)`) hash the same."""
     entries = [tuple(e) if isinstance(e, tuple) else (() if e is None else (e,)) for e in spec]
-    entries += [()] * (rank - len(entries))
+    if rank is None:  # the same without its trailing unsharded dimensions
+        while entries and not entries[-1]:
+            entries.pop()
+    else:
+        entries += [()] * (rank - len(entries))
     extra = (
         sorted(map(str, getattr(spec, "unreduced", ()) or ())),
         sorted(map(str, getattr(spec, "reduced", ()) or ())),

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -176,12 +176,12 @@ class Prepared:
     plan: Plan
     leaves: list[Any]
     problems: list[Diagnostic]
-    rows: list[np.ndarray] | None  # None: verify="off", no exchange
+    rows: list[np.ndarray]  # with data hashes unless verify="off"
     same: list[list[bool]]
     what: str
     local: bool
     specs: dict[str, str]  # the text of each spec hash in `rows`
-    mesh: tuple[np.ndarray, dict[str, Any]] | None  # the mesh's digest and description
+    mesh: tuple[np.ndarray, dict[str, Any]]  # the mesh's digest and description
 
 
 def prepare(
@@ -205,19 +205,15 @@ def prepare(
         problems = []
     problems = list(the_plan.errors) + problems or unconstrained_diagnostics(the_plan)  # SR120
     if budget is None:  # the limit the devices of this process report (others' cannot be asked)
-        budget = _mesh.memory_limit(mesh.local_mesh)
+        budget = _mesh.memory_limit(mesh)  # its devices on this process: a mesh may hold none of them
     arrays = arrays_of(leaves)[0]  # a penzai variable's array
     if not problems:
         problems += _inputs.placement_diagnostics(the_plan, arrays, mesh)
         if budget is not None:
             problems += _check.memory_diagnostics(the_plan, budget)
-    rows: list[np.ndarray] | None = None
-    same: list[list[bool]] = []
-    specs: dict[str, str] = {}
-    if verify != "off":
-        rows, same, specs = _fingerprints(the_plan, arrays, mesh, verify, bool(problems), process_local)
+    rows, same, specs = _fingerprints(the_plan, arrays, mesh, verify, bool(problems), process_local)
     what = f"apply(group={group!r})"
-    the_mesh = _fingerprint.mesh_fingerprint(mesh) if verify != "off" else None
+    the_mesh = _fingerprint.mesh_fingerprint(mesh)
     return Prepared(the_plan, leaves, problems, rows, same, what, process_local, specs, the_mesh)
 
 
@@ -225,20 +221,23 @@ def _fingerprints(
     the_plan: Plan, leaves: Sequence[Any], mesh: Mesh, mode: str, failed: bool, local: bool
 ) -> tuple[list[np.ndarray], list[list[bool]], dict[str, str]]:
     """This process's table, per leaf which processes must hold the same
-    values, and the text of each spec hashed in the table."""
+    values, and the text of each spec hashed in the table. With `mode`
+    "off" (or when this process `failed`) no data is hashed: the rows say
+    path, shape, dtype and spec."""
     me, processes = jax.process_index(), jax.process_count()
     rows, same = [], []
     specs: dict[str, str] = {}
     cache: dict[Any, list[Any]] = {}
+    hashing = mode != "off" and not failed
     for lp, leaf in zip(the_plan.leaves, leaves, strict=True):
         data = None
-        if lp.shape is not None and _is_host(leaf) and not failed:
+        if lp.shape is not None and _is_host(leaf) and hashing:
             data = _fingerprint.data_hash(leaf, mode)
         row = _fingerprint.fingerprint(lp.path, lp.shape, lp.dtype, data, lp.spec)
         rows.append(row)
         if row[_fingerprint.SPEC].any():
             specs.setdefault(_fingerprint.spec_key(row[_fingerprint.SPEC]), spec_repr(lp.spec))
-        if local and lp.spec is not None and lp.shape is not None and not failed:
+        if local and lp.spec is not None and lp.shape is not None and hashing:
             regions = _regions(lp, mesh, processes, cache)
             same.append([regions[q] == regions[me] for q in range(processes)])
         else:
@@ -247,31 +246,27 @@ def _fingerprints(
 
 
 def agree(prepared: Prepared, ruleset: RuleSet) -> None:
-    """Exchange fingerprints with the other processes (unless verify="off"),
-    then raise SR114 if one did not join, SR112 if their meshes, plans or
-    trees differ, or this process's own problems."""
-    if prepared.rows is not None:
-        assert prepared.mesh is not None
-        me, processes = jax.process_index(), jax.process_count()
-        mesh_words, mesh_described = prepared.mesh
-        got = _exchange.exchange(
-            prepared.rows,
-            bool(prepared.problems),
-            what=prepared.what,
-            details={"specs": prepared.specs, "mesh": mesh_described},
-            mesh=mesh_words,
-        )
-        others = got.other_meshes(me)
-        if others:
-            found = _agree.mesh_differences(mesh_described, {q: got.details(q).get("mesh") for q in others})
-            raise _agree.mismatch_error(found, me, processes, prepared.what, prepared.local)
-        paths = [lp.path for lp in prepared.plan.leaves]
-        found = _agree.mismatches(paths, got.headers, got.tables, me, prepared.same, got.spec_text)
-        if found:
-            raise _agree.mismatch_error(found, me, processes, prepared.what, prepared.local)
-        elsewhere = _agree.failed_elsewhere(got.headers, me)
-        if elsewhere and not prepared.problems:
-            raise _agree.failed_elsewhere_error(elsewhere, me, processes, prepared.what)
+    """Exchange fingerprints with the other processes (whatever `verify`
+    says: it only decides whether the data is hashed), then raise SR114 if
+    one did not join, SR112 if their meshes, plans or trees differ or
+    another process failed, or this process's own problems."""
+    mesh_words, mesh_described = prepared.mesh
+    got = _exchange.exchange(
+        prepared.rows,
+        bool(prepared.problems),
+        what=prepared.what,
+        details={"specs": prepared.specs, "mesh": mesh_described},
+        mesh=mesh_words,
+    )
+    _agree.settle(
+        got,
+        [lp.path for lp in prepared.plan.leaves],
+        prepared.what,
+        failed=bool(prepared.problems),
+        mesh=mesh_described,
+        same=prepared.same,
+        local=prepared.local,
+    )
     if prepared.problems:
         raise error_for(prepared.problems, ruleset.sources)
 
@@ -291,63 +286,3 @@ def from_host(local: bool) -> Callable[[Any, LeafPlan, NamedSharding], Any]:
         return jax.make_array_from_callback(lp.shape, sharding, lambda index: np.asarray(host[index]))
 
     return make
-
-
-def agree_on_shapes(
-    shapes: Mapping[str, jax.ShapeDtypeStruct] | None, what: str, *, failed: bool = False
-) -> None:
-    """In a multi-process run, raise SR112 unless every process has the same
-    names, shapes and dtypes (a checkpoint's header: no tensor data is read).
-
-    Every process must call it, also one that failed before it (`failed=True`,
-    with the shapes it read, or `None` if it read none): then this returns
-    after the exchange, unless the shapes differ, and the caller raises its own
-    error, while the processes that did not fail raise SR112 naming it. A
-    process that did not join is SR114 (except for one that failed: its own
-    error matters more)."""
-    if jax.process_count() == 1:
-        return
-    me, processes = jax.process_index(), jax.process_count()
-    names = list(shapes) if shapes is not None else []
-    rows = (
-        [_fingerprint.fingerprint(n, tuple(shapes[n].shape), shapes[n].dtype, None) for n in names]
-        if shapes is not None
-        else None
-    )
-    bad = None
-    if not failed:
-        try:  # a bad SHARDRULES_JOIN_TIMEOUT is this process's own error, raised after joining
-            _exchange.join_timeout()
-        except ValueError as error:
-            bad = error
-    try:
-        got = _exchange.exchange(rows, failed=failed or bad is not None, what=what)
-    except ShardRulesError:
-        if failed:
-            return
-        raise
-    if bad is not None:
-        raise bad
-    headers = got.headers
-    found = _agree.mismatches(names, headers, got.tables, me)
-    if found and rows is not None:
-        raise _agree.mismatch_error(
-            found,
-            me,
-            processes,
-            what,
-            local=False,
-            fix="every process must read the same checkpoint: a copy that differs on some host "
-            "(stale, partly written, another version) gives other tensors; read it from a shared "
-            "file system, or compare the copies' checksums",
-        )
-    elsewhere = _agree.failed_elsewhere(headers, me)
-    if elsewhere and not failed:
-        raise _agree.failed_elsewhere_error(
-            elsewhere,
-            me,
-            processes,
-            what,
-            cause="the checkpoint may be missing, unreadable or malformed there, or its rules differ: "
-            "every process must read the same checkpoint with the same rules",
-        )

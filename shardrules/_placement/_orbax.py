@@ -20,6 +20,10 @@ from jax.sharding import Mesh
 from .._interop._paths import leaf_info
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
+from .._planning._compile import compile_plan
+from ._exchange import join_timeout
+from ._meeting import CHECKPOINT_FIX, agree_on_layouts, plan_layouts
+from ._multihost import joining_on_error
 
 EXTRA_HINT = 'pip install "shardrules[orbax]"'
 
@@ -68,24 +72,46 @@ def load_orbax(
     **Raises:** `ImportError` naming the `orbax` extra when Orbax is missing;
     `TypeError` for a mesh without devices; the errors of
     `shardrules.shardings` (before anything is read); Orbax's
-    own errors for a missing or mismatched checkpoint.
+    own errors for a missing or mismatched checkpoint. In a multi-process
+    run, `ProcessMismatchError` (SR112) on every process, before anything is
+    read, when their arrays (paths, shapes, dtypes), planned specs or meshes
+    differ, or when another process stopped on an error of its own (that one
+    raises its own error); SR114 for a process that does not come.
 
     ```python
     params = shardrules.load_orbax("ckpt/100/default", rules, mesh)
     ```
     """
-    ocp = _orbax()
-    ruleset = as_rules(rules)
-    resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="load_orbax")
-    assert isinstance(resolved, Mesh)
-    checkpointer = ocp.StandardCheckpointer()
-    path = os.path.abspath(os.fspath(path))  # Orbax wants absolute paths
-    if target is None:
-        metadata = checkpointer.metadata(path)
-        target = getattr(metadata, "item_metadata", metadata)
-        target = getattr(target, "tree", target)
-        target = jax.tree.map(_python_scalar, target)
-    planned = placement_shardings(target, ruleset, resolved, group=group)
+    what = f"load_orbax({os.fspath(path)!r})"
+    # In a multi-process run, a process that fails here alone still meets the others
+    # (as one that failed): it raises its own error, they SR112, and nothing is read.
+    with joining_on_error(True, what=what):
+        ocp = _orbax()
+        ruleset = as_rules(rules)
+        resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="load_orbax")
+        assert isinstance(resolved, Mesh)
+        checkpointer = ocp.StandardCheckpointer()
+        path = os.path.abspath(os.fspath(path))  # Orbax wants absolute paths
+        if target is None:
+            metadata = checkpointer.metadata(path)
+            target = getattr(metadata, "item_metadata", metadata)
+            target = getattr(target, "tree", target)
+            target = jax.tree.map(_python_scalar, target)
+        planned = placement_shardings(target, ruleset, resolved, group=group)
+        multi = jax.process_count() > 1
+        if multi:
+            join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is this process's own error
+        layouts = plan_layouts(compile_plan(target, ruleset, resolved, group)) if multi else []
+    # Every process has the same arrays, plans the same specs and uses the same mesh,
+    # or every one stops (SR112) before Orbax reads anything.
+    agree_on_layouts(
+        what,
+        resolved,
+        layouts,
+        fix=CHECKPOINT_FIX,
+        cause="the checkpoint may be missing or unreadable there, Orbax missing, or its rules differ: "
+        "every process must read the same checkpoint with the same rules",
+    )
     leaves, treedef = jax.tree_util.tree_flatten(target)
     targets = [
         jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding)

@@ -1,14 +1,15 @@
 """`shardrules.reshard`: move an already placed tree to its planned layout on
 another mesh, or under another group of the rules.
 
-The plan on the target mesh and every input are checked first; then the
-leaves move one at a time, so that with `donate=True` each source is freed as
-soon as its copy exists and the extra memory at any moment is about one leaf.
+The plan on the target mesh and every input are checked first (and, with
+several processes, compared between them); then `_moves` moves the leaves: with
+`donate=True` one at a time, each source freed once its copy exists and
+nothing else uses its buffers, so that the extra memory at any moment is about
+one leaf and no value is ever lost.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -23,7 +24,8 @@ from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
 from .._planning._compile import compile_leaves
 from .._planning._concrete import unconstrained_diagnostics
 from .._planning._plan import LeafPlan, Plan
-from . import _fingerprint, _multihost
+from . import _fingerprint, _moves, _multihost
+from ._exchange import join_timeout
 
 
 def reshard(
@@ -58,7 +60,12 @@ def reshard(
       than the whole tree. The input tree is unusable afterwards. By
       default the inputs are kept, and the arrays move in one batched
       `jax.device_put`. Either way a moved array shares no memory with
-      its source (a piece that stays on its device is copied there).
+      its source (a piece that stays on its device is copied there). An
+      input is never deleted while an array returned as it is, or an input
+      still to move, shares a buffer with it; if a move fails part-way (out
+      of memory on a later leaf), the error is raised with `error.tree`: the
+      whole tree, each leaf its moved copy where its input was deleted, else
+      its input, untouched.
 
     In a multi-process run every process calls it with the same global arrays;
     the processes first compare their plans and meshes (SR112, SR114, as
@@ -73,6 +80,8 @@ def reshard(
     `PlacementError` (SR107: a traced, deleted, abstract or NumPy leaf; SR110:
     over the devices' memory), `ProcessMismatchError`; `TypeError` for a mesh
     without devices or a `donate` that is not a bool. Nothing has moved.
+    With `donate=True`, an error while moving (after every check passed)
+    carries the whole tree as `error.tree`, as above.
 
     ```python
     train_mesh = jax.make_mesh((4, 2), ("data", "model"))
@@ -81,20 +90,31 @@ def reshard(
     params = shardrules.reshard(params, rollout_rules, rollout_mesh, donate=True)
     ```
     """
-    if not isinstance(donate, bool):
-        raise TypeError(f"reshard's donate must be True or False, not {donate!r}")
     what = f"reshard(group={group!r})"
     if jax.process_count() > 1:
-        with _multihost.joining_on_error(True, what=what):
+        with _multihost.joining_on_error(True, what=what):  # a process failing alone still meets the others
+            _check_donate(donate)
+            join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is this process's own error
             the_plan, leaves, restore, ruleset, resolved, problems = _prepare(tree, rules, mesh, group)
         _agree(the_plan, leaves, resolved, problems, ruleset, what)
     else:
+        _check_donate(donate)
         the_plan, leaves, restore, ruleset, resolved, problems = _prepare(tree, rules, mesh, group)
         if problems:
             raise error_for(problems, ruleset.sources)
-    out = _move(the_plan, leaves, resolved, donate)
+
+    def finish(flat: list[Any]) -> Any:
+        out = jax.tree_util.tree_unflatten(the_plan.treedef, flat)
+        return restore(out) if restore is not None else out
+
+    out = _moves.move(the_plan, leaves, resolved, donate, finish)
     _check.warn_about(the_plan, DEFAULT_REPLICATED_TOLERANCE)
-    return restore(out) if restore is not None else out
+    return out
+
+
+def _check_donate(donate: Any) -> None:
+    if not isinstance(donate, bool):
+        raise TypeError(f"reshard's donate must be True or False, not {donate!r}")
 
 
 def _prepare(
@@ -199,61 +219,3 @@ def _agree(
         _fingerprint.mesh_fingerprint(mesh),
     )
     _multihost.agree(prepared, ruleset)
-
-
-def _move(the_plan: Plan, leaves: list[Any], mesh: jax.sharding.Mesh, donate: bool) -> Any:
-    """The tree with each planned leaf in its sharding (the checks are done); a
-    penzai variable's array moved, and a new variable in the old one's place."""
-    leaves, rewrap = arrays_of(leaves)
-    rebuild = rewrap if rewrap is not None else list
-    cache = the_plan.rules._plan_cache
-    targets: dict[int, jax.sharding.NamedSharding] = {}
-    for i, lp in enumerate(the_plan.leaves):
-        if lp.spec is not None:
-            new = functools.partial(jax.sharding.NamedSharding, mesh, lp.spec)
-            targets[i] = cache.memo((mesh, lp.spec), new)
-    out = list(leaves)
-    moving = [i for i, target in targets.items() if leaves[i].sharding != target]
-    if not donate:
-        moved = jax.device_put([leaves[i] for i in moving], [targets[i] for i in moving])
-        for i, array in zip(moving, moved, strict=True):
-            out[i] = _unshared(array, leaves[i])
-        return jax.tree_util.tree_unflatten(the_plan.treedef, rebuild(out))
-    # An array kept as it is somewhere in the tree (or twice in it) is freed
-    # only when no result uses it: after its last copy, and never if kept.
-    kept = {id(leaves[i]) for i in targets if i not in set(moving)}
-    last = {id(leaves[i]): i for i in moving}
-    for i in moving:
-        source = leaves[i]
-        copy = jax.device_put(source, targets[i])
-        if id(source) not in kept and last[id(source)] == i:
-            copy = _unshared(copy, source).block_until_ready()  # the copy exists before its source goes
-            source.delete()
-        out[i] = copy
-    return jax.tree_util.tree_unflatten(the_plan.treedef, rebuild(out))
-
-
-def _pointers(array: jax.Array) -> set[int] | None:
-    try:
-        return {shard.data.unsafe_buffer_pointer() for shard in array.addressable_shards}
-    except Exception:  # a backend without buffer pointers: assume every buffer is shared
-        return None
-
-
-def _unshared(copy: jax.Array, source: jax.Array) -> jax.Array:
-    """`copy` with buffers of its own. `jax.device_put` reuses a source's
-    buffer for a piece that stays on its device (and neither donates nor
-    honours `may_alias=False` there), so deleting the source (or, later, the
-    copy) would delete that piece of the other too: those pieces are copied
-    on their device."""
-    mine = _pointers(source)
-    shards = copy.addressable_shards
-    if mine is not None and not any(s.data.unsafe_buffer_pointer() in mine for s in shards):
-        return copy
-    parts = [
-        jax.device_put(s.data, s.device, may_alias=False)
-        if mine is None or s.data.unsafe_buffer_pointer() in mine
-        else s.data
-        for s in shards
-    ]
-    return jax.make_array_from_single_device_arrays(copy.shape, copy.sharding, parts)

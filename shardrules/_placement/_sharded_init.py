@@ -17,6 +17,10 @@ from jax.sharding import Mesh
 from .._interop import _nnx
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
+from .._planning._compile import compile_plan
+from ._exchange import join_timeout
+from ._meeting import agree_on_layouts, plan_layouts
+from ._multihost import joining_on_error
 
 
 def init(
@@ -61,27 +65,41 @@ def init(
     pytree, sharded as planned.
 
     **Raises:** `TypeError` at once for a `mesh` without devices; the errors
-    of `shardrules.shardings` when called.
+    of `shardrules.shardings` when called. In a multi-process run, when
+    called: `ProcessMismatchError` (SR112) on every process when their
+    planned specs or meshes differ, or when another process stopped on an
+    error of its own (that one raises its own error), before anything is
+    computed; SR114 for a process that does not come.
 
     ```python
     params = shardrules.init(lambda key: model.init(key, x), rules, mesh)(jax.random.key(0))
     ```
     """
-    ruleset = as_rules(rules)
-    if mesh is not None:  # a mesh given is checked now; the ambient one when called
-        _mesh.resolve(mesh, ruleset, concrete=True, what="init")
+    what = f"init(group={group!r})"
+    # In a multi-process run, a process that fails here alone still meets the
+    # others (as one that failed), so that their call of the function stops too.
+    with joining_on_error(True, what=what):
+        ruleset = as_rules(rules)
+        if mesh is not None:  # a mesh given is checked now; the ambient one when called
+            _mesh.resolve(mesh, ruleset, concrete=True, what="init")
 
     def run(*args: Any) -> Any:
-        resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="init")
-        assert isinstance(resolved, Mesh)
-        make, merge = init_fn, None
-        made = _Split(make, static_argnums, args)
-        if _nnx.is_module(made.abstract):  # an NNX model: create its state sharded, then merge it in
-            make, merge = _nnx.state_initialiser(init_fn)
+        with joining_on_error(True, what=what):  # everything this process does on its own
+            resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="init")
+            assert isinstance(resolved, Mesh)
+            make, merge = init_fn, None
             made = _Split(make, static_argnums, args)
-        targets = made.treedef.flatten_up_to(
-            placement_shardings(made.abstract, ruleset, resolved, group=group)
-        )
+            if _nnx.is_module(made.abstract):  # an NNX model: create its state sharded, then merge it in
+                make, merge = _nnx.state_initialiser(init_fn)
+                made = _Split(make, static_argnums, args)
+            planned = placement_shardings(made.abstract, ruleset, resolved, group=group)
+            multi = jax.process_count() > 1
+            if multi:
+                join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is this process's own error
+            layouts = plan_layouts(compile_plan(made.abstract, ruleset, resolved, group)) if multi else []
+        # Every process plans the same layouts on the same mesh, or every one stops (SR112).
+        agree_on_layouts(what, resolved, layouts, cause=_FAILED_ALONE)
+        targets = made.treedef.flatten_up_to(planned)
         array_targets = [t for t, is_array in zip(targets, made.mask, strict=True) if is_array]
         results: list[Any] = [None] * len(made.shapes)
         for part in _chunks([s.size * s.dtype.itemsize for s in made.shapes], chunk_bytes):
@@ -152,5 +170,9 @@ def _chunks(sizes: list[int], chunk_bytes: int | None) -> list[list[int]]:
     return [g for g in groups if g]
 
 
+_FAILED_ALONE = (
+    "its initialiser or its plan failed there: a rule file, group or mesh that differs between the hosts; "
+    "every process must call the initialiser with the same rules, mesh and arguments"
+)
 _SMALL = 256 * 2**20  # models up to this size are initialised in one piece
 _GROUPS = 16  # larger ones in groups of 1/16 of the model

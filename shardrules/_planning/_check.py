@@ -151,7 +151,7 @@ def replicated_share(plan: Plan) -> tuple[float, int, int]:
         if isinstance(leaves, LeafPlans)
         else [((leaf.shape, leaf.dtype, leaf.rule, leaf.spec, 0, leaf.why), 1) for leaf in leaves]
     )
-    for (shape, dtype, _rule, spec, _per_device, why), count in kinds:
+    for (shape, dtype, _rule, spec, _per_device, why, *_where), count in kinds:  # `where`: read from a file
         if spec is None or not shape:
             continue
         if dtype is None:
@@ -207,13 +207,17 @@ def tolerance_diagnostics(
     ]
 
 
-def warn_about(plan: Plan, tolerance: float = DEFAULT_REPLICATED_TOLERANCE, stacklevel: int = 3) -> None:
+def warn_about(
+    plan: Plan, tolerance: float = DEFAULT_REPLICATED_TOLERANCE, stacklevel: int = 3, where: str = ""
+) -> None:
     """Warn (`ShardRulesWarning`) about what `apply` and `jit` would otherwise
     carry out silently: a rule of the group that matches no leaf of the tree
     (SR201), leaves hiding arrays that are passed over (SR213, grouped by
     cause), more of the plan's bytes fully replicated than `tolerance` (SR116,
     here a warning), an alias alternative naming an axis the mesh lacks but
-    has one close to (SR209: a typo). Once per plan cached on the rule set."""
+    has one close to (SR209: a typo). Once per plan cached on the rule set.
+    `where`: what the tree is, put before each message (`in_groups[1] (argument
+    `opt_state`)`)."""
     found = [d for d in rule_warnings(plan) if d.code == "SR201"]
     found += group(d for d in plan.diagnostics if d.code in UNSEEN_WARNINGS)
     found += [dataclasses.replace(d, severity="warning") for d in tolerance_diagnostics(plan, tolerance)]
@@ -222,6 +226,8 @@ def warn_about(plan: Plan, tolerance: float = DEFAULT_REPLICATED_TOLERANCE, stac
     sizes = None if plan.mesh is None else _mesh.sizes_of(plan.mesh)
     found += [d for d in alternative_warnings(plan.rules, sizes) if d.hint.startswith("did you mean")]
     for diagnostic in found:
+        if where:
+            diagnostic = dataclasses.replace(diagnostic, message=f"{where}: {diagnostic.message}")
         warnings.warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
 
 

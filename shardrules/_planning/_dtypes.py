@@ -58,8 +58,12 @@ def named_dtype(name: str) -> np.dtype:
     PRNG key dtypes (`key<fry>`) by the implementations `jax.random` has.
 
     **Raises:** `TypeError` for a name JAX does not know."""
+    if name == str(jax.dtypes.float0):  # its name reads back as a record of no bytes
+        return np.dtype(jax.dtypes.float0)
     try:
         return jax.numpy.dtype(name)
+    except (ValueError, SyntaxError):  # NumPy parses some names as Python: `(2,f4`
+        raise TypeError(f"data type {name!r} not understood") from None
     except TypeError:
         if name.startswith("key<"):
             for impl in _KEY_IMPLS:

@@ -1,5 +1,5 @@
 """A plan as a file: the versioned JSON that `Plan.to_json` and `shardrules dump`
-write and `Plan.from_json` reads.
+write and `Plan.from_json` reads (reading it, strictly, is `_dumpread`'s).
 
 The layout is chosen for `git diff`: a header of one key per line, then one
 leaf per line, sorted by path, keys in a fixed order. A change of one leaf's
@@ -24,7 +24,7 @@ import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, PartitionSpec
 
 from .._language._rules import RuleSet
-from ._blocks import UNCONSTRAINED, entry_axes
+from ._blocks import UNCONSTRAINED
 from ._dtypes import named_dtype
 from ._mesh import sizes_of
 from ._plan import LeafPlans, Plan
@@ -35,10 +35,6 @@ VERSION = 1
 Entry = None | str | tuple[str, ...]
 Kind = tuple[tuple[int, ...] | None, str | None, tuple[Entry, ...] | None, str, int]
 """A kind of leaf as a file holds it: shape, dtype name, spec entries, rule label, bytes per device."""
-
-
-class PlanFormatError(ValueError):
-    """Text that is not a plan file `Plan.from_json` can read."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +159,7 @@ def dumps(table: Table) -> str:
     order = sorted(range(len(paths)), key=paths.__getitem__)
     lines = [f'    {{"path": {_quote(paths[i])}{tails[kinds[i]]}' for i in order]
     arrays = sum(1 for kind in kinds if table.parts[kind][0] is not None)
-    total = sum(_nbytes(table.parts[kind]) for kind in kinds)
+    total = sum(nbytes_of(table.parts[kind]) for kind in kinds)
     head = [
         ("format", FORMAT),
         ("version", VERSION),
@@ -180,7 +176,8 @@ def dumps(table: Table) -> str:
     return "\n".join(out) + "\n}\n"
 
 
-def _nbytes(part: Kind) -> int:
+def nbytes_of(part: Kind) -> int:
+    """The whole array's bytes for a kind of leaf (0 for a leaf that is not an array)."""
     shape, dtype = part[0], part[1]
     if shape is None or dtype is None:
         return 0
@@ -188,149 +185,6 @@ def _nbytes(part: Kind) -> int:
     for n in shape:
         size *= n
     return size
-
-
-def _fail(what: str) -> PlanFormatError:
-    return PlanFormatError(f"not a shardrules plan file: {what}")
-
-
-def _entry(value: Any) -> Entry:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(a, str) for a in value):
-        return tuple(value)
-    raise _fail(f"a spec entry must be null, an axis name or a list of them, not {value!r}")
-
-
-def loads(text: str) -> Table:
-    """The `Table` a file's text holds.
-
-    **Raises:** `PlanFormatError` for text that is not JSON, another format, a
-    newer version, a leaf without its fields, or a leaf that no plan could
-    hold (an axis the mesh lacks, an unknown dtype, bytes per device that do
-    not follow from the shape, dtype and spec: a hand edit gone wrong)."""
-    table = _lines(text)
-    if table is None:
-        table = _read(text)
-    _validate(table)
-    return table
-
-
-def _validate(table: Table) -> None:
-    sizes = table.sizes if table.mesh is not None else None
-    first: dict[int, str] = {}
-    for path, kind in zip(table.paths, table.kinds, strict=True):
-        first.setdefault(kind, path)
-    for kind, (shape, dtype, spec, _, per_device) in enumerate(table.parts):
-        where = f"leaf {first.get(kind, '?')!r}"
-        if shape is None:
-            continue
-        if dtype is None:
-            raise _fail(f"{where}: an array without a dtype")
-        try:
-            named_dtype(dtype)
-        except TypeError:
-            raise _fail(f"{where}: {dtype!r} is not a dtype JAX knows") from None
-        if spec is None:
-            continue
-        if len(spec) > len(shape):
-            raise _fail(f"{where}: the spec has {len(spec)} entries for a shape of rank {len(shape)}")
-        axes = [a for e in spec for a in entry_axes(e)]
-        if len(set(axes)) != len(axes):
-            raise _fail(f"{where}: the spec names a mesh axis twice")
-        if sizes is None:
-            continue
-        missing = [a for a in axes if a not in sizes]
-        if missing:
-            raise _fail(f"{where}: the spec names {missing[0]!r}, which the mesh ({', '.join(sizes)}) lacks")
-        blocks = 1
-        for a in axes:
-            blocks *= sizes[a]
-        expected = _nbytes((shape, dtype, spec, "", 0)) // blocks
-        if per_device != expected:
-            raise _fail(
-                f"{where}: {per_device} bytes per device, but its shape, dtype and spec make {expected}"
-            )
-
-
-def _read(text: str) -> Table:
-    """`loads` for any JSON layout."""
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise _fail(f"not JSON ({err})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise _fail(f'no "format": "{FORMAT}"')
-    if data.get("version") != VERSION:
-        raise _fail(f"version {data.get('version')!r}; this shardrules reads version {VERSION}")
-    try:
-        mesh = data["mesh"]
-        rows = (
-            None
-            if mesh is None
-            else tuple((str(a["name"]), int(a["size"]), str(a.get("type", "unknown"))) for a in mesh)
-        )
-        paths: list[str] = []
-        kinds: list[int] = []
-        index: dict[Kind, int] = {}
-        for leaf in data["leaves"]:
-            shape, spec = leaf["shape"], leaf["spec"]
-            if shape is not None and not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
-            ):
-                raise _fail(f"leaf {leaf.get('path')!r}: a shape is a list of whole numbers, not {shape!r}")
-            kind: Kind = (
-                None if shape is None else tuple(shape),
-                leaf["dtype"],
-                None if spec is None else tuple(_entry(e) for e in spec),
-                str(leaf["rule"]),
-                int(leaf["bytes"]),
-            )
-            paths.append(str(leaf["path"]))
-            kinds.append(index.setdefault(kind, len(index)))
-        return Table(str(data["rules"]), str(data["group"]), rows, paths, kinds, list(index))
-    except PlanFormatError:
-        raise
-    except (KeyError, TypeError, ValueError) as err:
-        raise _fail(f"a field is missing or of the wrong type ({type(err).__name__}: {err})") from None
-
-
-_OPEN, _SHAPE = '    {"path": "', '", "shape": '
-
-
-def _lines(text: str) -> Table | None:
-    """The table of a file laid out as `dumps` writes it, read line by line:
-    each distinct leaf line's tail (all but the path) is parsed once. `None`
-    for any other layout (then it is read as plain JSON)."""
-    head, found, rest = text.partition('\n  "leaves": [\n')
-    body, found_end, end = rest.rpartition("\n  ]\n}")
-    if not found or not found_end or end.strip():
-        return None
-    try:
-        table = _read(head + '\n  "leaves": []\n}')
-    except PlanFormatError:
-        return None
-    paths: list[str] = []
-    kinds: list[int] = []
-    tails: dict[str, int] = {}
-    for line in body.split(",\n"):
-        cut = line.find(_SHAPE, len(_OPEN))
-        if cut < 0 or not line.startswith(_OPEN):
-            return None
-        path = line[len(_OPEN) : cut]
-        paths.append(path if "\\" not in path else json.loads(f'"{path}"'))
-        kind = tails.get(line[cut + 1 :])
-        if kind is None:
-            kind = tails[line[cut + 1 :]] = len(tails)
-        kinds.append(kind)
-    try:
-        leaves = "[" + ",".join('{"path": ""' + tail for tail in tails) + "]"
-        parts = _read(head + '\n  "leaves": ' + leaves + "\n}").parts
-    except PlanFormatError:
-        return None
-    if len(parts) != len(tails):  # two layouts of one kind: keep each line's own
-        return None
-    return dataclasses.replace(table, paths=paths, kinds=kinds, parts=parts)
 
 
 _WHY = ("default", "scalar", "size-1", "key", "not an array", "unmatched", "error")

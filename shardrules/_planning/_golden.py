@@ -8,7 +8,8 @@ import difflib
 import os
 from pathlib import Path
 
-from ._dump import loads, table_of
+from ._dump import table_of
+from ._dumpread import loads
 from ._plan import Plan
 from ._plandiff import compare
 

@@ -1,11 +1,19 @@
-"""A plan as one self-contained HTML page (inline CSS, no scripts, nothing
-fetched): the mesh, memory per device, the group's rules with the leaves and
-bytes each covers, the largest leaves, and a device grid per largest array.
-Behind `Plan._repr_html_` and `shardrules explain --html`."""
+"""A plan as one self-contained HTML page (inline CSS and one small inline
+script, nothing fetched): the mesh, memory per device, the group's rules with
+the leaves and bytes each covers, every leaf in a table sorted naturally by
+path (`layers.2` before `layers.10`) with a box that filters it, and a device
+grid per largest array. Behind `Plan._repr_html_` and `shardrules explain --html`.
+
+Every text that comes from the plan (paths, rule locations, axis names) is
+escaped; the script is a constant that holds none of it. Without scripts (a
+notebook that is not trusted) the filter box stays disabled and the table
+still lists every leaf.
+"""
 
 from __future__ import annotations
 
 import math
+import re
 from html import escape
 from typing import TYPE_CHECKING
 
@@ -21,8 +29,52 @@ _CSS = """
 .sr-plan th,.sr-plan td{border:1px solid #ccc;padding:2px 6px;text-align:left}
 .sr-plan td.num{text-align:right}
 .sr-plan table.grid td{text-align:center;font-family:monospace;font-size:11px;background:#eef4ff}
+.sr-plan table.sr-leaves td:first-child{font-family:monospace}
+.sr-plan input.sr-filter{width:32em;max-width:100%;padding:2px 4px}
 .sr-plan code{font-family:monospace}
 """
+
+# The filter box: a constant (no text of the plan), bound once per box, also
+# when a notebook shows several plans. A row stays shown when its text holds
+# every word typed, in any case.
+_SCRIPT = """
+(function () {
+  function filter(event) {
+    var box = event.target, plan = box.closest("div.sr-plan");
+    var rows = plan.querySelectorAll("table.sr-leaves > tbody > tr");
+    if (!plan.srTexts) {
+      plan.srTexts = [];
+      for (var i = 0; i < rows.length; i++) plan.srTexts.push(rows[i].textContent.toLowerCase());
+    }
+    var words = box.value.toLowerCase().split(/\\s+/).filter(Boolean), shown = 0;
+    for (var j = 0; j < rows.length; j++) {
+      var text = plan.srTexts[j];
+      var keep = words.every(function (word) { return text.indexOf(word) >= 0; });
+      rows[j].hidden = !keep;
+      if (keep) shown++;
+    }
+    plan.querySelector(".sr-shown").textContent = shown + " of " + rows.length + " leaves shown";
+  }
+  var boxes = document.querySelectorAll("div.sr-plan input.sr-filter");
+  for (var k = 0; k < boxes.length; k++) {
+    if (boxes[k].getAttribute("data-ready")) continue;
+    boxes[k].setAttribute("data-ready", "1");
+    boxes[k].disabled = false;
+    boxes[k].addEventListener("input", filter);
+  }
+})();
+"""
+
+_DIGITS = re.compile(r"([0-9]+)")
+
+
+def natural_key(path: str) -> tuple[tuple[object, ...], str]:
+    """Sorts paths as people count: `layers.2` before `layers.10`. Runs of
+    digits compare by value (as text of their length, so a run of any length
+    is fine), the rest as text; equal keys (`01`, `1`) by the path itself."""
+    parts = _DIGITS.split(path)  # text, digits, text, ...: the same kind at each position
+    key = tuple((len(p.lstrip("0")), p.lstrip("0")) if i % 2 else p for i, p in enumerate(parts))
+    return key, path
 
 
 def grid(leaf: LeafPlan, sizes: dict[str, int]) -> str:
@@ -49,7 +101,10 @@ def grid(leaf: LeafPlan, sizes: dict[str, int]) -> str:
 
 
 def _table(
-    header: tuple[str, ...], rows: list[tuple[str, ...]], numeric: frozenset[int] | set[int] = frozenset()
+    header: tuple[str, ...],
+    rows: list[tuple[str, ...]],
+    numeric: frozenset[int] | set[int] = frozenset(),
+    css: str = "",
 ) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join(
@@ -61,7 +116,8 @@ def _table(
         + "</tr>"
         for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    kind = f' class="{css}"' if css else ""
+    return f"<table{kind}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _rule_text(leaf: LeafPlan) -> str:
@@ -72,8 +128,71 @@ def _rule_text(leaf: LeafPlan) -> str:
     return leaf.why
 
 
+def _rules(plan: Plan, arrays: list[LeafPlan]) -> str:
+    """The group's rules with the leaves and bytes each decides; for a plan
+    read from a file (no rules, only their locations), each location."""
+    from ._plan import format_bytes, plural
+
+    title = f"<h3>Rules of <code>{escape(plan.group)}</code></h3>"
+    rules = list(dict(plan.rules.groups).get(plan.group, ()))
+    default = dict(plan.rules.defaults).get(plan.group)
+    if default is not None:
+        rules.append(default)
+    if not rules:  # read from a file: the rule of each leaf is its location
+        decided: dict[str, tuple[int, int]] = {}
+        for leaf in arrays:
+            n, b = decided.get(_rule_text(leaf), (0, 0))
+            decided[_rule_text(leaf)] = (n + 1, b + leaf.nbytes)
+        rows = [(label, plural(n, "leaf", "leaves"), format_bytes(b)) for label, (n, b) in decided.items()]
+        rows.sort(key=lambda row: natural_key(row[0]))
+        table = _table(("rule", "leaves", "bytes"), rows, {1, 2})
+        return title + (table if rows else "<p>no rules</p>")
+    covered: dict[int, tuple[int, int]] = {}
+    for leaf in arrays:
+        if leaf.rule is not None:
+            n, b = covered.get(id(leaf.rule), (0, 0))
+            covered[id(leaf.rule)] = (n + 1, b + leaf.nbytes)
+    rows = []
+    for rule in rules:
+        n, b = covered.get(id(rule), (0, 0))
+        pattern = ("default" if rule.pattern is None else rule.pattern) + (
+            f" {rule.guard}" if rule.guard else ""
+        )
+        rows.append((rule.location, pattern, plural(n, "leaf", "leaves"), format_bytes(b)))
+    return title + _table(("rule", "pattern", "leaves", "bytes"), rows, {2, 3})
+
+
+def _leaves(plan: Plan) -> str:
+    """Every leaf, sorted naturally by path, under a box that filters them."""
+    from ._plan import format_bytes, plural, spec_str
+
+    leaves = sorted(plan.leaves, key=lambda leaf: natural_key(leaf.path))
+    rows = [
+        (
+            leaf.path,
+            "-" if leaf.shape is None else str(leaf.shape),
+            "-" if leaf.dtype is None else str(leaf.dtype),
+            spec_str(leaf.spec),
+            _rule_text(leaf),
+            format_bytes(leaf.nbytes),
+            format_bytes(leaf.bytes_per_device),
+        )
+        for leaf in leaves
+    ]
+    count = plural(len(rows), "leaf", "leaves")
+    return (
+        f"<h3>Leaves ({escape(count)})</h3>"
+        "<p>Every leaf, in path order (<code>layers.2</code> before <code>layers.10</code>). "
+        "Type in the box to show only the rows that contain every word typed.</p>"
+        '<p><input type="search" class="sr-filter" disabled aria-label="filter the leaves" '
+        'placeholder="filter, e.g. q_proj or layers.1 kernel"> '
+        f'<span class="sr-shown">{escape(count)}</span></p>'
+        + _table(("path", "shape", "dtype", "spec", "rule", "bytes", "per device"), rows, {5, 6}, "sr-leaves")
+    )
+
+
 def fragment(plan: Plan, top: int = 20) -> str:
-    """The report as a `<div>` with its own `<style>`."""
+    """The report as a `<div>` with its own `<style>` and `<script>`."""
     from ._check import replicated_share
     from ._plan import format_bytes, plural, spec_str
 
@@ -101,49 +220,14 @@ def fragment(plan: Plan, top: int = 20) -> str:
             {1},
         )
     )
-    covered: dict[int, tuple[int, int]] = {}
-    for leaf in arrays:
-        if leaf.rule is not None:
-            n, b = covered.get(id(leaf.rule), (0, 0))
-            covered[id(leaf.rule)] = (n + 1, b + leaf.nbytes)
-    groups = dict(plan.rules.groups)
-    rules = list(groups.get(plan.group, ()))
-    default = dict(plan.rules.defaults).get(plan.group)
-    if default is not None:
-        rules.append(default)
-    rows = []
-    for rule in rules:
-        n, b = covered.get(id(rule), (0, 0))
-        pattern = ("default" if rule.pattern is None else rule.pattern) + (
-            f" {rule.guard}" if rule.guard else ""
-        )
-        rows.append((rule.location, pattern, plural(n, "leaf", "leaves"), format_bytes(b)))
-    parts.append(f"<h3>Rules of <code>{escape(plan.group)}</code></h3>")
-    parts.append(_table(("rule", "pattern", "leaves", "bytes"), rows, {2, 3}) if rows else "<p>no rules</p>")
-    largest = sorted(arrays, key=lambda leaf: -leaf.nbytes)[:top]
-    parts.append(f"<h3>Largest {plural(len(largest), 'array')}</h3>")
-    parts.append(
-        _table(
-            ("path", "shape", "dtype", "rule", "spec", "bytes", "per device"),
-            [
-                (
-                    leaf.path,
-                    str(leaf.shape),
-                    str(leaf.dtype),
-                    _rule_text(leaf),
-                    spec_str(leaf.spec),
-                    format_bytes(leaf.nbytes),
-                    format_bytes(leaf.bytes_per_device),
-                )
-                for leaf in largest
-            ],
-            {5, 6},
-        )
-    )
-    parts.append("<h3>Device grids</h3>")
+    parts.append(_rules(plan, arrays))
+    parts.append(_leaves(plan))
+    largest = sorted(arrays, key=lambda leaf: (-leaf.nbytes, natural_key(leaf.path)))[:top]
+    parts.append(f"<h3>Device grids of the {plural(len(largest), 'largest array')}</h3>")
     for leaf in largest:
         parts.append(f"<h4><code>{escape(leaf.path)}</code> {escape(spec_str(leaf.spec))}</h4>")
         parts.append(grid(leaf, sizes))
+    parts.append(f"<script>{_SCRIPT}</script>")
     return '<div class="sr-plan">' + "".join(parts) + "</div>"
 
 

@@ -22,6 +22,12 @@ from ._blocks import entry_axes
 
 MeshLike = Mesh | AbstractMesh | Mapping[str, int]
 
+MAX_DEVICES = 2**20
+"""The most devices a mesh given by its sizes alone (a plan file, `--mesh`, a
+rule file's `mesh` line on the command line) may have: a million, beyond any
+machine JAX runs on. The reports that look at every device (bytes to move,
+bytes per host, device pictures) hold a number or two per device."""
+
 
 def sizes_of(mesh: MeshLike) -> dict[str, int]:
     """Axis name → size for a `Mesh`, an `AbstractMesh` or a mapping."""
@@ -195,9 +201,14 @@ def device_order(mesh: Any) -> tuple[int, ...]:
 
 
 def memory_limit(mesh: Mesh) -> int | None:
-    """The smallest memory limit the mesh's devices report, or `None` (CPUs report none)."""
+    """The smallest memory limit that the devices of the mesh on this process
+    report, or `None` (CPUs report none; neither does a mesh none of whose
+    devices are this process's: the others' cannot be asked)."""
     limits = []
+    me = jax.process_index()
     for device in mesh.devices.flat:
+        if device.process_index != me:
+            continue
         try:
             stats = device.memory_stats()
         except Exception:  # some backends raise instead of returning None

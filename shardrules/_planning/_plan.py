@@ -264,23 +264,30 @@ class Plan:
         empty `RuleSet` named after the file, `mesh` an `AbstractMesh` (or a dict
         of sizes when the file has no axis types), and `specs()` a dict by path.
 
-        **Raises:** `ValueError` for text that is not a plan file of this version,
-        or whose leaves no plan could hold (a hand edit gone wrong); `TypeError`
-        for something that is not text.
+        **Raises:** `PlanFileError` (SR124, also a `ValueError`) for text
+        that is not a plan file this shardrules reads: not UTF-8 or not JSON,
+        another format or version, a key the format does not have or one it
+        lacks, a value of the wrong type or out of range, or leaves no plan
+        could hold (a hand edit gone wrong); nothing else for any `str` or
+        `bytes`. `TypeError` for something that is not text.
         """
-        from ._dump import loads, plan_of
+        from ._dump import plan_of
+        from ._dumpread import fail, loads
 
         if isinstance(text, (bytes, bytearray)):
-            text = bytes(text).decode("utf-8")
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise fail(f"it is not UTF-8 text ({err})") from None
         if not isinstance(text, str):
             raise TypeError(
                 f"Plan.from_json takes the file's text, not a {type(text).__name__}: "
                 "Plan.from_json(Path('plan.json').read_text())"
             )
         if text.lstrip()[:1] not in ("{", "") and text.rstrip().endswith(".json"):
-            raise ValueError(
-                f"not a shardrules plan file: {text.strip()!r} looks like a file name; "
-                f"pass the file's text: Plan.from_json(Path({text.strip()!r}).read_text())"
+            raise fail(
+                f"{text.strip()[:200]!r} looks like a file name",
+                hint=f"pass the file's text: Plan.from_json(Path({text.strip()[:200]!r}).read_text())",
             )
         return plan_of(loads(text))
 

@@ -186,6 +186,24 @@ def _received(old: Kind, new: Kind, a: Table, b: Table, devices: int) -> np.ndar
     return to_receive(shard, old[2], tuple(sizes_a.items()), new[2], tuple(sizes_b.items()), rank)
 
 
+def _add(total: np.ndarray, count: int, vector: np.ndarray) -> np.ndarray:
+    """`total + count * vector`, exactly: in 64-bit integers while no element
+    can overflow them, in Python integers beyond (a plan file's leaves may
+    add up to more than 2**63 bytes)."""
+    if total.dtype != object:
+        peak = int(np.abs(total).max(initial=0)) + count * int(np.abs(vector).max(initial=0))
+        if peak < 2**62:
+            return total + count * vector
+    return total.astype(object) + count * vector.astype(object)
+
+
+def _sum(values: np.ndarray) -> int:
+    """The sum of `values` as a Python integer (no 64-bit overflow)."""
+    if values.dtype != object and int(np.abs(values).max(initial=0)) * len(values) < 2**62:
+        return int(values.sum())
+    return sum(int(v) for v in values.flat)
+
+
 def compare(a: Table, b: Table) -> PlanDiff:
     """The `PlanDiff` of plan `a` to plan `b`."""
     sizes_a, sizes_b = a.sizes, b.sizes
@@ -218,18 +236,28 @@ def compare(a: Table, b: Table) -> PlanDiff:
         counts[pair] = counts.get(pair, 0) + 1
         group = groups.get(key)
         if group is None:
-            group = groups[key] = [a.parts[ka][2], b.parts[kb][2], [], np.zeros(devices_b, dtype=np.int64)]
+            group = groups[key] = [a.parts[ka][2], b.parts[kb][2], [], []]
         group[2].append(path)
-    for (ka, kb), count in counts.items():
-        key = verdict[ka, kb]
-        assert key is not None
-        groups[key][3] += count * _received(a.parts[ka], b.parts[kb], a, b, devices_b)
-    received = sum((g[3] for g in groups.values()), np.zeros(devices_b, dtype=np.int64))
+    for (ka, kb), key in verdict.items():
+        if key is not None:
+            groups[key][3].append((ka, kb))
+    # One group's bytes per device at a time: memory for two numbers per device, however many groups.
+    received = np.zeros(devices_b, dtype=np.int64)
+    moved: dict[tuple[str, str, str], int] = {}
+    for key, (_, _, _, pairs) in groups.items():
+        group_received = np.zeros(devices_b, dtype=np.int64)
+        for ka, kb in pairs:
+            group_received = _add(
+                group_received, counts[ka, kb], _received(a.parts[ka], b.parts[kb], a, b, devices_b)
+            )
+        moved[key] = int(group_received.max(initial=0))
+        received = _add(received, 1, group_received)
     if a.mesh is not None and b.mesh is not None and list(sizes_a.items()) != list(sizes_b.items()):
         # the same layout on another mesh: devices at new positions (or holding other blocks) receive it
         for (ka, kb), key in verdict.items():
             if key is None:
-                received += same_counts[ka, kb] * _received(a.parts[ka], b.parts[kb], a, b, devices_b)
+                vector = _received(a.parts[ka], b.parts[kb], a, b, devices_b)
+                received = _add(received, same_counts[ka, kb], vector)
     kind_a = a.kind_of()
     only_b = [path for path in b.paths if path not in kind_a]
     changes = [
@@ -241,12 +269,12 @@ def compare(a: Table, b: Table) -> PlanDiff:
             rule,
             len(paths),
             tuple(heapq.nsmallest(EXAMPLES, paths)),
-            int(moved.max()),
+            moved[old, new, rule],
         )
-        for (old, new, rule), (spec_a, spec_b, paths, moved) in groups.items()
+        for (old, new, rule), (spec_a, spec_b, paths, _) in groups.items()
     ]
     changes.sort(key=lambda c: (-c.count, c.old, c.new, c.rule))
     return PlanDiff(
         a, b, tuple(changes), unchanged, tuple(sorted(only_a)), tuple(sorted(only_b)),
-        int(received.max()), int(received.sum()),
+        int(received.max(initial=0)), _sum(received),
     )  # fmt: skip

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
+import stat
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -50,8 +52,45 @@ _SAFETENSORS_DTYPES = {
 }
 
 
+MAX_RANK = 64
+"""The most dimensions a shape read from a file may have (NumPy's limit)."""
+MAX_ARRAY_BYTES = 2**50
+"""The most bytes (1 PiB) an array read from a file may have, and the longest
+dimension: far beyond any model's, and exact in 64-bit arithmetic."""
+
+
 class ShapeSourceError(ValueError):
     """A shapes source that cannot be read: missing, malformed, or of an unknown kind."""
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """`repr(value)`, cut to about `width` characters (values come from files)."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def shape_problem(shape: Any, itemsize: int) -> str:
+    """Why `shape`, read from a file, is not the shape of an array of
+    `itemsize`-byte elements, or `""`: not a list of whole numbers (`true`
+    and `4.7` are not), a negative dimension, more than `MAX_RANK`
+    dimensions, or more than `MAX_ARRAY_BYTES` in all."""
+    if not isinstance(shape, (list, tuple)):
+        return f"a shape is a list of whole numbers, not {shown(shape)}"
+    if len(shape) > MAX_RANK:
+        return f"a shape of {len(shape)} dimensions; an array has at most {MAX_RANK}"
+    for i, n in enumerate(shape):
+        if not isinstance(n, int) or isinstance(n, bool):
+            return f"a shape is a list of whole numbers, not {shown(shape)} (dimension {i} is {shown(n)})"
+        if n < 0:
+            return f"dimension {i} of the shape {shown(shape)} is negative"
+        if n > MAX_ARRAY_BYTES:
+            return f"dimension {i} of the shape {shown(shape)} is longer than any array's (at most 2**50)"
+    if math.prod(shape) * itemsize > MAX_ARRAY_BYTES:
+        return (
+            f"the shape {shown(shape)} of {itemsize}-byte elements makes {math.prod(shape) * itemsize} "
+            "bytes, more than any array has (at most 1 PiB)"
+        )
+    return ""
 
 
 def load_shapes(source: str | os.PathLike[str]) -> Any:
@@ -95,6 +134,18 @@ def _open(path: Path):  # one place that opens files, so tests can count what is
     return open(path, "rb")
 
 
+def _regular(path: Path) -> None:
+    """Raise unless `path` is a regular file: a FIFO would block the read, a device never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as err:  # ValueError: a NUL character in the name
+        raise ShapeSourceError(f"{path}: cannot read it ({err})") from None
+    if not stat.S_ISREG(mode):
+        raise ShapeSourceError(f"{path}: not a regular file (a folder, a FIFO, a device or a socket)")
+
+
 def safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, jax.ShapeDtypeStruct]:
     """Tensor name → shape and dtype, from a `.safetensors` file's header alone."""
     return read_header(Path(path))[0]
@@ -103,6 +154,7 @@ def safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, jax.ShapeDtype
 def read_header(path: Path) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, Any], int]:
     """A `.safetensors` file's shapes, its raw header entries (with
     `data_offsets`), and where its data region starts; reads the header only."""
+    _regular(path)
     with _open(path) as f:
         head = f.read(8)
         if len(head) < 8:
@@ -125,32 +177,76 @@ def read_header(path: Path) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, 
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-            shape = tuple(int(d) for d in info["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise ShapeSourceError(
-                f"{path}: tensor {name!r} has no valid dtype and shape: {info!r}"
-            ) from None
-        out[name] = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+        name_of = info.get("dtype") if isinstance(info, dict) else None
+        dtype = _SAFETENSORS_DTYPES.get(name_of) if isinstance(name_of, str) else None
+        if dtype is None or "shape" not in info:
+            raise ShapeSourceError(f"{path}: tensor {name!r} has no valid dtype and shape: {shown(info)}")
+        problem = shape_problem(info["shape"], jnp.dtype(dtype).itemsize)
+        if problem:
+            raise ShapeSourceError(f"{path}: tensor {name!r}: {problem}")
+        out[name] = jax.ShapeDtypeStruct(tuple(info["shape"]), jnp.dtype(dtype))
     header.pop("__metadata__", None)
     return out, header, 8 + size
 
 
-def _index(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
+def index_files(path: Path) -> dict[str, tuple[str, Path]]:
+    """A sharded checkpoint's index: tensor name → (the file as the index
+    names it, that file's path). Every file must lie in the index's folder:
+    an absolute name, or one that leads out of the folder (`..`, or a
+    symbolic link to elsewhere), is refused naming the entry. (The folder the
+    index file itself links to counts as its folder too: the Hugging Face
+    cache links every file of a snapshot into one `blobs` folder.)"""
+    _regular(path)
     try:
         index = json.loads(path.read_text())
         weight_map = index["weight_map"]
     except FileNotFoundError:
         raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
         raise ShapeSourceError(f"{path}: not a checkpoint index with a `weight_map` ({err})") from None
-    files: dict[str, list[str]] = {}
+    if not isinstance(weight_map, dict):
+        raise ShapeSourceError(
+            f"{path}: `weight_map` maps tensor names to file names, not {shown(weight_map)}"
+        )
+    folders = {path.parent.resolve(), path.resolve().parent}
+    out: dict[str, tuple[str, Path]] = {}
+    checked: dict[str, Path] = {}
     for name, file in weight_map.items():
+        if not isinstance(file, str) or not file:
+            raise ShapeSourceError(f"{path}: tensor {name!r} is in {shown(file)}, which is not a file name")
+        if file not in checked:
+            checked[file] = _inside(path, name, file, folders)
+        out[name] = (file, checked[file])
+    return out
+
+
+def _inside(index: Path, name: str, file: str, folders: set[Path]) -> Path:
+    """The path of a file the index names, if it lies in the index's folder."""
+    refused = (
+        f"{index}: tensor {name!r} is in {file!r}, outside the index's folder; "
+        "an index may only name files in its own folder"
+    )
+    if os.path.isabs(file) or Path(file).is_absolute():
+        raise ShapeSourceError(refused)
+    shard = index.parent / file
+    try:
+        real = shard.resolve()
+    except (OSError, RuntimeError, ValueError):  # a loop of symbolic links, a NUL character
+        raise ShapeSourceError(f"{index}: tensor {name!r} is in {file!r}, which cannot be resolved") from None
+    if not any(real.is_relative_to(folder) for folder in folders):
+        raise ShapeSourceError(refused + (f" (it links to {real})" if ".." not in Path(file).parts else ""))
+    return shard
+
+
+def _index(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
+    files: dict[str, list[str]] = {}
+    shards: dict[str, Path] = {}
+    for name, (file, shard) in index_files(path).items():
         files.setdefault(file, []).append(name)
+        shards[file] = shard
     out: dict[str, jax.ShapeDtypeStruct] = {}
     for file, names in sorted(files.items()):
-        shard = path.parent / file
+        shard = shards[file]
         if not shard.exists():
             raise FileNotFoundError(f"{path} names {file}, which is not in {path.parent}")
         header = safetensors_shapes(shard)
@@ -162,12 +258,13 @@ def _index(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
+    _regular(path)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ShapeSourceError(f"{path}: not a JSON file ({err})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # ValueError: 5,000 digits
+        raise ShapeSourceError(f"{path}: not a JSON file ({shown(err, 200)})") from None
     if not isinstance(data, dict):
         raise ShapeSourceError(
             f'{path}: expected an object such as {{"layers/0/w": [[512, 512], "float32"]}}'
@@ -182,18 +279,17 @@ def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
                 raise TypeError("not [list, str]")
         except (TypeError, ValueError):
             raise ShapeSourceError(
-                f'{path}: entry {name!r} should be [shape, dtype], e.g. [[512, 512], "float32"]; got {entry!r}'
+                f'{path}: entry {name!r} should be [shape, dtype], e.g. [[512, 512], "float32"]; '
+                f"got {shown(entry)}"
             ) from None
         try:
             dtype = np.dtype(jnp.dtype(dtype))
-        except TypeError:
-            raise ShapeSourceError(f"{path}: entry {name!r} has an unknown dtype {dtype!r}") from None
-        try:
-            out[name] = jax.ShapeDtypeStruct(tuple(int(d) for d in shape), dtype)
-        except (TypeError, ValueError):
-            raise ShapeSourceError(
-                f'{path}: entry {name!r} should be [shape, dtype], e.g. [[512, 512], "float32"]; got {entry!r}'
-            ) from None
+        except (TypeError, ValueError, SyntaxError):  # NumPy parses some names as Python
+            raise ShapeSourceError(f"{path}: entry {name!r} has an unknown dtype {shown(dtype)}") from None
+        problem = shape_problem(shape, dtype.itemsize)
+        if problem:
+            raise ShapeSourceError(f"{path}: entry {name!r}: {problem}")
+        out[name] = jax.ShapeDtypeStruct(tuple(shape), dtype)
     return out
 
 

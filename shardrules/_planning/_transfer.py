@@ -28,13 +28,28 @@ Spec = tuple[Entry, ...]
 Sizes = tuple[tuple[str, int], ...]  # a mesh's (axis, size) in order, hashable
 
 
-@functools.lru_cache(maxsize=4096)
+_CACHED_DEVICES = 4096  # larger meshes are not cached: 256 shares of 4,096 devices are 8 MiB
+
+
 def held_share(old: Spec, old_sizes: Sizes, new: Spec, new_sizes: Sizes, rank: int) -> tuple[np.ndarray, int]:
     """For each device of the new mesh, `(numerator, denominator)`: the share
     of the array (not of the shard) that the device needs under `new` and
     already holds under `old`, as `numerator[d] / denominator`. The
     denominator divides the size of every array that both layouts divide
-    evenly."""
+    evenly. Cached for meshes of up to `_CACHED_DEVICES` devices."""
+    if math.prod(s for _, s in new_sizes) <= _CACHED_DEVICES:
+        return _cached_share(old, old_sizes, new, new_sizes, rank)
+    return _share(old, old_sizes, new, new_sizes, rank)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_share(
+    old: Spec, old_sizes: Sizes, new: Spec, new_sizes: Sizes, rank: int
+) -> tuple[np.ndarray, int]:
+    return _share(old, old_sizes, new, new_sizes, rank)
+
+
+def _share(old: Spec, old_sizes: Sizes, new: Spec, new_sizes: Sizes, rank: int) -> tuple[np.ndarray, int]:
     n_new = math.prod(s for _, s in new_sizes) if new_sizes else 1
     n_old = math.prod(s for _, s in old_sizes) if old_sizes else 1
     both = min(n_new, n_old)

@@ -55,10 +55,15 @@ def for_groups(
         if name and len(leaves) == 1 and leaves[0] is tree:
             return plan({name: tree}, groups)[name]
         return plan(tree, groups)
-    if not isinstance(tree, (tuple, list)) or len(tree) != len(groups):
-        got = f"a {type(tree).__name__}" + (f" of {len(tree)}" if isinstance(tree, (tuple, list)) else "")
+    if not isinstance(tree, (tuple, list)):
         raise TypeError(
-            f"{what}: {len(groups)} groups given for {got}; give one group per element, or one string"
+            f"{what}: {len(groups)} groups given for a {type(tree).__name__}, which is not a tuple or list: "
+            f'give one group name for the whole of it (e.g. {what}="params"), or None'
+        )
+    if len(tree) != len(groups):
+        raise TypeError(
+            f"{what}: {len(groups)} groups given for a {type(tree).__name__} of {len(tree)}; give one group "
+            "per element, or one group name for all of it"
         )
     return type(tree)(
         for_groups(t, g, plan, what, none=none, literal=literal) for t, g in zip(tree, groups, strict=True)

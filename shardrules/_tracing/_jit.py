@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from .._errors import ShardRulesWarning
+from .._interop._paths import path_str
 from .._language._rules import RuleSet
 from .._planning import _check, _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
@@ -28,6 +30,19 @@ from ._groups import for_groups, moved, param_names, signature
 from ._seen import ScopeOutput
 
 Groups = str | None | Sequence["Groups"]
+# Before a step first runs with an argument signature in a multi-process run,
+# every process compares what `RuleJit._layouts` says (SR112 where they differ):
+# placement's `_meeting.agree_on_step`, set by `shardrules/__init__.py` (tracing
+# does not import placement).
+Agreement = Callable[[str, Callable[[], tuple[Mesh, list[tuple[str, Any, Any, Any]]]]], None]
+_agreement: Agreement | None = None
+
+
+def set_agreement(agreement: Agreement | None) -> None:
+    """Set what a step calls before its first run with each signature
+    when there are several processes (`None`: nothing)."""
+    global _agreement
+    _agreement = agreement
 
 
 def _name(fn: Any) -> str:
@@ -116,6 +131,7 @@ class _Entry(NamedTuple):
     jitted: Any
     in_shardings: tuple[Any, ...] | None
     mesh: Mesh
+    out_shardings: Any = None
 
 
 class RuleJit:
@@ -140,6 +156,7 @@ class RuleJit:
         )
         self.strict = strict
         self._compiled: dict[Any, _Entry] = {}  # per argument signature
+        self._agreed: set[Any] = set()  # the signatures every process has planned alike
         functools.update_wrapper(self, fn)
 
     def _mesh(self) -> Mesh:
@@ -276,15 +293,35 @@ class RuleJit:
             out_shardings=out_shardings,
             donate_argnums=self.donate,
         )
-        found = self._compiled[key] = _Entry(jitted, in_shardings, mesh)
-        for arg, group in zip(args, groups or (), strict=False):  # once per signature
+        found = self._compiled[key] = _Entry(jitted, in_shardings, mesh, out_shardings)
+        names = param_names(self.fn, len(args))
+        for i, (arg, group) in enumerate(zip(args, groups or (), strict=False)):  # once per signature
             leaves = jax.tree.leaves(arg)
             if isinstance(group, str) and not (len(leaves) == 1 and leaves[0] is arg):
                 # a rule matching nothing (SR201), a mostly replicated plan (SR116): ShardRulesWarning
-                _check.warn_about(compile_plan(arg, self.rules, mesh, group), stacklevel=4)
+                where = _slips.where("in_groups", i, names[i]) + f" in group `{group}`"
+                _check.warn_about(compile_plan(arg, self.rules, mesh, group), stacklevel=4, where=where)
         return found
 
+    def _layouts(self, args: tuple[Any, ...]) -> tuple[Mesh, list[tuple[str, Any, Any, Any]]]:
+        """The mesh and what the processes compare before the step first runs
+        with arguments like `args`: each planned in and out sharding's spec,
+        and the activation rules (a digest of what they say)."""
+        entry = self._entry(args)
+        planned = {"in": entry.in_shardings, "out": entry.out_shardings}
+        keyed = jax.tree_util.tree_flatten_with_path(planned, is_leaf=lambda x: x is None)[0]
+        layouts = [(path_str(k), None, None, s.spec) for k, s in keyed if isinstance(s, NamedSharding)]
+        group = self.activations or ""
+        found = [*self.rules.groups.get(group, ()), *filter(None, [self.rules.defaults.get(group)])]
+        said = repr([(r.pattern, r.spec, str(r.guard)) for r in found]).encode()
+        digest = hashlib.blake2b(said, digest_size=4).hexdigest()
+        rules = f"{len(found)} rule{'s' * (len(found) != 1)} #{digest}"
+        return entry.mesh, [*layouts, (f"rules {group}" if group else "activation rules", None, None, rules)]
+
     def __call__(self, *args: Any) -> Any:
+        if _agreement is not None and jax.process_count() > 1 and signature(args) not in self._agreed:
+            _agreement(f"jit({_name(self.fn)})", lambda: self._layouts(args))
+            self._agreed.add(signature(args))
         entry = self._entry(args)
         if entry.in_shardings is not None and is_explicit(entry.mesh):
             # On Explicit axes the layout is the arguments' type: one not yet laid out

@@ -1,0 +1,1 @@
+"""Drafting rule files: `suggest` reads a tree's paths and shapes and writes rules."""

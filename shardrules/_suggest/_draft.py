@@ -1,0 +1,246 @@
+"""Kinds of leaves → the rules of a drafted file: one rule per role and layout.
+
+Each recognised kind gets its spec from its dimensions' logical names
+(`_dims`) and the strategy's aliases (`_strategy`); kinds of one role family
+with the same spec share a rule. Where the shapes do not fit the layout:
+
+- **Heads** (grouped-query attention): a weight whose heads do not divide by
+  the tensor-parallel axes keeps its heads whole (`_`), with a note; splitting
+  a head's width instead would make every device gather the heads it needs.
+- **Other dimensions**: an entry whose axes do not divide a dimension of every
+  kind it covers gets `?` (split where it divides), or `_` where it divides
+  none, with a note naming the shapes.
+
+Stacked layers are written `...` when they lead (`(..., heads, embed)`) or
+end the shape (MaxText's norm scales, `(norm, ...)`), as `_` in between
+(MaxText's `(embed, _, heads, _)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .._planning._plan import plural
+from . import _roles as R
+from ._dims import Dims, dims_of
+from ._facts import Facts
+from ._leaves import Kind
+from ._strategy import Axes, Layout
+
+FAMILIES = {
+    R.EMBEDDING: "embedding",
+    R.POSITIONS: "positions",
+    R.Q: "attn",
+    R.KV: "attn",
+    R.QKV: "attn",
+    R.OUT: "attn_out",
+    R.EXPERT_IN: "expert_in",
+    R.EXPERT_OUT: "expert_out",
+    R.ROUTER: "router",
+    R.MLP_IN: "mlp_in",
+    R.MLP_OUT: "mlp_out",
+    R.LM_HEAD: "lm_head",
+    R.CONV: "conv",
+    R.BIAS: "bias",
+    R.NORM: "norm",
+}
+ORDER = list(dict.fromkeys(FAMILIES.values()))
+ALIAS_OF = {"embed": "embed", "heads": "heads", "kv_heads": "heads", "mlp": "mlp", "vocab": "vocab"}
+
+
+@dataclasses.dataclass
+class Draft:
+    """One rule being drafted: `entries` as written (`None`: `replicated`);
+    `form`: where stacked layers are (`_form`); `optional`: the entries that
+    get `?`."""
+
+    family: str
+    roles: set[str]
+    entries: tuple[str, ...] | None
+    form: str
+    kinds: list[int]
+    notes: list[str] = dataclasses.field(default_factory=list)
+    optional: set[int] = dataclasses.field(default_factory=set)
+
+    def spec_text(self) -> str:
+        if self.entries is None:
+            return "replicated"
+        written = [e + ("?" if j in self.optional and e != "_" else "") for j, e in enumerate(self.entries)]
+        if all(e == "_" for e in written):
+            return "replicated"
+        lead, trail = (["..."] if self.form == "lead" else []), (["..."] if self.form == "trail" else [])
+        return "(" + ", ".join(lead + written + trail) + ")"
+
+    def dim_of(self, j: int, rank: int) -> int:
+        """The dimension entry `j` stands for in an array of `rank` dimensions."""
+        assert self.entries is not None
+        return rank - len(self.entries) + j if self.form == "lead" else j
+
+
+def draft(
+    kinds: list[Kind],
+    facts: Facts,
+    layout: Layout,
+    sizes: dict[str, int],
+    *,
+    maxtext: bool,
+    by_shape: frozenset[int] = frozenset(),
+) -> tuple[list[Draft], list[int]]:
+    """The rules, in file order, and the kinds left to `default` (by shape):
+    those not recognised, and those of `by_shape`."""
+    groups: dict[tuple[object, ...], Draft] = {}
+    fallback: list[int] = []
+    for index, (kind, role) in enumerate(zip(kinds, facts.roles, strict=True)):
+        dims = dims_of(kind, role, facts, index) if role is not None else None
+        if role is None or dims is None or index in by_shape:
+            fallback.append(index)
+            continue
+        family = FAMILIES[role.name]
+        entries, note = _entries(dims, role, layout, sizes, maxtext=maxtext)
+        if role.per_expert and "experts" in layout.targets:
+            note = (
+                "one array per expert: the expert axis cannot hold whole experts apart (that needs them "
+                "stacked in one array), so they are split as the dense layers are"
+            )
+        stacked = facts.stacks.get(index, ())
+        form = _form(stacked, kind.rank)
+        if form in ("lead", "trail"):
+            entries = tuple(e for i, e in enumerate(entries) if i not in stacked)
+        written: tuple[str, ...] | None = entries
+        if all(e == "_" for e in entries):
+            written, form = None, "none"
+        key = (ORDER.index(family), family, written, form, note)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = Draft(family, set(), written, form, [], [note] if note else [])
+        group.roles.add(role.name)
+        group.kinds.append(index)
+    for key in list(groups):  # unstacked kinds join the stacked ones with the same spec
+        if key[3] == "none" and key[2] is not None:
+            for form in ("lead", "trail"):
+                other = groups.get((*key[:3], form, key[4]))
+                if other is not None:
+                    group = groups.pop(key)
+                    other.roles |= group.roles
+                    other.kinds += group.kinds
+                    break
+    drafts = [groups[key] for key in sorted(groups, key=lambda k: (k[0], k[4] is not None))]
+    for rule in drafts:
+        _optional(rule, kinds, layout, sizes)
+    return drafts, fallback
+
+
+def _form(stacked: tuple[int, ...], rank: int) -> str:
+    """How stacked layer dimensions are written: `lead` (`...` first), `trail`
+    (`...` last), `mid` (as `_`), or `none` (no stack)."""
+    if not stacked:
+        return "none"
+    if stacked == tuple(range(len(stacked))):
+        return "lead"
+    if stacked == tuple(range(rank - len(stacked), rank)):
+        return "trail"
+    return "mid"
+
+
+def _entries(
+    dims: Dims, role: R.Role, layout: Layout, sizes: dict[str, int], *, maxtext: bool
+) -> tuple[tuple[str, ...], str | None]:
+    names = layout.names
+    out: list[str] = []
+    note = None
+    for logical in dims.names:
+        if logical in ALIAS_OF:
+            alias = ALIAS_OF[logical]
+            if alias == "heads" and dims.heads is not None:
+                split = math.prod(sizes[a] for a in layout.axes("heads"))
+                if split > 1 and dims.heads % split:
+                    what = "key/value" if logical == "kv_heads" else "query"
+                    note = (
+                        f"{plural(dims.heads, f'{what} head')} do not divide by "
+                        f"{_axes_text(layout.axes('heads'), sizes)}: kept whole on every device (`_`); "
+                        "splitting a head's width would make each device gather its heads anyway"
+                    )
+                    out.append("_")
+                    continue
+            out.append(names[alias])
+        elif logical == "experts":
+            out.append(names["experts"] if "experts" in layout.targets else "_")
+        elif logical == "norm":
+            out.append(names["norm"] if maxtext and layout.axes("norm") else "_")
+        elif logical == "conv":
+            out.append(names["embed"] if layout.axes("embed") else names["mlp"])
+        else:
+            out.append("_")
+    if role.name == R.NORM and not (maxtext and layout.axes("norm")):
+        out = ["_"] * len(out)
+    return tuple(out), note
+
+
+def _optional(rule: Draft, kinds: list[Kind], layout: Layout, sizes: dict[str, int]) -> None:
+    """Mark with `?` the entries that do not divide every kind's dimension, or
+    write `_` for those that divide none; say which in a note."""
+    if rule.entries is None:
+        return
+    entries = list(rule.entries)
+    for j, entry in enumerate(entries):
+        role = _role_of_alias(entry, layout)
+        if role is None:
+            continue
+        bad: list[Kind] = []
+        for index in rule.kinds:
+            kind = kinds[index]
+            axes = _chosen(rule, j, kind, layout)
+            split = math.prod(sizes[a] for a in axes)
+            if split > 1 and kind.shape[rule.dim_of(j, kind.rank)] % split:
+                bad.append(kind)
+        if not bad:
+            continue
+        shapes = ", ".join(sorted({str(k.shape) for k in bad})[:3])
+        axes = _axes_text(layout.axes(role), sizes)
+        if len(bad) == len(rule.kinds):
+            entries[j] = "_"
+            rule.notes.append(
+                f"`{entry}` ({axes}) divides no {shapes} array here: that dimension is not split"
+            )
+        else:
+            rule.optional.add(j)
+            rule.notes.append(
+                f"`{entry}?`: {axes} does not divide {plural(len(bad), 'kind')} of these arrays ({shapes}), "
+                "left unsharded there"
+            )
+    rule.entries = tuple(entries)
+
+
+def _role_of_alias(entry: str, layout: Layout) -> str | None:
+    for role, name in layout.names.items():
+        if name == entry and any(layout.targets.get(role, ((),))):
+            return role
+    return None
+
+
+def _chosen(rule: Draft, j: int, kind: Kind, layout: Layout) -> Axes:
+    """The axes entry `j` stands for in `kind`'s spec: an alias's first
+    alternative whose axes no other entry of the spec uses."""
+    assert rule.entries is not None
+    role = _role_of_alias(rule.entries[j], layout)
+    assert role is not None
+    alternatives = layout.targets[role]
+    if len(alternatives) == 1:
+        return alternatives[0]
+    used = set()
+    for k, other in enumerate(rule.entries):
+        other_role = _role_of_alias(other, layout) if k != j else None
+        if other_role is not None and len(layout.targets[other_role]) == 1:
+            used.update(layout.targets[other_role][0])
+    return next((alt for alt in alternatives if not used & set(alt)), ())
+
+
+def _axes_text(axes: Axes, sizes: dict[str, int]) -> str:
+    if not axes:
+        return "no axis"
+    return (
+        ", ".join(f"{a}={sizes[a]}" for a in axes)
+        if len(axes) == 1
+        else ("(" + ", ".join(f"{a}={sizes[a]}" for a in axes) + f") = {math.prod(sizes[a] for a in axes)}")
+    )

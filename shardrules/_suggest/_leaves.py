@@ -1,0 +1,110 @@
+"""The arrays of a tree as `suggest` sees them: one `Kind` per path pattern.
+
+Leaves whose paths differ only in layer or expert numbers, and that have the
+same shape and dtype, are one kind: a 61-layer, 384-expert model's 70,000
+expert matrices are three kinds. A number is read as an index where it is a
+whole path segment (`layers.3`, `experts/17`) or follows a layer-container word
+(`layers_3`, `decoder_block_0`, `block_2`); numbers that are part of a name
+(`fc1`, `wi_0`, `Dense_1`) tell different layers apart and are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._interop._leaves import signatures
+from .._interop._paths import leaf_paths
+
+INDEX = "*"
+"""How a normalised path writes a layer or expert number."""
+
+CONTAINERS = (
+    "layers?|blocks?|block|h|decoder_block|encoder_block|decoder_layer|encoder_layer|transformer_block"
+    "|res_block|blk|stage|experts?|expert|layer_block|resblocks?"
+)
+_NUMBERS = re.compile(rf"(?:(?<=^)|(?<=[./]))(?:((?:{CONTAINERS})_)?)\d+(?=[./]|$)", re.I)
+_SPLIT = re.compile(r"([./])")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """Leaves that share a normalised path, a shape and a dtype.
+
+    - `key`: the path with its indices written `*` (`model.layers.*.mlp.up_proj.weight`).
+    - `tokens`: `key` split at `/` and `.`; `seps`: the separator after each token
+      but the last.
+    - `count`: how many leaves; `example`: the first leaf's path.
+    """
+
+    key: str
+    tokens: tuple[str, ...]
+    seps: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    count: int
+    example: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def leaf_bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """All its leaves' bytes."""
+        return self.leaf_bytes * self.count
+
+    @property
+    def lower(self) -> tuple[str, ...]:
+        return tuple(t.lower() for t in self.tokens)
+
+    @property
+    def indexed(self) -> bool:
+        """Whether its paths hold layer or expert numbers (each leaf is one layer's)."""
+        return any(t == INDEX or t.endswith("_" + INDEX) for t in self.tokens)
+
+
+def normalised(path: str) -> str:
+    """`path` with its layer and expert numbers written `*`."""
+    return _NUMBERS.sub(lambda m: (m.group(1) or "") + INDEX, path)
+
+
+def split(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`key`'s tokens and the separators between them."""
+    parts = _SPLIT.split(key)
+    return tuple(parts[0::2]), tuple(parts[1::2])
+
+
+def kinds_of(tree: Any) -> list[Kind]:
+    """The kinds of `tree`'s array leaves that a rule has to lay out: scalars,
+    size-1 arrays and PRNG keys are replicated without one, and leaves that
+    are not arrays pass through. In order of first appearance."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    paths = leaf_paths(tree)
+    found: dict[tuple[str, tuple[int, ...], Any], list[Any]] = {}
+    for path, sig in zip(paths, signatures(leaves), strict=True):
+        if type(sig) is not tuple:
+            continue
+        shape, dtype = sig
+        if not isinstance(dtype, np.dtype) or math.prod(shape) <= 1:
+            continue  # a PRNG key (key dtype), a scalar or a size-1 array
+        key = (normalised(path), shape, dtype)
+        entry = found.get(key)
+        if entry is None:
+            found[key] = [1, path]
+        else:
+            entry[0] += 1
+    out = []
+    for (key, shape, dtype), (count, example) in found.items():
+        tokens, seps = split(key)
+        out.append(Kind(key, tokens, seps, shape, dtype, count, example))
+    return out

@@ -1,0 +1,369 @@
+"""`suggest`: a first rule file for a model, from its paths and shapes.
+
+The steps: the tree's arrays as kinds (`_leaves`), what each is by its names
+(`_roles`) and the model's sizes (`_facts`), which dimension of each is which
+(`_dims`), the strategy's aliases on the mesh (`_strategy`), rules for the
+kinds (`_draft`) with patterns telling them apart (`_patterns`), and the text
+(`_text`). The text is loaded, and each kind's spec and bytes per device
+worked out by the planner's own code, before it is returned; a budget
+(`max_bytes_per_device`) is checked there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from .._errors import ShardRulesError
+from .._interop._paths import LeafInfo
+from .._language._format import format_text
+from .._language._load import iter_rules, loads
+from .._language._rules import Rule, RuleSet
+from .._planning._check import DEFAULT_REPLICATED_THRESHOLD
+from .._planning._mesh import sizes_of
+from .._planning._plan import format_bytes, spec_str
+from .._planning._spec import LeafError, leaf_spec, shard_bytes
+from . import _roles as R
+from . import _text as T
+from ._draft import Draft, draft
+from ._facts import facts_of
+from ._leaves import Kind, kinds_of
+from ._patterns import patterns
+from ._roles import DESCRIPTIONS
+from ._strategy import STRATEGIES, Layout, StrategyError, choose
+
+DEFAULT_MIN_BYTES = 1 << 20
+WHOLE_LIMIT = DEFAULT_REPLICATED_THRESHOLD
+"""A recognised array this large that its role's rule would leave whole on
+every device (no dimension of its role divides) is left to `default`
+instead, which splits it by shape: lint warns about such arrays (SR204)."""
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NOT_NAMES = {"_", "auto", "explicit", "unconstrained"}
+_MAXTEXT = {"token_embedder", "logits_dense", "decoder_norm"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Suggestion:
+    """A drafted rule file and what it comes to (for the command line)."""
+
+    text: str
+    strategy: str
+    rules: int  # rules with a pattern
+    arrays: int
+    total_bytes: int
+    bytes_per_device: int
+    by_shape: int  # arrays left to `default`
+    over_budget: bool
+
+
+def suggest(
+    tree: Any,
+    mesh: Any,
+    strategy: str = "auto",
+    *,
+    max_bytes_per_device: int | None = None,
+    head_dim: int | None = None,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+) -> str:
+    """Draft a rule file for `tree` on `mesh`.
+
+    Each array is given a role by the names in its path (embedding, attention
+    q/k/v and output, MLP in and out, experts, router, norms, biases, output
+    head, convolutions), in the conventions of transformers checkpoints, Flax
+    linen and NNX, MaxText, Equinox, keras-hub and penzai; its dimensions are
+    read from its shape (the hidden size, stacked layers, stacked experts,
+    heads). One rule per role lays it out through aliases for the logical
+    dimensions (`embed`, `heads`, `mlp`, `vocab`, `experts`), which the
+    strategy sets to mesh axes. Arrays whose names are not recognised are left
+    to `default -> auto(...)` (their largest dimension that divides, if at
+    least `min_bytes`), and listed in a comment. The file passes
+    `shardrules lint` on the shapes it was drafted from, and `shardrules fmt`
+    leaves it as it is. See [the cookbook](cookbook/suggest.md).
+
+    **Arguments:**
+
+    - `tree`: a pytree of arrays or `jax.ShapeDtypeStruct`s (for instance what
+      `load_shapes` reads from a checkpoint's headers).
+    - `mesh`: a dict of axis sizes (`{"fsdp": 4, "model": 2}`, in mesh order)
+      or a `jax.sharding.Mesh` / `AbstractMesh`. Axes are known by their
+      names: `model`, `tensor`, `tp`, `mp` are tensor-parallel; `expert`,
+      `ep` expert-parallel; `data`, `dp`, `batch` (and pipeline axes) split
+      only the batch; `fsdp` and any other name split weights (FSDP).
+    - `strategy`: `"fsdp"`, `"tp"` (Megatron: q/k/v and gate/up
+      column-parallel, o and down row-parallel, embedding and output head
+      vocab-parallel), `"fsdp+tp"`, `"ep"` (stacked experts over the expert
+      axis, FSDP and tensor parallelism inside), `"dp"` (every weight whole on
+      every device), or `"auto"`, which picks by the mesh's axis names and
+      the model's size.
+    - `max_bytes_per_device`: a budget for the weights on each device. Under
+      `"auto"`, a strategy that meets it is preferred; the file says whether it
+      is met, and if not which arrays take the most.
+    - `head_dim`: the width of an attention head, to count the heads of a
+      `(heads × head_dim, hidden)` weight (default: read from the shapes where
+      they show it, else 128).
+    - `min_bytes`: arrays smaller than this that `default` lays out stay whole.
+
+    **Returns:** the rule file's text (canonical layout, ending in a newline).
+
+    **Raises:** `ValueError` for an unknown strategy, one the mesh cannot
+    carry (`"tp"` without a tensor-parallel axis, `"ep"` without an expert axis
+    or experts), a tree with no arrays, or a mesh axis name that a rule file
+    cannot write; `TypeError` for a `mesh` of another type.
+
+    ```python
+    import jax, jax.numpy as jnp
+    S = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    params = {"embed_tokens": {"weight": S(32000, 4096)}, "lm_head": {"weight": S(32000, 4096)}}
+    print(sr.suggest(params, {"fsdp": 4, "model": 2}, strategy="fsdp+tp"))
+    ```
+    """
+    return drafted(
+        tree,
+        mesh,
+        strategy,
+        max_bytes_per_device=max_bytes_per_device,
+        head_dim=head_dim,
+        min_bytes=min_bytes,
+    ).text
+
+
+def drafted(
+    tree: Any,
+    mesh: Any,
+    strategy: str = "auto",
+    *,
+    max_bytes_per_device: int | None = None,
+    head_dim: int | None = None,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+) -> Suggestion:
+    """`suggest`, with what the file comes to."""
+    if strategy not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
+        raise ValueError(f"head_dim must be a positive int, not {head_dim!r}")
+    sizes = _sizes(mesh)
+    kinds = kinds_of(tree)
+    if not kinds:
+        raise ValueError("the tree has no arrays to lay out (scalars and size-1 arrays need no rule)")
+    facts = facts_of(kinds, head_dim)
+    maxtext = any(_MAXTEXT & set(k.lower) or any(t.startswith("moeblock") for t in k.lower) for k in kinds)
+    experts = [r for r in facts.roles if r is not None and r.name in (R.EXPERT_IN, R.EXPERT_OUT)]
+    total = sum(k.nbytes for k in kinds)
+    options = {"total_bytes": total, "stacked_experts": any(not r.per_expert for r in experts)}
+    options["any_experts"] = bool(experts)
+    first = choose(strategy, sizes, **options)
+    best = _write(kinds, facts, first, sizes, maxtext, min_bytes, max_bytes_per_device)
+    if strategy == "auto" and best.over_budget:  # another strategy may split more of the weights
+        for other in ("ep", "fsdp+tp", "fsdp"):
+            try:
+                layout = choose(other, sizes, **options)
+            except StrategyError:
+                continue
+            if layout.strategy == first.strategy:
+                continue
+            layout = dataclasses.replace(layout, why=f"{first.strategy} is over the budget")
+            candidate = _write(kinds, facts, layout, sizes, maxtext, min_bytes, max_bytes_per_device)
+            if candidate.bytes_per_device < best.bytes_per_device:
+                best = candidate
+            if not best.over_budget:
+                break
+    return best
+
+
+def _sizes(mesh: Any) -> dict[str, int]:
+    sizes = sizes_of(mesh)
+    if not sizes:
+        raise ValueError("the mesh has no axes")
+    for name in sizes:
+        if _NAME.fullmatch(name) is None or name in _NOT_NAMES:
+            raise ValueError(f"mesh axis {name!r} cannot be named in a rule file; rename it")
+    return sizes
+
+
+def _write(
+    kinds: list[Kind],
+    facts: Any,
+    layout: Layout,
+    sizes: dict[str, int],
+    maxtext: bool,
+    min_bytes: int,
+    budget: int | None,
+) -> Suggestion:
+    default = f"auto({_axes(layout.fallback)}, min_bytes={min_bytes})" if layout.fallback else "replicated"
+    moved: dict[int, str] = {}  # recognised kinds left to `default`, and why
+    while True:
+        rules, fallback = draft(kinds, facts, layout, sizes, maxtext=maxtext, by_shape=frozenset(moved))
+        clash = _shared_paths(kinds, rules, fallback)
+        if clash:  # no pattern can tell them apart: each layer's leaves by their own shape
+            moved |= {i: "a path it shares with leaves of another layout" for i in clash}
+            continue
+        regexes = patterns([[kinds[i] for i in r.kinds] for r in rules], [kinds[i] for i in fallback])
+        body = _body(kinds, rules, regexes, layout, sizes, default, [])
+        loaded = loads("\n".join(body) + "\n", name="<suggest>")
+        specs, per_device, kept_whole = _planned(kinds, rules, fallback, loaded, sizes)
+        whole = {i for r in rules for i in r.kinds if i in kept_whole and kinds[i].leaf_bytes >= WHOLE_LIMIT}
+        if not whole or not layout.fallback:
+            break
+        moved |= {i: "its rule would keep it whole on every device" for i in whole}
+    total = sum(k.nbytes for k in kinds)
+    need = sum(per_device.values())
+    over = budget is not None and need > budget
+    unknown = [i for i in fallback if i not in moved]
+    moved = {i: f"{DESCRIPTIONS[facts.roles[i].name]}: {why}" for i, why in moved.items()}
+    listing = T.fallback_lines(unknown, moved, kinds, specs)
+    header = _header(kinds, facts, layout, sizes, total, need, budget, per_device, specs)
+    text = "\n".join([*header, "", *_body(kinds, rules, regexes, layout, sizes, default, listing)]) + "\n"
+    text = format_text(text, "<suggest>")
+    try:
+        loads(text, name="<suggest>")
+    except ShardRulesError as err:  # a bug here, not in the input: say what was drafted
+        raise AssertionError(f"the drafted rules do not load:\n{err}\n\n{text}") from None
+    return Suggestion(
+        text,
+        layout.strategy,
+        len(rules),
+        sum(k.count for k in kinds),
+        total,
+        need,
+        sum(kinds[i].count for i in fallback),
+        over,
+    )
+
+
+def _shared_paths(kinds: list[Kind], rules: list[Draft], fallback: list[int]) -> set[int]:
+    """Kinds of rules whose path (numbers aside) other rules' kinds, or leaves
+    left to `default`, have too: a pattern matches them all alike."""
+    owners: dict[str, set[int]] = {}
+    for n, rule in enumerate(rules):
+        for i in rule.kinds:
+            owners.setdefault(kinds[i].key, set()).add(n)
+    for i in fallback:
+        owners.setdefault(kinds[i].key, set()).add(-1)
+    return {i for rule in rules for i in rule.kinds if len(owners[kinds[i].key]) > 1}
+
+
+def _axes(axes: tuple[str, ...]) -> str:
+    return axes[0] if len(axes) == 1 else "(" + ", ".join(axes) + ")"
+
+
+def _body(
+    kinds: list[Kind],
+    rules: list[Draft],
+    regexes: list[str],
+    layout: Layout,
+    sizes: dict[str, int],
+    default: str,
+    listing: list[str],
+) -> list[str]:
+    used = {e for r in rules if r.entries is not None for e in r.entries}
+    lines = [T.mesh_line(sizes), "", *T.alias_lines(layout, used, sizes), "", "rules params:"]
+    for rule, regex in zip(rules, regexes, strict=True):
+        for note in rule.notes:
+            lines += T.comment_lines(note, "  ")
+        lines.append(
+            f"  {T.literal(regex)} -> {rule.spec_text()}  # {T.label(rule, layout)}: {T.covers(rule.kinds, kinds)}"
+        )
+    lines += listing
+    lines.append(f"  default -> {default}")
+    lines += ["", "rules inputs:", f"  default -> ({layout.names['batch']}, ...)"]
+    return lines
+
+
+def _planned(
+    kinds: list[Kind], rules: list[Draft], fallback: list[int], loaded: RuleSet, sizes: dict[str, int]
+) -> tuple[dict[int, str], dict[int, int], set[int]]:
+    """Each kind's spec (as text), bytes per device (all its leaves) and
+    whether it is kept whole on every device, as the planner gives them
+    under the rule drafted for it."""
+    written = list(iter_rules(loaded, "params"))
+    by_kind: dict[int, Rule] = {i: written[n] for n, rule in enumerate(rules) for i in rule.kinds}
+    for i in fallback:
+        by_kind[i] = written[-1]
+    specs: dict[int, str] = {}
+    per_device: dict[int, int] = {}
+    whole: set[int] = set()
+    for i, kind in enumerate(kinds):
+        info = LeafInfo(kind.example, kind.shape, kind.dtype)
+        try:
+            spec = leaf_spec(by_kind[i], info, sizes, loaded)
+        except LeafError as err:  # a bug here, not in the input
+            raise AssertionError(f"{kind.example}: {err.message}") from None
+        specs[i] = spec_str(spec)
+        per_device[i] = shard_bytes(info, spec, sizes) * kind.count
+        if all(entry is None for entry in spec):
+            whole.add(i)
+    return specs, per_device, whole
+
+
+def _header(
+    kinds: list[Kind],
+    facts: Any,
+    layout: Layout,
+    sizes: dict[str, int],
+    total: int,
+    need: int,
+    budget: int | None,
+    per_device: dict[int, int],
+    specs: dict[int, str],
+) -> list[str]:
+    n = T.devices(sizes)
+    arrays = sum(k.count for k in kinds)
+    chosen = layout.strategy + (f" (auto: {layout.why})" if layout.why else "")
+    lines = T.comment_lines(
+        f"Drafted by `shardrules suggest`, strategy {chosen}, for {T.counted(arrays, 'array')} "
+        f"({format_bytes(total)}) on {', '.join(f'{a}={s}' for a, s in sizes.items())}: "
+        f"{format_bytes(need)} per device, against {format_bytes(total // n)} for an even split "
+        f"over {T.counted(n, 'device')}."
+    )
+    split = {
+        a
+        for role, alternatives in layout.targets.items()
+        if role != "batch"
+        for alt in alternatives
+        for a in alt
+    }
+    copies = [f"{a}={s}" for a, s in sizes.items() if s > 1 and a not in split]
+    if copies and layout.strategy != "dp":
+        lines += T.comment_lines(
+            f"{', '.join(copies)} {'holds' if len(copies) == 1 else 'hold'} whole copies of the weights "
+            "(data parallelism): it splits the batch only."
+        )
+    read = [f"hidden size {facts.hidden}" if facts.hidden else "no hidden size found"]
+    if facts.layers:
+        stacked = "stacked" if facts.stacks else "numbered"
+        read.append(f"{facts.layers} layers ({stacked})")
+    if facts.experts:
+        read.append(f"{facts.experts} experts")
+    if any(r is not None and r.name in (R.Q, R.KV, R.QKV) for r in facts.roles):
+        source = (
+            "assumed; set head_dim to change" if facts.head_dim_source == "assumed" else facts.head_dim_source
+        )
+        read.append(f"heads {facts.head_dim} wide ({source})")
+    lines += T.comment_lines("Read from the paths and shapes: " + "; ".join(read) + ".")
+    if budget is not None:
+        lines += _budget(kinds, need, budget, per_device, specs)
+    lines += T.comment_lines(
+        "Check each rule against the model, then run `shardrules lint` on this file in CI."
+    )
+    return lines
+
+
+def _budget(
+    kinds: list[Kind], need: int, budget: int, per_device: dict[int, int], specs: dict[int, str]
+) -> list[str]:
+    if need <= budget:
+        return T.comment_lines(f"Within the budget of {format_bytes(budget)} per device.")
+    lines = T.comment_lines(
+        f"Over the budget of {format_bytes(budget)} per device by {format_bytes(need - budget)}; "
+        "what each device holds most of (all leaves of a kind):"
+    )
+    for i in sorted(per_device, key=lambda i: -per_device[i])[:5]:
+        kind = kinds[i]
+        whole = " (whole: no dimension splits)" if specs[i].count("None") == kind.rank else ""
+        lines.append(
+            f"#   {T.shown_key(kind)} {kind.shape} x{kind.count}: {specs[i]}, "
+            f"{format_bytes(per_device[i])}{whole}"
+        )
+    lines += T.comment_lines("A bigger mesh, or a strategy that splits more of the weights, lowers it.")
+    return lines
