@@ -502,6 +502,13 @@ def every_entry_point_meets(mesh, other_mesh, same_rules, other_rules, w) -> Non
     expect_any_error("jit_activations", lambda: step(with_acts, mesh)(placed))
     result["jit_after_total"] = total(step(same_rules, mesh)(placed))
 
+    # sr.shard_map's first call, before it moves its inputs: in and out specs, mesh.
+    def mapped(rules_, mesh_):
+        return sr.shard_map(lambda p: p, rules_, mesh_, in_groups=("params",), out_groups="params")
+
+    expect_any_error("shard_map_rules", lambda: mapped(other_rules, mesh)(placed))
+    expect_any_error("shard_map_mesh", lambda: mapped(same_rules, other_mesh)(placed))
+
 
 def dead_peer() -> None:
     """Process 1 exits before `apply`; process 0 calls it, with a short wait

@@ -328,8 +328,11 @@ DIFFERENT_PLANS = {
     "orbax_rules": ("load_orbax(", "w: "),
     "reshard_rules": ("reshard(group='params')", "w: "),
     "jit_rules": ("jit(", "in/0/w: "),
+    "shard_map_rules": ("shard_map(", "in/0/w: "),
 }
-DIFFERENT_MESHES = ["off_mesh", "init_mesh", "checkpoint_mesh", "orbax_mesh", "reshard_mesh", "jit_mesh"]
+DIFFERENT_MESHES = [
+    "off_mesh", "init_mesh", "checkpoint_mesh", "orbax_mesh", "reshard_mesh", "jit_mesh", "shard_map_mesh",
+]  # fmt: skip
 # A plan that fails on process 1 only: (case, process 1's own error).
 FAILS_ON_ONE = {
     "init_fails_on_one": "GroupNotFoundError",

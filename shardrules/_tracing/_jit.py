@@ -45,6 +45,12 @@ def set_agreement(agreement: Agreement | None) -> None:
     _agreement = agreement
 
 
+def agreement() -> Agreement | None:
+    """What a step (`jit`, `shard_map`) calls before it first moves inputs with
+    each signature when there are several processes, or `None`."""
+    return _agreement
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 

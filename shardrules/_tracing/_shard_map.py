@@ -13,11 +13,13 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .._errors import Diagnostic, ShardRulesError, error_for
+from .._interop._paths import path_str
 from .._language._rules import RuleSet
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_specs
 from .._planning._blocks import entry_axes
 from .._planning._compile import compile_plan
+from . import _jit
 from . import _shard_map_errors as _errors
 from ._compat import explicit_mesh_context, trace_state_clean
 from ._groups import for_groups, moved, param_names, signature
@@ -216,6 +218,7 @@ class RuleShardMap:
         self.fn, self.rules, self.mesh = fn, rules, mesh
         self.in_groups, self.out_groups, self.check_vma = in_groups, out_groups, check_vma
         self._compiled: dict[Any, _Entry] = {}  # per argument signature
+        self._agreed: set[Any] = set()  # signatures the processes have compared plans for
         functools.update_wrapper(self, fn)
 
     def _mesh(self) -> Any:
@@ -299,12 +302,24 @@ class RuleShardMap:
         entry = self._build(args)
         return entry.in_specs, entry.out_specs
 
+    def _layouts(self, args: tuple[Any, ...]) -> tuple[Mesh, list[tuple[str, Any, Any, Any]]]:
+        """The mesh and each planned in and out spec, as the processes compare them."""
+        entry = self._build(args)
+        planned = {"in": entry.in_specs, "out": entry.out_specs}
+        keyed = jax.tree_util.tree_flatten_with_path(planned, is_leaf=_is_spec)[0]
+        return entry.mesh, [(path_str(k), None, None, s) for k, s in keyed if isinstance(s, PartitionSpec)]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
             raise TypeError(
                 f"pass the arguments of `{_name(self)}` by position (in_groups has one entry per "
                 f"positional argument), not as {', '.join(kwargs)}="
             )
+        if _jit.agreement() is not None and jax.process_count() > 1 and trace_state_clean():
+            key = signature(args)
+            if key not in self._agreed:  # before its inputs first move: the processes compare plans
+                _jit.agreement()(f"shard_map({_name(self)})", lambda: self._layouts(args))  # type: ignore[misc]
+                self._agreed.add(key)
         entry = self._build(args)
         _raise(self, list(entry.refused))  # SR118: JAX's check_vma would refuse these outputs
         # inputs not laid out as their specs say are moved first (inside jit: resharded)
