@@ -24,7 +24,7 @@ from .._convert._hf import from_document as hf_document
 from .._convert._maxtext import convert_maxtext
 from .._convert._maxtext import from_document as maxtext_document
 from .._convert._regex import convert_regex
-from ._lint import UsageError
+from ._lint import UsageError, write_output
 
 FORMATS = {
     "maxtext": "a MaxText YAML config (base.yml, custom_mesh_and_rule/NAME.yml), or - for standard input",
@@ -80,15 +80,7 @@ def run(args: argparse.Namespace) -> int:
         # __len__, a property), which may raise anything or exit.
         what = f"SystemExit: {err.code!r}" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
         raise UsageError(f"{args.source}: reading it raised {one_line(what)[:300]}") from None
-    if args.output in (None, "-"):
-        sys.stdout.write(conversion.text)
-        sys.stdout.flush()
-    else:
-        try:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(conversion.text)
-        except OSError as err:
-            raise UsageError(f"-o {args.output}: cannot write: {err.strerror or err}") from None
+    write_output(conversion.text, args.output)
     for note in conversion.notes:
         print(f"{one_line(conversion.source)}: not converted exactly: {one_line(note)}", file=sys.stderr)
     return 0 if conversion.exact else 1

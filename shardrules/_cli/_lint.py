@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,34 @@ from .._planning._plan import Plan
 
 class UsageError(Exception):
     """A mistake in how the command was called, or a file it cannot read (exit 2)."""
+
+
+def read_shapes(source: str, where: str = "--shapes") -> Any:
+    """The tree of shapes `source` names (`load_shapes`); what cannot be read
+    is a `UsageError` naming `where` (the flag, or the setting it came from)."""
+    from .._planning._shapes import ShapeSourceError, load_shapes
+
+    try:
+        return load_shapes(source)
+    except FileNotFoundError as err:
+        missing = err.filename or source
+        detail = "" if err.filename else f" ({err})"
+        raise UsageError(f"{where}: {missing}: no such file{detail}") from None
+    except (ShapeSourceError, OSError) as err:
+        raise UsageError(f"{where}: {err}") from None
+
+
+def write_output(text: str, output: str | None) -> None:
+    """`text` to standard output (`output` None or `-`) or to the file `-o` names."""
+    if output in (None, "-"):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:
+        raise UsageError(f"-o {output}: cannot write: {err.strerror or err}") from None
 
 
 def parse_mesh(text: str, where: str = "--mesh") -> dict[str, int]:

@@ -235,7 +235,6 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
     replicated tolerance asked for (on the command line, else in the config)."""
     from .._language._parse import byte_size
     from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
-    from .._planning._shapes import ShapeSourceError, load_shapes
 
     if isinstance(args.mesh, dict):  # from the config, checked there
         mesh: dict[str, int] | None = args.mesh
@@ -256,17 +255,7 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
         tolerance = DEFAULT_REPLICATED_TOLERANCE
     elif isinstance(tolerance, str):  # the flag; the config's is checked already
         tolerance = _config.parse_tolerance(tolerance)
-    tree = None
-    if args.shapes:
-        where = _origin(args, "shapes", "--shapes")
-        try:
-            tree = load_shapes(args.shapes)
-        except FileNotFoundError as err:
-            missing = err.filename or args.shapes
-            detail = "" if err.filename else f" ({err})"
-            raise _lint.UsageError(f"{where}: {missing}: no such file{detail}") from None
-        except (ShapeSourceError, OSError) as err:
-            raise _lint.UsageError(f"{where}: {err}") from None
+    tree = _lint.read_shapes(args.shapes, _origin(args, "shapes", "--shapes")) if args.shapes else None
     return tree, mesh, budget, threshold, tolerance
 
 

@@ -18,7 +18,6 @@ from .._planning._dump import Table, dumps, table_of
 from .._planning._dumpread import loads
 from .._planning._plan import Plan
 from .._planning._plandiff import compare
-from .._planning._shapes import ShapeSourceError, load_shapes
 from . import _config, _lint, _options, _render, _step
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
@@ -42,13 +41,7 @@ def _mesh(value: Any, where: str) -> dict[str, int] | None:
 def _shapes(args: argparse.Namespace) -> Any:
     if not args.shapes:
         raise _lint.UsageError("give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules]")
-    where = args.origins.get("shapes", "--shapes")
-    try:
-        return load_shapes(args.shapes)
-    except FileNotFoundError as err:
-        raise _lint.UsageError(f"{where}: {err.filename or args.shapes}: no such file") from None
-    except (ShapeSourceError, OSError) as err:
-        raise _lint.UsageError(f"{where}: {err}") from None
+    return _lint.read_shapes(args.shapes, args.origins.get("shapes", "--shapes"))
 
 
 def plan_file(path: str, tree: Any, mesh: dict[str, int] | None, group: str | None) -> Plan:
@@ -77,13 +70,7 @@ def run_dump(args: argparse.Namespace) -> int:
         text = dumps(table_of(plan_file(args.rules, tree, mesh, args.group)))
     except PlanFailed:
         return EXIT_DIFFERENT
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-        return EXIT_OK
-    try:
-        Path(args.output).write_text(text, encoding="utf-8")
-    except OSError as err:
-        raise _lint.UsageError(f"{args.output}: cannot write: {err}") from None
+    _lint.write_output(text, args.output)
     return EXIT_OK
 
 

@@ -17,11 +17,10 @@ from .._errors import ShardRulesError
 from .._language._load import load
 from .._language._parse import byte_size
 from .._planning._plan import format_bytes, plural
-from .._planning._shapes import ShapeSourceError, load_shapes
 from .._suggest._strategy import STRATEGIES, StrategyError
 from .._suggest._suggest import DEFAULT_MIN_BYTES, drafted
 from .._suggest._text import counted
-from ._lint import UsageError, parse_mesh, sizes_for
+from ._lint import UsageError, parse_mesh, read_shapes, sizes_for, write_output
 
 
 def add_parser(commands: Any) -> None:
@@ -115,12 +114,7 @@ def run(args: argparse.Namespace) -> int:
     assert min_bytes is not None
     if args.head_dim is not None and args.head_dim < 1:
         raise UsageError(f"--head-dim {args.head_dim}: give a positive width")
-    try:
-        tree = load_shapes(args.shapes)
-    except FileNotFoundError as err:
-        raise UsageError(f"--shapes: {err.filename or args.shapes}: no such file") from None
-    except (ShapeSourceError, OSError) as err:
-        raise UsageError(f"--shapes: {err}") from None
+    tree = read_shapes(args.shapes)
     try:
         found = drafted(
             tree,
@@ -132,15 +126,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except (StrategyError, ValueError, TypeError) as err:
         raise UsageError(str(err)) from None
-    if args.output in (None, "-"):
-        sys.stdout.write(found.text)
-        sys.stdout.flush()
-    else:
-        try:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(found.text)
-        except OSError as err:
-            raise UsageError(f"-o {args.output}: cannot write: {err.strerror or err}") from None
+    write_output(found.text, args.output)
+    if args.output not in (None, "-"):
         shape = (
             f"; {counted(found.by_shape, 'array')} left to `default` (listed in it)" if found.by_shape else ""
         )
