@@ -64,24 +64,22 @@ def signatures(leaves: list[Any]) -> list[Signature]:
     seen: dict[Any, Signature] = {}
     others: dict[int, Signature] = {}
     out = []
-    for leaf in leaves:
-        if type(leaf) in _PLAIN_TYPES:
-            out.append(None)
-            continue
+    for leaf in leaves:  # arrays first: nearly every leaf is one (no plain type has a tuple shape)
         shape = getattr(leaf, "shape", None)
-        if type(shape) is not tuple or isinstance(leaf, type):
+        if type(shape) is tuple and not isinstance(leaf, type):
+            key = (shape, getattr(leaf, "dtype", None))
+            try:
+                found = seen[key]
+            except KeyError:
+                found = seen[key] = signature(leaf)
+            except TypeError:  # an unhashable dtype
+                found = signature(leaf)
+        elif type(leaf) in _PLAIN_TYPES:
+            found = None
+        else:
             found = others.get(id(leaf), _MISSING)
             if found is _MISSING:
                 found = others[id(leaf)] = signature(leaf)
-            out.append(found)
-            continue
-        key = (shape, getattr(leaf, "dtype", None))
-        try:
-            found = seen[key]
-        except KeyError:
-            found = seen[key] = signature(leaf)
-        except TypeError:  # an unhashable dtype
-            found = signature(leaf)
         out.append(found)
     return out
 
