@@ -27,9 +27,9 @@ import jax
 
 import shardrules as sr
 from shardrules._cli._plans import plan_file
-from shardrules._planning._dump import dumps, table_of
-from shardrules._planning._dumpread import loads
-from shardrules._planning._plandiff import compare
+from shardrules._reports._dump import dumps, table_of
+from shardrules._reports._dumpread import loads
+from shardrules._reports._plandiff import compare
 
 SIZES = {"data": 2, "fsdp": 32, "model": 8}
 

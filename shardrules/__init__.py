@@ -40,13 +40,13 @@ from ._placement._reshard import reshard as reshard
 from ._placement._sharded_init import init as init
 from ._planning._api import check as check
 from ._planning._api import plan as plan
-from ._planning._golden import assert_plan_matches as assert_plan_matches
 from ._planning._inputs import check_devices as check_devices
 from ._planning._layouts import shardings as shardings
 from ._planning._layouts import specs as specs
 from ._planning._plan import LeafPlan as LeafPlan
 from ._planning._plan import Plan as Plan
 from ._planning._shapes import load_shapes as load_shapes
+from ._reports._golden import assert_plan_matches as assert_plan_matches
 from ._suggest._suggest import suggest as suggest
 from ._tracing._compare import Comparison as Comparison
 from ._tracing._compare import LeafDifference as LeafDifference

@@ -16,8 +16,8 @@ import pytest
 
 import shardrules as sr
 from shardrules._cli._main import main
-from shardrules._planning._html import _SCRIPT, natural_key, page
 from shardrules._planning._plan import format_bytes
+from shardrules._reports._html import _SCRIPT, natural_key, page
 
 RULES = """mesh fsdp, model
 

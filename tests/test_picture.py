@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
 from shardrules._cli._main import main
-from shardrules._planning._picture import device_text, grid_of, text_picture
+from shardrules._reports._picture import device_text, grid_of, text_picture
 
 MESHES = [(8,), (4, 2), (2, 4), (2, 2, 2)]
 NAMES = ("a", "b", "c")

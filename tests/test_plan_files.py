@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 import shardrules as sr
 from shardrules._cli._main import main
-from shardrules._planning._dumpread import loads
 from shardrules._planning._mesh import MAX_DEVICES
-from shardrules._planning._plandiff import compare
+from shardrules._reports._dumpread import loads
+from shardrules._reports._plandiff import compare
 
 S = jax.ShapeDtypeStruct
 RULES = """mesh fsdp, model

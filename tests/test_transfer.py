@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from shardrules._planning._transfer import to_receive
+from shardrules._reports._transfer import to_receive
 
 SHAPES = [(2,), (4,), (8,), (4, 2), (2, 4), (2, 2, 2)]
 

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 import shardrules as sr
 from shardrules._cli._main import main as cli_main
 from shardrules._planning import _mesh
-from shardrules._planning._plandiff import compare as diff_tables
+from shardrules._reports._plandiff import compare as diff_tables
 
 S = jax.ShapeDtypeStruct
 U = P.UNCONSTRAINED
@@ -369,7 +369,7 @@ def test_diff_compares_it_like_an_axis(rules: sr.RuleSet) -> None:
 
 
 def _table(plan: sr.Plan) -> Any:
-    from shardrules._planning._dump import table_of
+    from shardrules._reports._dump import table_of
 
     return table_of(plan)
 

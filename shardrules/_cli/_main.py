@@ -353,7 +353,7 @@ def _explain_command(args: argparse.Namespace) -> int:
         if pictures:
             sys.stdout.write("\n" + "\n".join(pictures) + "\n")
         if args.html:
-            from .._planning._html import page
+            from .._reports._html import page
 
             try:
                 Path(args.html).write_text(page(result.plan), encoding="utf-8")

@@ -14,10 +14,10 @@ from typing import Any
 from .._errors import ShardRulesError
 from .._language._load import load
 from .._planning._compile import compile_plan
-from .._planning._dump import Table, dumps, table_of
-from .._planning._dumpread import loads
 from .._planning._plan import Plan
-from .._planning._plandiff import compare
+from .._reports._dump import Table, dumps, table_of
+from .._reports._dumpread import loads
+from .._reports._plandiff import compare
 from . import _config, _lint, _options, _render, _step
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2

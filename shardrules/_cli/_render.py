@@ -17,8 +17,8 @@ from .._language import _regex
 from .._language._build import pattern_problem
 from .._planning._hosts import host_bytes, leaf_host_bytes
 from .._planning._mesh import axis_types_text
-from .._planning._picture import text_picture
 from .._planning._plan import Plan, format_bytes, plural, spec_str
+from .._reports._picture import text_picture
 from ._lint import Result
 
 

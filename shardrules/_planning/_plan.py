@@ -245,7 +245,7 @@ class Plan:
 
         **Raises:** the plan's error, if it has one (as `specs` does).
         """
-        from ._dump import dumps, table_of
+        from .._reports._dump import dumps, table_of
 
         self.raise_for_errors()
         return dumps(table_of(self))
@@ -271,8 +271,8 @@ class Plan:
         could hold (a hand edit gone wrong); nothing else for any `str` or
         `bytes`. `TypeError` for something that is not text.
         """
-        from ._dump import plan_of
-        from ._dumpread import fail, loads
+        from .._reports._dump import plan_of
+        from .._reports._dumpread import fail, loads
 
         if isinstance(text, (bytes, bytearray)):
             try:
@@ -339,7 +339,7 @@ class Plan:
     def _repr_html_(self) -> str:
         """The plan as HTML for notebooks: the page `shardrules explain --html`
         writes, as a `<div>`."""
-        from ._html import fragment
+        from .._reports._html import fragment
 
         return fragment(self)
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from ._blocks import UNCONSTRAINED, entry_axes
+from .._planning._blocks import UNCONSTRAINED, entry_axes
+from .._planning._plan import format_bytes, plural
 from ._dump import Entry, Kind, Table
-from ._plan import format_bytes, plural
 from ._transfer import to_receive
 
 EXAMPLES = 3  # paths shown per group of changed leaves

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ._blocks import block_index, device_coords, entry_axes
+from .._planning._blocks import block_index, device_coords, entry_axes
 
 Entry = None | str | tuple[str, ...]
 Spec = tuple[Entry, ...]

@@ -24,10 +24,10 @@ import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, PartitionSpec
 
 from .._language._rules import RuleSet
-from ._blocks import UNCONSTRAINED
-from ._dtypes import named_dtype
-from ._mesh import sizes_of
-from ._plan import LeafPlans, Plan
+from .._planning._blocks import UNCONSTRAINED
+from .._planning._dtypes import named_dtype
+from .._planning._mesh import sizes_of
+from .._planning._plan import LeafPlans, Plan
 
 FORMAT = "shardrules-plan"
 VERSION = 1

@@ -8,9 +8,9 @@ import difflib
 import os
 from pathlib import Path
 
+from .._planning._plan import Plan
 from ._dump import table_of
 from ._dumpread import loads
-from ._plan import Plan
 from ._plandiff import compare
 
 UPDATE_VARIABLE = "SHARDRULES_UPDATE_GOLDEN"

@@ -35,12 +35,12 @@ import math
 from typing import Any
 
 from .._errors import Diagnostic, PlanFileError
-from ._blocks import UNCONSTRAINED, entry_axes
-from ._dtypes import jax_holds, named_dtype
+from .._planning._blocks import UNCONSTRAINED, entry_axes
+from .._planning._dtypes import jax_holds, named_dtype
+from .._planning._mesh import MAX_DEVICES
+from .._planning._shapes import MAX_RANK, shape_problem
+from .._planning._shapes import shown as named
 from ._dump import FORMAT, VERSION, Entry, Kind, Table, nbytes_of
-from ._mesh import MAX_DEVICES
-from ._shapes import MAX_RANK, shape_problem
-from ._shapes import shown as named
 
 HEADER_KEYS = (
     "format",

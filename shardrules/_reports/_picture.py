@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._blocks import block_index, device_coords, entry_axes
+from .._planning._blocks import block_index, device_coords, entry_axes
 
 if TYPE_CHECKING:
-    from ._plan import LeafPlan
+    from .._planning._plan import LeafPlan
 
 MAX_CELLS = 64  # a larger grid is described in words
 MAX_ROWS = MAX_COLUMNS = 16  # a taller or wider grid does not fit a terminal
@@ -122,7 +122,7 @@ def device_text(devices: list[int], width: int = 15) -> str:
 def text_picture(leaf: LeafPlan, sizes: dict[str, int], indent: str = "  ") -> list[str]:
     """A leaf's grid as text lines: a title, then one `| a | b |` line per row
     of blocks, each cell the devices holding that block."""
-    from ._plan import spec_str
+    from .._planning._plan import spec_str
 
     found = grid_of(leaf, sizes)
     title = f"{leaf.path}  {leaf.shape}  {spec_str(leaf.spec)}"

@@ -17,11 +17,11 @@ import re
 from html import escape
 from typing import TYPE_CHECKING
 
-from ._mesh import sizes_of
+from .._planning._mesh import sizes_of
 from ._picture import device_text, grid_of
 
 if TYPE_CHECKING:
-    from ._plan import LeafPlan, Plan
+    from .._planning._plan import LeafPlan, Plan
 
 _CSS = """
 .sr-plan{font-family:system-ui,sans-serif;font-size:13px;color:#222}
@@ -131,7 +131,7 @@ def _rule_text(leaf: LeafPlan) -> str:
 def _rules(plan: Plan, arrays: list[LeafPlan]) -> str:
     """The group's rules with the leaves and bytes each decides; for a plan
     read from a file (no rules, only their locations), each location."""
-    from ._plan import format_bytes, plural
+    from .._planning._plan import format_bytes, plural
 
     title = f"<h3>Rules of <code>{escape(plan.group)}</code></h3>"
     rules = list(dict(plan.rules.groups).get(plan.group, ()))
@@ -164,7 +164,7 @@ def _rules(plan: Plan, arrays: list[LeafPlan]) -> str:
 
 def _leaves(plan: Plan) -> str:
     """Every leaf, sorted naturally by path, under a box that filters them."""
-    from ._plan import format_bytes, plural, spec_str
+    from .._planning._plan import format_bytes, plural, spec_str
 
     leaves = sorted(plan.leaves, key=lambda leaf: natural_key(leaf.path))
     rows = [
@@ -193,8 +193,8 @@ def _leaves(plan: Plan) -> str:
 
 def fragment(plan: Plan, top: int = 20) -> str:
     """The report as a `<div>` with its own `<style>` and `<script>`."""
-    from ._check import replicated_share
-    from ._plan import format_bytes, plural, spec_str
+    from .._planning._check import replicated_share
+    from .._planning._plan import format_bytes, plural, spec_str
 
     sizes = sizes_of(plan.mesh) if plan.mesh is not None else {}
     arrays = [leaf for leaf in plan.leaves if leaf.is_array]
