@@ -6,7 +6,8 @@ under docs/ (the cookbook included), each ```python block runs on its own, as a
 script would: in a fresh namespace (`__name__ == "__main__"`), in a fresh
 folder holding the page's rule files. A ```shard block whose first line is a
 comment naming a file (`# mlp.shard`) is written to that file first, for the
-blocks after it. The 8 simulated CPU devices of the test session stand in for
+blocks after it; so is a ```python block whose first line names a module
+(`# layouts.py`), which the page's later programs import. The 8 simulated CPU devices of the test session stand in for
 the accelerators.
 
 `<!-- not-tested: REASON -->` on the line before a block skips it; the reasons
@@ -97,10 +98,16 @@ def test_block_runs_as_a_program(
         if other.line > block.line:
             break
         first = other.text.split("\n", 1)[0].strip()
-        if other.lang == "shard" and re.fullmatch(r"#\s*[\w./-]+\.shard", first):
+        named = (other.lang == "shard" and re.fullmatch(r"#\s*[\w./-]+\.shard", first)) or (
+            other.lang == "python" and other.line < block.line and re.fullmatch(r"#\s*[\w]+\.py", first)
+        )
+        if named:
             target = tmp_path / first.lstrip("#").strip()
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(other.text, encoding="utf-8")
+            if target.suffix == ".py":  # a module the page's later programs import, fresh for each
+                monkeypatch.syspath_prepend(str(tmp_path))
+                monkeypatch.delitem(sys.modules, target.stem, raising=False)
     monkeypatch.setattr(sys, "argv", [f"{block.page}:{block.line}"])
     monkeypatch.setitem(os.environ, "XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
     code = compile(block.text, f"docs/{block.page}:{block.line}", "exec")

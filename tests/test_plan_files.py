@@ -138,10 +138,17 @@ REFUSED = {
     ),
     "version true": (
         _edit(0, '"version": 1', '"version": true'),
-        "version true; this shardrules reads version 1",
+        "version true; this shardrules reads versions 1 and 2",
     ),
     "version 1.0": (_edit(0, '"version": 1', '"version": 1.0'), "version 1.0"),
-    "version 2": (_edit(0, '"version": 1', '"version": 2'), "version 2"),
+    "version 3": (
+        _edit(0, '"version": 1', '"version": 3'),
+        "version 3; this shardrules reads versions 1 and 2",
+    ),
+    "version 2 without a cost": (
+        _edit(0, '"version": 1', '"version": 2'),
+        "the file lacks the key 'step_cost'",
+    ),
     "unknown top key": (_edit(0, '"group": "params",', '"group": "params", "note": 1,'), 'the key "note"'),
     "unknown leaf key": (_edit(0, '"bytes": 0}', '"bytes": 0, "extra": null}'), 'has the key "extra"'),
     "unknown axis key": (

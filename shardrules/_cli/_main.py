@@ -14,7 +14,7 @@ from .._errors import ShardRulesError
 from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._version import __version__
-from . import _config, _convert, _discover, _lint, _options, _plans, _render, _step, _suggest
+from . import _config, _convert, _discover, _explain, _lint, _options, _plans, _render, _step, _suggest
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -117,6 +117,13 @@ def _parser() -> argparse.ArgumentParser:
     _options.cost_options(explain, lint=False)
     explain.add_argument("--path", metavar="REGEX", help="show only leaves whose path this regex matches")
     explain.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default), or json: one object with the plan's leaves, totals, findings and, with "
+        "--step, the step's scope outputs, decisions and (--cost) cost",
+    )
+    explain.add_argument(
         "--html", metavar="FILE", help="also write the plan as a self-contained HTML page to FILE"
     )
     explain.add_argument(
@@ -136,6 +143,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     dump.add_argument("rules", metavar="RULES", help="the rule file (.shard)")
     _plans.add_options(dump)
+    dump.add_argument(
+        "--step",
+        dest="cost_step",  # not filled from [tool.shardrules]: a plan file records a cost only when asked
+        metavar="MODULE:FUNCTION",
+        help="also record in the file what this train step costs each device under the rules "
+        "(version 2's step_cost: FLOPs against the one-device ideal, peak memory, collectives), compiled "
+        "on simulated devices, so that a golden plan catches a cost regression; FUNCTION(rules, mesh) "
+        "returns a shardrules.jit step and a tuple of example arguments",
+    )
     dump.add_argument("-o", "--output", metavar="FILE", help="where to write it (default, or -: stdout)")
     dump.set_defaults(run=_plans.run_dump)
 
@@ -330,38 +346,10 @@ def _explain_command(args: argparse.Namespace) -> int:
         )
     args.decisions = args.scopes = args.step_cost = None
     result = _lint_one(args.rules, args, _inputs(args))
-    tables = []
-    if args.scopes:
-        tables.append((_step.scope_rows(args.scopes), _step.SCOPE_HEADER))
-    if args.decisions:
-        tables.append((_step.rows(args.decisions), _step.HEADER))
-    step_cost: Any = getattr(args, "step_cost", None)  # set by the step's trace, when asked for
-    for i, (rows, header) in enumerate(tables):
-        _render.write_table(rows, sys.stdout, _render.use_rich(sys.stdout), header)
-        if result.plan is not None or i < len(tables) - 1 or step_cost is not None:
-            sys.stdout.write("\n")
-    if step_cost is not None:
-        sys.stdout.write("step cost:\n" + "".join(f"  {line}\n" for line in step_cost.lines()))
-        if result.plan is not None:
-            sys.stdout.write("\n")
-    if result.plan is not None:
-        rows = _render.explain_rows(result.plan, args.path, args.hosts)
-        header = _render.HOST_HEADER if args.hosts is not None else _render.HEADER
-        _render.write_table(rows, sys.stdout, _render.use_rich(sys.stdout), header)
-        sys.stdout.write("\n" + "\n".join(_render.totals(result.plan, hosts=args.hosts)) + "\n")
-        pictures = _render.pictures(result.plan, args.path, args.pictures)
-        if pictures:
-            sys.stdout.write("\n" + "\n".join(pictures) + "\n")
-        if args.html:
-            from .._reports._html import page
-
-            try:
-                Path(args.html).write_text(page(result.plan), encoding="utf-8")
-            except OSError as err:
-                raise _lint.UsageError(f"--html {args.html}: cannot write: {err}") from None
-    if result.diagnostics:
-        sys.stdout.flush()
-        _render.write_text([result], sys.stderr)
+    if args.format == "json":
+        _explain.write_json(result, args, sys.stdout)
+    else:
+        _explain.write_text(result, args, sys.stdout)
     return EXIT_FINDINGS if result.errors else EXIT_OK
 
 

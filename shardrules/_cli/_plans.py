@@ -4,6 +4,7 @@ the plans of rule files with no devices, as lint makes them, or read from dumps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import stat
@@ -15,6 +16,7 @@ from .._errors import ShardRulesError
 from .._language._load import load
 from .._planning._compile import compile_plan
 from .._planning._plan import Plan
+from .._reports._costfile import recorded
 from .._reports._dump import Table, dumps, table_of
 from .._reports._dumpread import loads
 from .._reports._plandiff import compare
@@ -67,10 +69,18 @@ def run_dump(args: argparse.Namespace) -> int:
     tree = _shapes(args)
     mesh = _mesh(args.mesh, args.origins.get("mesh", "--mesh"))
     try:
-        text = dumps(table_of(plan_file(args.rules, tree, mesh, args.group)))
+        table = table_of(plan_file(args.rules, tree, mesh, args.group))
     except PlanFailed:
         return EXIT_DIFFERENT
-    _lint.write_output(text, args.output)
+    if args.cost_step:
+        try:
+            cost = _step_costs(args.cost_step, {"a": mesh}, {"a": args.rules})["a"]
+        except ShardRulesError as err:  # the rules do not trace the step: nothing is written
+            sys.stdout.flush()
+            print(f"{args.rules}: --step {args.cost_step}:\n{err}", file=sys.stderr)
+            return EXIT_DIFFERENT
+        table = dataclasses.replace(table, step_cost=recorded(cost, args.cost_step))
+    _lint.write_output(dumps(table), args.output)
     return EXIT_OK
 
 
@@ -160,7 +170,8 @@ def run_diff(args: argparse.Namespace) -> int:
         except PlanFailed:
             return EXIT_ERROR
     diff = compare(tables["a"], tables["b"])
-    costs = _step_costs(args, meshes) if getattr(args, "step", None) else None
+    paths = {"a": args.a, "b": args.b}
+    costs = _step_costs(args.step, meshes, paths) if getattr(args, "step", None) else _recorded_costs(tables)
     if args.format == "json":
         found = diff.as_json()
         if costs is not None:
@@ -177,11 +188,30 @@ def run_diff(args: argparse.Namespace) -> int:
     return EXIT_OK if diff.equal else EXIT_DIFFERENT
 
 
-def _step_costs(args: argparse.Namespace, meshes: dict[str, dict[str, int] | None]) -> dict[str, Any]:
-    """`--step`: the step's cost under each side's rules and mesh (both rule files)."""
-    sides = {}
-    for side in ("a", "b"):
-        path = getattr(args, side)
+def _recorded_costs(tables: dict[str, Table]) -> dict[str, Any] | None:
+    """The costs two dumps written with `dump --step` record (as `StepCost`s),
+    when both do; a note on standard error when only one does."""
+    from .._tracing._cost import cost_from_json
+
+    recorded_by = {side: table.step_cost for side, table in tables.items()}
+    if all(cost is None for cost in recorded_by.values()):
+        return None
+    if any(cost is None for cost in recorded_by.values()):
+        which = next(side.upper() for side, cost in recorded_by.items() if cost is not None)
+        print(
+            f"shardrules diff: note: only {which} records a step cost (dump --step); compare costs "
+            "with two such dumps, or with --step MODULE:FUNCTION and two rule files",
+            file=sys.stderr,
+        )
+        return None
+    return {side: cost_from_json(cost) for side, cost in recorded_by.items() if cost is not None}
+
+
+def _step_costs(spec: str, meshes: dict[str, dict[str, int] | None], paths: dict[str, str]) -> dict[str, Any]:
+    """The cost of the step `spec` names under each side's rules and mesh (rule
+    files, not dumps): both of `diff --step`'s, or `dump --step`'s one."""
+    found = {}
+    for side, path in paths.items():
         if is_dump(path):
             raise _lint.UsageError(
                 f"--step compiles the step under each side's rules: {path} is a dump, not a rule file"
@@ -190,5 +220,5 @@ def _step_costs(args: argparse.Namespace, meshes: dict[str, dict[str, int] | Non
             rules = load(path)
         except ShardRulesError as err:
             raise _lint.UsageError(f"{path}: {err}") from None
-        sides[side] = (rules, meshes[side] if meshes[side] is not None else _file_sizes(path))
-    return _step.costs(args.step, sides)
+        found[side] = (rules, meshes[side] if meshes[side] is not None else _file_sizes(path))
+    return _step.costs(spec, found)

@@ -28,9 +28,14 @@ from .._planning._blocks import UNCONSTRAINED
 from .._planning._dtypes import named_dtype
 from .._planning._mesh import sizes_of
 from .._planning._plan import LeafPlans, Plan
+from ._costfile import cost_text
 
 FORMAT = "shardrules-plan"
 VERSION = 1
+VERSION_WITH_COST = 2
+"""Version 2 is version 1 and one key more, `step_cost` (what a train step
+costs each device under the plan, `shardrules dump --step`). A plan without a
+cost is written as version 1, byte for byte as before."""
 
 Entry = None | str | tuple[str, ...]
 Kind = tuple[tuple[int, ...] | None, str | None, tuple[Entry, ...] | None, str, int]
@@ -49,6 +54,7 @@ class Table:
     paths: list[str]
     kinds: list[int]
     parts: list[Kind]
+    step_cost: dict[str, Any] | None = None  # `_costfile.recorded`: version 2's `step_cost`
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -82,7 +88,7 @@ def _mesh_rows(mesh: Any, rules: Any = None) -> tuple[tuple[str, int, str], ...]
     return tuple((name, size, kind) for (name, size), kind in zip(sizes.items(), types, strict=True))
 
 
-def _entries(spec: PartitionSpec | None) -> tuple[Entry, ...] | None:
+def spec_entries(spec: PartitionSpec | None) -> tuple[Entry, ...] | None:
     """A spec's entries as a file holds them; an unconstrained one as `"unconstrained"`."""
     if spec is None:
         return None
@@ -136,7 +142,7 @@ def table_of(plan: Plan) -> Table:
     for shape, dtype, rule, spec, per_device, why, *where in raw:
         label = rule_label(rule, why, folder, where[0] if where else None)
         name = None if dtype is None else str(dtype)
-        parts.append((None if shape is None else tuple(shape), name, _entries(spec), label, int(per_device)))
+        parts.append((None if shape is None else tuple(shape), name, spec_entries(spec), label, int(per_device)))
     return Table(
         os.path.basename(plan.rules.name), plan.group, _mesh_rows(plan.mesh, plan.rules), paths, kinds, parts
     )
@@ -162,7 +168,7 @@ def dumps(table: Table) -> str:
     total = sum(nbytes_of(table.parts[kind]) for kind in kinds)
     head = [
         ("format", FORMAT),
-        ("version", VERSION),
+        ("version", VERSION if table.step_cost is None else VERSION_WITH_COST),
         ("rules", table.rules),
         ("group", table.group),
         ("mesh", mesh),
@@ -171,6 +177,8 @@ def dumps(table: Table) -> str:
         ("total_bytes", total),
     ]
     out = ["{"] + [f"  {_quote(key)}: {_value(value)}," for key, value in head]
+    if table.step_cost is not None:
+        out.append(f'  "step_cost": {cost_text(table.step_cost)},')
     body = ",\n".join(lines)
     out.append('  "leaves": [' + ("\n" + body + "\n  ]" if lines else "]"))
     return "\n".join(out) + "\n}\n"

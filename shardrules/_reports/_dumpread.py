@@ -40,7 +40,8 @@ from .._planning._dtypes import jax_holds, named_dtype
 from .._planning._mesh import MAX_DEVICES
 from .._planning._shapes import MAX_RANK, shape_problem
 from .._planning._shapes import shown as named
-from ._dump import FORMAT, VERSION, Entry, Kind, Table, nbytes_of
+from ._costfile import read_cost
+from ._dump import FORMAT, VERSION, VERSION_WITH_COST, Entry, Kind, Table, nbytes_of
 
 HEADER_KEYS = (
     "format",
@@ -53,6 +54,7 @@ HEADER_KEYS = (
     "total_bytes",
     "leaves",
 )
+HEADER_KEYS_WITH_COST = (*HEADER_KEYS[:-1], "step_cost", "leaves")  # version 2
 AXIS_KEYS = ("name", "size", "type")
 LEAF_KEYS = ("path", "shape", "dtype", "spec", "rule", "bytes")
 AXIS_TYPES = ("explicit", "auto", "manual", "unknown")
@@ -108,7 +110,7 @@ def _keys(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     unknown = [k for k in value if k not in keys]
     if unknown:
         raise fail(
-            f"{where} has the key {shown(unknown[0])}, which version {VERSION} does not have "
+            f"{where} has the key {shown(unknown[0])}, which the format does not have "
             f"(it has {', '.join(keys)})"
         )
     missing = [k for k in keys if k not in value]
@@ -138,6 +140,7 @@ class Header:
     mesh: tuple[tuple[str, int, str], ...] | None
     totals: tuple[int, int, int]  # arrays, bytes per device, total bytes
     leaves: Any
+    step_cost: dict[str, Any] | None = None
 
     @property
     def sizes(self) -> dict[str, int] | None:
@@ -148,12 +151,20 @@ def _header(data: Any) -> Header:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise fail(f'no "format": "{FORMAT}"', hint="give a file that `shardrules dump` wrote")
     version = data.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version != VERSION:
+    if (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or version not in (VERSION, VERSION_WITH_COST)
+    ):
         raise fail(
-            f"version {shown(version)}; this shardrules reads version {VERSION}",
+            f"version {shown(version)}; this shardrules reads versions {VERSION} and {VERSION_WITH_COST}",
             hint="read it with the shardrules that wrote it, or write it again with this one",
         )
-    _keys(data, HEADER_KEYS, "the file")
+    if version == VERSION and "step_cost" in data:
+        raise fail(
+            f'the file has "step_cost", a key of version {VERSION_WITH_COST}, but says version {VERSION}'
+        )
+    _keys(data, HEADER_KEYS if version == VERSION else HEADER_KEYS_WITH_COST, "the file")
     totals = (
         _count(data["arrays"], '"arrays"'),
         _count(data["bytes_per_device"], '"bytes_per_device"'),
@@ -165,6 +176,7 @@ def _header(data: Any) -> Header:
         _mesh(data["mesh"]),
         totals,
         data["leaves"],
+        None if version == VERSION else read_cost(data["step_cost"]),
     )
 
 
@@ -307,7 +319,8 @@ def _read(text: str) -> tuple[Table, Header]:
         path, kind = leaf(data, sizes)
         paths.append(path)
         kinds.append(index.setdefault(kind, len(index)))
-    return Table(header.rules, header.group, header.mesh, paths, kinds, list(index)), header
+    table = Table(header.rules, header.group, header.mesh, paths, kinds, list(index), header.step_cost)
+    return table, header
 
 
 _OPEN, _SHAPE = '    {"path": "', '", "shape": '
@@ -354,4 +367,4 @@ def _lines(text: str) -> tuple[Table, Header] | None:
         kinds.append(kind)
     if len(set(parts)) != len(parts):  # two layouts of one kind: keep each line's own
         return None
-    return Table(header.rules, header.group, header.mesh, paths, kinds, parts), header
+    return Table(header.rules, header.group, header.mesh, paths, kinds, parts, header.step_cost), header

@@ -4,12 +4,15 @@ pytest (or unittest) reports with the message."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from pathlib import Path
+from typing import Any
 
 from .._planning._plan import Plan
-from ._dump import table_of
+from ._costfile import RTOL, cost_changes, recorded
+from ._dump import dumps, table_of
 from ._dumpread import loads
 from ._plandiff import compare
 
@@ -23,27 +26,48 @@ def _updating(update: bool | None) -> bool:
     return os.environ.get(UPDATE_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def assert_plan_matches(plan: Plan, path: str | os.PathLike[str], *, update: bool | None = None) -> None:
-    """Check that `plan` is the plan a golden file holds (a `shardrules dump`).
+def assert_plan_matches(
+    plan: Plan,
+    path: str | os.PathLike[str],
+    *,
+    cost: Any = None,
+    rtol: float = RTOL,
+    update: bool | None = None,
+) -> None:
+    """Check that `plan` is the plan a golden file holds (a `shardrules dump`),
+    and, with `cost`, that the step costs what the file records.
 
     **Arguments:**
 
     - `plan`: the plan to check, e.g. `sr.plan(jax.eval_shape(init), rules, mesh)`.
     - `path`: the golden file, checked in next to the test.
-    - `update`: write `plan` to `path` instead of comparing (and pass). By
-      default, when the environment variable `SHARDRULES_UPDATE_GOLDEN` is set
-      (to anything but `0`, `false` or `no`).
+    - `cost`: a step's `StepCost` (`step.cost(*args)`) under these rules:
+      the file records it (as `shardrules dump --step` does), and a later
+      run fails when its FLOPs, their ratio to the ideal, peak or accessed
+      bytes, or a kind of collective's count or bytes moved by more than
+      `rtol`, or a kind of collective came or went. A file that records a
+      cost needs one.
+    - `rtol`: how far (relative) each recorded figure may move, default 2%:
+      what another XLA release may shift without any change of layout.
+    - `update`: write `plan` (and `cost`) to `path` instead of comparing
+      (and pass). By default, when the environment variable
+      `SHARDRULES_UPDATE_GOLDEN` is set (to anything but `0`, `false` or `no`).
 
-    **Raises:** `AssertionError` when the file is missing, or holds another plan:
-    the message is the plan diff (`shardrules diff`'s text) and the first lines
-    of the file's diff, and says how to refresh the file. The plan's own error,
-    if it has one.
+    **Raises:** `AssertionError` when the file is missing, or holds another plan
+    or cost: the message is the plan diff (`shardrules diff`'s text), what the
+    cost changed, and the first lines of the file's diff, and says how to
+    refresh the file. The plan's own error, if it has one.
 
     ```python
     sr.assert_plan_matches(sr.plan(shapes, rules, mesh), "tests/data/golden/llama.json")
+    sr.assert_plan_matches(plan, "tests/data/golden/llama-step.json", cost=step.cost(params, batch))
     ```
     """
-    text = plan.to_json()
+    plan.raise_for_errors()
+    table = table_of(plan)
+    if cost is not None:
+        table = dataclasses.replace(table, step_cost=recorded(cost))
+    text = dumps(table)
     golden = Path(path)
     if _updating(update):
         golden.parent.mkdir(parents=True, exist_ok=True)
@@ -56,6 +80,27 @@ def assert_plan_matches(plan: Plan, path: str | os.PathLike[str], *, update: boo
     expected = golden.read_text(encoding="utf-8")
     if expected == text:
         return
+    summary = ""
+    try:
+        held = loads(expected)
+    except ValueError as err:  # not a plan file
+        held, summary = None, f"{golden}: {err}"
+    costs: list[str] = []
+    if held is not None:
+        summary = compare(held, table).text(("golden", "plan"))
+        if held.step_cost is not None and cost is None:
+            raise AssertionError(
+                f"{golden} records a step's cost: pass it, "
+                "sr.assert_plan_matches(plan, path, cost=step.cost(*args)), or refresh the file without one "
+                f"({refresh})"
+            )
+        if held.step_cost is None and cost is not None:
+            costs = ["the golden file records no step cost"]
+        elif held.step_cost is not None and table.step_cost is not None:
+            costs = cost_changes(held.step_cost, table.step_cost, rtol)
+            plain = dataclasses.replace(held, step_cost=None), dataclasses.replace(table, step_cost=None)
+            if not costs and dumps(plain[0]) == dumps(plain[1]):
+                return  # the same plan, each figure of the cost within rtol
     lines = list(
         difflib.unified_diff(
             expected.splitlines(), text.splitlines(), f"{golden} (golden)", "plan", lineterm="", n=0
@@ -63,10 +108,8 @@ def assert_plan_matches(plan: Plan, path: str | os.PathLike[str], *, update: boo
     )
     more = len(lines) - SHOWN_LINES
     shown = "\n".join(lines[:SHOWN_LINES]) + (f"\n... and {more} more lines" if more > 0 else "")
-    try:
-        summary = compare(loads(expected), table_of(plan)).text(("golden", "plan"))
-    except ValueError as err:  # not a plan file
-        summary = f"{golden}: {err}"
+    changed = "".join(f"\n  {line}" for line in costs)
+    cost_text = f"\nthe step's cost changed by more than {rtol:.0%}:{changed}" if costs else ""
     raise AssertionError(
-        f"the plan differs from {golden}; {refresh} if the change is meant\n{summary}\n{shown}"
+        f"the plan differs from {golden}; {refresh} if the change is meant\n{summary}{cost_text}\n{shown}"
     )

@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 import re
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._planning._mesh import sizes_of
+from ._costfile import cost_rows, recorded
 from ._picture import device_text, grid_of
 
 if TYPE_CHECKING:
@@ -191,8 +192,20 @@ def _leaves(plan: Plan) -> str:
     )
 
 
-def fragment(plan: Plan, top: int = 20) -> str:
-    """The report as a `<div>` with its own `<style>` and `<script>`."""
+def _cost(cost: Any) -> str:
+    """The step-cost section: `cost` a `StepCost` or its `to_json()` dict."""
+    measures, collectives = cost_rows(recorded(cost))
+    out = ["<h3>Step cost</h3>", _table(("", "value"), measures, {1})]
+    if collectives:
+        out.append(_table(("collective", "count", "bytes per device", "from"), collectives, {1, 2}))
+    else:
+        out.append("<p>no collectives</p>")
+    return "".join(out)
+
+
+def fragment(plan: Plan, top: int = 20, cost: Any = None) -> str:
+    """The report as a `<div>` with its own `<style>` and `<script>`; with
+    `cost` (a step's `StepCost`, or its dict), what the step costs each device."""
     from .._planning._check import replicated_share
     from .._planning._plan import format_bytes, plural, spec_str
 
@@ -220,6 +233,8 @@ def fragment(plan: Plan, top: int = 20) -> str:
             {1},
         )
     )
+    if cost is not None:
+        parts.append(_cost(cost))
     parts.append(_rules(plan, arrays))
     parts.append(_leaves(plan))
     largest = sorted(arrays, key=lambda leaf: (-leaf.nbytes, natural_key(leaf.path)))[:top]
@@ -231,10 +246,10 @@ def fragment(plan: Plan, top: int = 20) -> str:
     return '<div class="sr-plan">' + "".join(parts) + "</div>"
 
 
-def page(plan: Plan, top: int = 20) -> str:
-    """The report as a whole HTML document."""
+def page(plan: Plan, top: int = 20, cost: Any = None) -> str:
+    """The report as a whole HTML document (`cost`: see `fragment`)."""
     title = escape(f"shardrules plan: {plan.rules.name} ({plan.group})")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{title}</title></head><body>{fragment(plan, top)}</body></html>\n"
+        f"<title>{title}</title></head><body>{fragment(plan, top, cost)}</body></html>\n"
     )

@@ -122,6 +122,18 @@ class StepCost:
         return "\n".join(self.lines())
 
 
+def cost_from_json(data: dict[str, Any]) -> StepCost:
+    """The `StepCost` a `to_json()` dict (as a plan file records it) holds."""
+    fields = {f.name for f in dataclasses.fields(StepCost)} - {"collectives"}
+    return StepCost(
+        **{key: data[key] for key in fields},
+        collectives=tuple(
+            Collective(c["kind"], c["count"], c["bytes_per_device"], tuple(c["scopes"]))
+            for c in data["collectives"]
+        ),
+    )
+
+
 def flops_text(value: float | None) -> str:
     if value is None:
         return "-"

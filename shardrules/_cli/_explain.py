@@ -1,0 +1,144 @@
+"""`explain`'s output: the plan leaf by leaf with totals and device pictures,
+and with `--step` the step's scope outputs, layout decisions and cost; as
+text, or as one JSON object (`--format json`) for scripts and CI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from .._planning._hosts import leaf_host_bytes
+from .._planning._plan import Plan
+from .._reports._costfile import recorded
+from .._reports._dump import spec_entries
+from . import _lint, _render, _step
+
+
+def _listed(spec: Any) -> list[Any] | None:
+    entries = spec_entries(spec)
+    return None if entries is None else [list(e) if isinstance(e, tuple) else e for e in entries]
+
+
+def _html(result: _lint.Result, args: argparse.Namespace, step_cost: Any) -> None:
+    if not args.html or result.plan is None:
+        return
+    from .._reports._html import page
+
+    try:
+        cost = None if step_cost is None else recorded(step_cost, args.step)
+        Path(args.html).write_text(page(result.plan, cost=cost), encoding="utf-8")
+    except OSError as err:
+        raise _lint.UsageError(f"--html {args.html}: cannot write: {err}") from None
+
+
+def write_text(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> None:
+    """The tables (scope outputs, decisions), the cost, the plan, its totals
+    and pictures on `out`; findings on standard error."""
+    tables = []
+    if args.scopes:
+        tables.append((_step.scope_rows(args.scopes), _step.SCOPE_HEADER))
+    if args.decisions:
+        tables.append((_step.rows(args.decisions), _step.HEADER))
+    step_cost: Any = getattr(args, "step_cost", None)  # set by the step's trace, when asked for
+    for i, (rows, header) in enumerate(tables):
+        _render.write_table(rows, out, _render.use_rich(out), header)
+        if result.plan is not None or i < len(tables) - 1 or step_cost is not None:
+            out.write("\n")
+    if step_cost is not None:
+        out.write("step cost:\n" + "".join(f"  {line}\n" for line in step_cost.lines()))
+        if result.plan is not None:
+            out.write("\n")
+    if result.plan is not None:
+        rows = _render.explain_rows(result.plan, args.path, args.hosts)
+        header = _render.HOST_HEADER if args.hosts is not None else _render.HEADER
+        _render.write_table(rows, out, _render.use_rich(out), header)
+        out.write("\n" + "\n".join(_render.totals(result.plan, hosts=args.hosts)) + "\n")
+        pictures = _render.pictures(result.plan, args.path, args.pictures)
+        if pictures:
+            out.write("\n" + "\n".join(pictures) + "\n")
+    _html(result, args, step_cost)
+    if result.diagnostics:
+        out.flush()
+        _render.write_text([result], sys.stderr)
+
+
+def _leaves(plan: Plan, path_filter: str | None, hosts: int | None) -> list[dict[str, Any]]:
+    shows = _render.path_matcher(path_filter)
+    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
+    out = []
+    for leaf in plan.leaves:
+        if not leaf.is_array or not shows(leaf.path):
+            continue
+        rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+        row: dict[str, Any] = {
+            "path": leaf.path,
+            "shape": list(leaf.shape or ()),
+            "dtype": str(leaf.dtype),
+            "spec": _listed(leaf.spec),
+            "rule": rule,
+            "bytes_per_device": leaf.bytes_per_device,
+        }
+        if hosts is not None and sizes:
+            held = 0
+            if leaf.spec is not None and leaf.bytes_per_device:
+                held = int(leaf_host_bytes(leaf.bytes_per_device, leaf.spec, sizes, hosts).max())
+            row["bytes_per_host"] = held
+        out.append(row)
+    return out
+
+
+def _decision(d: Any) -> dict[str, Any]:
+    return {
+        "scope": d.scope,
+        "primitive": d.primitive,
+        "operands": [{"shape": list(shape), "spec": _listed(spec)} for shape, spec in d.operands],
+        "shape": list(d.shape),
+        "spec": _listed(d.spec),
+        "by": d.by,
+        "rule": d.rule,
+        "dropped": [list(x) for x in d.dropped],
+        "source": d.source,
+    }
+
+
+def _scope(s: Any) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "shapes": [list(shape) for shape in s.shapes],
+        "dtype": s.dtype,
+        "rule": s.rule.location if s.rule is not None else None,
+    }
+
+
+def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> None:
+    """One JSON object on `out`: `file`, `group`, `mesh` (sizes), `leaves`
+    (the arrays `--path` shows: path, shape, dtype, spec, rule, bytes per
+    device, and per host with `--hosts`), `totals`, `findings` (as `lint
+    --format json` gives them), and with `--step` its `scopes`, `decisions`
+    and `step_cost` (`null` where not asked for)."""
+    plan = result.plan
+    step_cost: Any = getattr(args, "step_cost", None)
+    found: dict[str, Any] = {
+        "file": result.file,
+        "group": plan.group if plan is not None else args.group,
+        "mesh": dict(plan.mesh) if plan is not None and isinstance(plan.mesh, Mapping) else None,
+        "leaves": _leaves(plan, args.path, args.hosts) if plan is not None else [],
+        "totals": None
+        if plan is None
+        else {
+            "arrays": sum(1 for leaf in plan.leaves if leaf.is_array),
+            "bytes_per_device": plan.bytes_per_device,
+            "total_bytes": plan.total_bytes,
+        },
+        "findings": _render.as_json([result]),
+        "scopes": None if args.scopes is None else [_scope(s) for s in args.scopes],
+        "decisions": None if args.decisions is None else [_decision(d) for d in args.decisions],
+        "step_cost": None if step_cost is None else step_cost.to_json(),
+    }
+    json.dump(found, out, indent=2)
+    out.write("\n")
+    _html(result, args, step_cost)

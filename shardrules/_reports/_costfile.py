@@ -1,0 +1,214 @@
+"""A step's cost in a plan file: how `shardrules dump --step` writes it (the
+`step_cost` key of version 2), how a reader checks it, and how two recorded
+costs compare (`diff` of two dumps, golden plans).
+
+A cost reaches this module as plain data, the dict `StepCost.to_json()` gives
+(plus the step's `MODULE:FUNCTION` under `step`), so that reports need
+nothing of tracing. The file holds one key per line, in a fixed order, and
+one line per kind of collective, for `git diff`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .._errors import Diagnostic, PlanFileError
+from .._planning._mesh import MAX_DEVICES
+
+COST_KEYS = (
+    "step",
+    "devices",
+    "flops_per_device",
+    "ideal_flops_per_device",
+    "ratio",
+    "bytes_accessed_per_device",
+    "peak_bytes_per_device",
+    "argument_bytes_per_device",
+    "output_bytes_per_device",
+    "temp_bytes_per_device",
+    "collectives",
+)
+COLLECTIVE_KEYS = ("kind", "count", "bytes_per_device", "scopes")
+KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+_WHOLE = (
+    "peak_bytes_per_device",
+    "argument_bytes_per_device",
+    "output_bytes_per_device",
+    "temp_bytes_per_device",
+)
+RTOL = 0.02
+"""How far a recorded figure may move before a golden plan calls it a change."""
+
+
+def recorded(cost: Any, step: str | None = None) -> dict[str, Any]:
+    """The cost as the file holds it: `cost` is a `StepCost` (anything with a
+    `to_json()`) or its dict; `step` names the step (`MODULE:FUNCTION`)."""
+    data = dict(cost.to_json() if hasattr(cost, "to_json") else cost)
+    data["step"] = step if step is not None else data.get("step")
+    out = {key: data.get(key) for key in COST_KEYS}
+    out["collectives"] = [
+        {key: (list(c[key]) if key == "scopes" else c[key]) for key in COLLECTIVE_KEYS}
+        for c in data.get("collectives") or ()
+    ]
+    return out
+
+
+def _value(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=True, separators=(", ", ": "))
+
+
+def cost_text(cost: dict[str, Any]) -> str:
+    """The value of `"step_cost"` as the file writes it (indented under the header)."""
+    lines = [f'    "{key}": {_value(cost[key])}' for key in COST_KEYS if key != "collectives"]
+    rows = [f"      {_value(c)}" for c in cost["collectives"]]
+    lines.append('    "collectives": [' + ("\n" + ",\n".join(rows) + "\n    ]" if rows else "]"))
+    return "{\n" + ",\n".join(lines) + "\n  }"
+
+
+def _fail(what: str) -> PlanFileError:
+    return PlanFileError(
+        Diagnostic(
+            "SR124",
+            "error",
+            f"not a shardrules plan file: {what}",
+            hint="write the file again with `shardrules dump --step` instead of editing it by hand",
+        )
+    )
+
+
+def _number(value: Any, where: str, *, whole: bool = False, null: bool = False) -> Any:
+    if value is None and null:
+        return None
+    kinds = int if whole else (int, float)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or value < 0
+        or value in (math.inf, math.nan)
+        or value != value
+    ):
+        kind = "a whole number" if whole else "a number"
+        raise _fail(f"{where} is {kind} of at least 0{' or null' if null else ''}, not {value!r}")
+    return value
+
+
+def _exact_keys(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(f"{where} is an object with the keys {', '.join(keys)}")
+    extra = [k for k in value if k not in keys]
+    missing = [k for k in keys if k not in value]
+    if extra:
+        raise _fail(
+            f"{where} has the key {extra[0]!r}, which the format does not have (it has {', '.join(keys)})"
+        )
+    if missing:
+        raise _fail(f"{where} lacks the key {missing[0]!r}")
+    return value
+
+
+def read_cost(value: Any) -> dict[str, Any]:
+    """`"step_cost"` read strictly: its keys, their types and ranges, a ratio
+    its FLOPs make, one entry per kind of collective. `PlanFileError` (SR124)
+    for anything else."""
+    where = '"step_cost"'
+    data = _exact_keys(value, COST_KEYS, where)
+    if data["step"] is not None and (not isinstance(data["step"], str) or not data["step"]):
+        raise _fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {data["step"]!r}')
+    devices = _number(data["devices"], f'{where}: "devices"', whole=True)
+    if not 1 <= devices <= MAX_DEVICES:
+        raise _fail(f'{where}: "devices" is from 1 to {MAX_DEVICES}, not {devices}')
+    flops = _number(data["flops_per_device"], f'{where}: "flops_per_device"')
+    ideal = _number(data["ideal_flops_per_device"], f'{where}: "ideal_flops_per_device"', null=True)
+    ratio = _number(data["ratio"], f'{where}: "ratio"', null=True)
+    expected = flops / ideal if ideal else None
+    if (ratio is None) != (expected is None) or (
+        ratio is not None and expected is not None and not math.isclose(ratio, expected, rel_tol=1e-9)
+    ):
+        raise _fail(f'{where}: "ratio" is {ratio!r}, but its FLOPs make {expected!r}')
+    _number(data["bytes_accessed_per_device"], f'{where}: "bytes_accessed_per_device"')
+    for key in _WHOLE:
+        _number(data[key], f'{where}: "{key}"', whole=True)
+    if not isinstance(data["collectives"], list):
+        raise _fail(f'{where}: "collectives" is a list')
+    seen: set[str] = set()
+    for i, c in enumerate(data["collectives"]):
+        c = _exact_keys(c, COLLECTIVE_KEYS, f"{where}: collective {i}")
+        if c["kind"] not in KINDS or c["kind"] in seen:
+            raise _fail(
+                f"{where}: collective {i} is of the kind {c['kind']!r}: one of {', '.join(KINDS)}, once"
+            )
+        seen.add(c["kind"])
+        _number(c["count"], f"{where}: the count of {c['kind']}", whole=True)
+        _number(c["bytes_per_device"], f"{where}: the bytes of {c['kind']}", whole=True)
+        if not isinstance(c["scopes"], list) or not all(isinstance(s, str) for s in c["scopes"]):
+            raise _fail(f"{where}: the scopes of {c['kind']} are a list of names")
+    return data
+
+
+def figures(cost: dict[str, Any]) -> dict[str, float]:
+    """The figures a golden plan holds a step to: FLOPs, the ratio, peak and
+    accessed bytes, and each kind of collective's count and bytes."""
+    out = {
+        "FLOPs per device": cost["flops_per_device"],
+        "FLOPs against the ideal": cost["ratio"] or 0.0,
+        "peak bytes per device": cost["peak_bytes_per_device"],
+        "bytes accessed per device": cost["bytes_accessed_per_device"],
+    }
+    for c in cost["collectives"]:
+        out[f"{c['kind']} count"] = c["count"]
+        out[f"{c['kind']} bytes per device"] = c["bytes_per_device"]
+    return out
+
+
+def cost_changes(old: dict[str, Any], new: dict[str, Any], rtol: float = RTOL) -> list[str]:
+    """What moved by more than `rtol` (relative) from `old` to `new`, one line each."""
+    a, b = figures(old), figures(new)
+    out = []
+    if old["devices"] != new["devices"]:
+        out.append(f"devices: {old['devices']} -> {new['devices']}")
+    for name in dict.fromkeys([*a, *b]):
+        x, y = a.get(name, 0), b.get(name, 0)
+        if not math.isclose(x, y, rel_tol=rtol):
+            change = f" ({y / x:.2f}x)" if x else ""
+            out.append(f"{name}: {_shown(x)} -> {_shown(y)}{change}")
+    return out
+
+
+def _shown(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _flops(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} FLOP"
+
+
+def cost_rows(cost: dict[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, str]]]:
+    """The cost as a report shows it: (measure, value) rows, and a (kind,
+    count, bytes per device, scopes) row per kind of collective."""
+    from .._planning._plan import format_bytes
+
+    ratio = (
+        f" ({cost['ratio']:.2f}x the ideal {_flops(cost['ideal_flops_per_device'])})" if cost["ratio"] else ""
+    )
+    measures = [
+        ("step", cost["step"] or "-"),
+        ("devices", str(cost["devices"])),
+        ("FLOPs per device", _flops(cost["flops_per_device"]) + ratio),
+        ("bytes accessed per device", format_bytes(int(cost["bytes_accessed_per_device"]))),
+        ("peak memory per device", format_bytes(cost["peak_bytes_per_device"])),
+        ("  arguments", format_bytes(cost["argument_bytes_per_device"])),
+        ("  outputs", format_bytes(cost["output_bytes_per_device"])),
+        ("  temporaries", format_bytes(cost["temp_bytes_per_device"])),
+    ]
+    collectives = [
+        (c["kind"], str(c["count"]), format_bytes(c["bytes_per_device"]), ", ".join(c["scopes"]) or "-")
+        for c in cost["collectives"]
+    ]
+    return measures, collectives
