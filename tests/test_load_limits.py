@@ -1,8 +1,10 @@
 """Loading is bounded whatever the files: only regular files are read (a FIFO
 does not block), links that loop and names that cannot be file names are
-errors, and one load reads at most `MAX_TOTAL_BYTES`, `MAX_LINES` lines and
-`MAX_RULES` rules over the file and everything it includes, refused before the
-parser sees them."""
+errors, and one load reads at most `MAX_TOTAL_BYTES`, `MAX_LINES` lines,
+`MAX_RULES` rules and patterns of `MAX_TOTAL_PROGRAM` RE2 instructions over the
+file and everything it includes, refused before the parser sees them (the
+parser is replaced by one that fails, so these tests do not depend on timing),
+while a file of `MAX_RULES` ordinary rules loads."""
 
 from __future__ import annotations
 
@@ -13,8 +15,15 @@ import time
 import pytest
 
 import shardrules as sr
+from shardrules._language import _includes, _regex
+from shardrules._language._build import MAX_TOTAL_PROGRAM, PatternBudget, pattern_problem
 from shardrules._language._files import MAX_FILE_BYTES, MAX_TOTAL_BYTES
 from shardrules._language._includes import MAX_LINES, MAX_RULES
+from shardrules._language._parse import parse
+from shardrules._language._syntax import RuleLine
+
+ORDINARY = "layers/\\d+/block_{i}/attn/(q|k|v)_proj/kernel$"
+"""An ordinary pattern (45 RE2 instructions; the benchmark's)."""
 
 
 def _load_in_thread(path, timeout=20.0):
@@ -114,14 +123,126 @@ def test_lines_over_the_limit_are_refused():
     assert info.value.code == "SR009" and f"more than {MAX_LINES:,} lines" in str(info.value)
 
 
-def test_a_file_at_the_limits_loads():
+def test_a_file_of_max_rules_ordinary_rules_loads():
+    """`MAX_RULES` rules of ordinary patterns are within every limit: the RE2
+    budget is what they need (a budget of 200,000 refused this file at rule
+    4,475, after parsing all of it)."""
     text = (
-        "rules params:\n"
-        + "".join(f'  "a{i}" -> (_)\n' for i in range(MAX_RULES - 1))
+        "mesh data, fsdp, model\nalias embed = fsdp\nrules params:\n"
+        + "".join(
+            f'  "{ORDINARY.format(i=i)}" -> (..., embed, model?)  # rule {i}\n' for i in range(MAX_RULES - 1)
+        )
         + "  default -> replicated\n"
     )
+    assert len(text.encode()) <= MAX_FILE_BYTES
     rules = sr.loads(text)
-    assert len(rules.group("params")) == MAX_RULES - 1
+    assert len(rules.group("params")) == MAX_RULES - 1 and "params" in rules.defaults
+    used = sum(pattern_problem(r.pattern)[0] for r in rules.group("params") if r.pattern is not None)
+    assert 200_000 < used <= MAX_TOTAL_PROGRAM
+    assert pattern_problem(ORDINARY.format(i=MAX_RULES))[0] * MAX_RULES <= MAX_TOTAL_PROGRAM
+
+
+def _no_parsing(monkeypatch, allowed=()):
+    """Make the parser fail for every file but those named in `allowed`."""
+    real = _includes.parse
+
+    def parse_only_allowed(text, name="<string>"):
+        assert name in allowed, f"{name} was parsed"
+        return real(text, name)
+
+    monkeypatch.setattr(_includes, "parse", parse_only_allowed)
+
+
+def _heavy(count: int, first: int = 0) -> str:
+    """Rules of 8,009 RE2 instructions each: 124 fit in the budget, the 125th crosses it."""
+    return "".join(f'  "[^a]{{1000}}{i:05d}" -> replicated\n' for i in range(first, first + count))
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("rules params:\n" + '  "a" -> (_)\n' * (MAX_RULES + 1), f"more than {MAX_RULES:,} rules"),
+        ("\n" * MAX_LINES + "rules params:\n", f"more than {MAX_LINES:,} lines"),
+        ("#" * MAX_FILE_BYTES + "\n", "larger than 1 MiB"),
+        ("rules params:\n" + _heavy(9_999), f"more than {MAX_TOTAL_PROGRAM:,} RE2 instructions"),
+    ],
+    ids=["rules", "lines", "bytes", "instructions"],
+)
+def test_a_file_over_a_limit_is_refused_without_parsing_it(monkeypatch, text, says):
+    _no_parsing(monkeypatch)
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.loads(text, name="big.shard")
+    assert info.value.code == "SR009" and says in str(info.value)
+    assert info.value.diagnostics[0].hint
+
+
+def test_the_budget_refuses_at_the_first_pattern_over_it_and_compiles_no_more(monkeypatch):
+    _no_parsing(monkeypatch)
+    compiled: list[str] = []
+    real = _regex.compiled_size
+    monkeypatch.setattr(_regex, "compiled_size", lambda p: compiled.append(p) or real(p))
+    text = "mesh data\nrules params:\n" + _heavy(9_999)
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.loads(text, name="heavy.shard")
+    sizes = [pattern_problem(p)[0] for p in compiled]
+    assert sum(sizes) > MAX_TOTAL_PROGRAM >= sum(sizes[:-1])  # nothing compiled after the crossing
+    assert len(compiled) == 125
+    error = info.value
+    assert error.code == "SR009" and error.span is not None
+    line = 2 + len(compiled)
+    assert (error.span.file, error.span.line, error.span.col) == ("heavy.shard", line, 3)
+    shown = str(error)
+    assert shown.startswith(f"heavy.shard:{line}:3: SR009 ") and f"{sum(sizes):,} with this one" in shown
+    assert "\n      |   " + "^" * len('"[^a]{1000}00124"') + "\n" in shown  # the caret under the pattern
+    assert f"hint: at most {MAX_TOTAL_PROGRAM // MAX_RULES} instructions per rule" in shown
+
+
+def test_the_budget_points_where_the_parser_would():
+    """The span of the pre-scan's error is the parsed rule's `pattern_span`
+    (tabs, guards, trailing comments and `\\"` inside a pattern included)."""
+    lines = [
+        "rules params:",
+        '\t"a\\"b" -> (_) if dtype == float32  # x -> y',
+        "  default -> replicated",
+        *(f'  \t "[^a]{{1000}}{i:05d}"\t->  replicated # "q" -> (_)' for i in range(200)),
+    ]
+    text = "\n".join(lines) + "\n"
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.loads(text, name="tabs.shard")
+    span = info.value.span
+    assert span is not None
+    parsed = [s for s in parse(text, "tabs.shard").statements if isinstance(s, RuleLine)]
+    assert span in [s.pattern_span for s in parsed]
+    assert span == next(s.pattern_span for s in parsed if s.span is not None and s.span.line == span.line)
+
+
+def test_the_budget_counts_over_includes_and_stops_before_parsing_the_include(tmp_path, monkeypatch):
+    (tmp_path / "top.shard").write_text('include "part.shard"\nrules params:\n' + _heavy(100))
+    (tmp_path / "part.shard").write_text("# shared rules\nrules params:\n" + _heavy(100, first=100))
+    _no_parsing(monkeypatch, allowed=(str(tmp_path / "top.shard"),))
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.load(tmp_path / "top.shard")
+    span = info.value.span
+    assert info.value.code == "SR009" and span is not None
+    assert (os.path.basename(span.file), span.line, span.col) == ("part.shard", 2 + 25, 3)
+    assert '27 |   "[^a]{1000}00124"' in str(info.value)
+
+
+def test_the_budget_counts_what_the_rules_are_built_from():
+    """The pre-scan finds the parser's rule lines and counts their patterns as
+    `build_rules` does: not those outside a group (SR007), nor in comments."""
+    text = (
+        '"[^a]{1000}" -> replicated\n' * 200  # outside a group: SR007, never compiled
+        + "rules params:\n"
+        + '  # "[^a]{1000}" -> replicated\n' * 200
+        + "".join(f'  "{ORDINARY.format(i=i)}" -> (_) if dtype == float32\n' for i in range(50))
+    )
+    budget = PatternBudget()
+    budget.scan(text, "x.shard", {})
+    assert budget.used == sum(pattern_problem(ORDINARY.format(i=i))[0] for i in range(50))
+    with pytest.raises(sr.RuleDefinitionError) as info:
+        sr.loads(text)
+    assert [d.code for d in info.value.diagnostics] == ["SR007"] * 200
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")

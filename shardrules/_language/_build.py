@@ -10,21 +10,82 @@ import dataclasses
 import functools
 import re
 
-from .._errors import Diagnostic, Findings, Span, did_you_mean
+from .._errors import Diagnostic, Findings, Span, did_you_mean, error_for
 from . import _regex
 from ._format import guard_text
 from ._guards import check_guard
-from ._includes import Statements
+from ._includes import MAX_RULES, Statements
 from ._names import unknown_name
 from ._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule
 from ._syntax import Entry, MeshDecl, RuleLine, Spec
 
 _AUTO_OPTIONS = ("min_bytes",)
 
-MAX_TOTAL_PROGRAM = 200_000
-"""The most RE2 instructions the patterns of one load may compile to (each
-pattern at most `_regex.MAX_PROGRAM`): this bounds memory and matching time.
-Realistic files: tens of patterns of under 200 each."""
+MAX_TOTAL_PROGRAM = 100 * MAX_RULES
+"""The most RE2 instructions the patterns of one load may compile to: 100 per
+rule of the `MAX_RULES` a load may hold (1,000,000), each pattern at most
+`_regex.MAX_PROGRAM`. A file of `MAX_RULES` ordinary rules must load: a
+pattern compiles to about one instruction per character, real ones to 10 to 60
+(`layers/\\d+/block_9999/attn/(q|k|v)_proj/kernel$`: 45), and a 1 MiB file of
+`MAX_RULES` rules has about 100 characters per line (the 200,000 this once was
+refused such a file at its 4,475th rule). What the budget bounds is a few large
+patterns: ten thousand thousand-character repeats (80 million instructions)
+took 12 s and 2.5 GB before there was one. Measured at the budget (x86_64,
+google-re2 1.1): 124 patterns of 8,009 instructions take 27 MiB and 0.25 s to
+check and compile; 10,000 patterns of 100 take 115 MiB and 1.5 s, mostly per
+pattern (10,000 ordinary ones of 45: 57 MiB), which `MAX_RULES` bounds, not
+this. Checked before each file is parsed (`PatternBudget`)."""
+
+# A rule line with a pattern, as the grammar lexes it: a quoted STRING (no
+# newline inside) at the start of a line, then `->`. The text between the
+# quotes is the pattern, verbatim. A `rules GROUP:` header before it in the
+# same file puts it in a group (a rule outside one is SR007, never compiled).
+_PATTERN_LINE = re.compile(r'^[ \t\f]*("(?:[^"\\\n]|\\[^\n])*")[ \t\f]*->', re.MULTILINE)
+_HEADER = re.compile(r"^[ \t\f]*rules[ \t\f]+[A-Za-z_][A-Za-z0-9_]*[ \t\f]*:", re.MULTILINE)
+
+
+@dataclasses.dataclass
+class PatternBudget:
+    """The RE2 instructions of one load's patterns, counted file by file before
+    each is parsed (`read_statements(..., before_parse=budget.scan)`): a load
+    over `MAX_TOTAL_PROGRAM` is refused (SR009) at the first pattern that takes
+    it over, before that file is parsed and before any later pattern is
+    compiled. The rule lines found are the parser's (see `_PATTERN_LINE`), each
+    pattern counted as RE2 compiles it (`_regex.compiled_size`, cached: the
+    rules are built from the same compiled patterns). A pattern that
+    `check_pattern` refuses for another reason (SR002, SR017) counts here and
+    not there, which changes only which error a file that cannot load gets:
+    for a file that loads, this total is the one `build_rules` counts."""
+
+    used: int = 0
+
+    def scan(self, text: str, name: str, sources: dict[str, str]) -> None:
+        header = _HEADER.search(text)
+        if header is None:
+            return
+        for found in _PATTERN_LINE.finditer(text, header.end()):
+            self.used += _regex.compiled_size(found.group(1)[1:-1])
+            if self.used > MAX_TOTAL_PROGRAM:
+                start = found.start(1)
+                line_start = text.rfind("\n", 0, start) + 1
+                line, col = text.count("\n", 0, start) + 1, start - line_start + 1
+                span = Span(name, line, col, line, col + len(found.group(1)))
+                raise error_for([over_budget(span, self.used)], sources)
+
+
+def over_budget(span: Span | None, used: int) -> Diagnostic:
+    """SR009 at the pattern that takes a load's patterns to `used` instructions,
+    over `MAX_TOTAL_PROGRAM`."""
+    return Diagnostic(
+        "SR009",
+        "error",
+        f"the patterns of this load compile to more than {MAX_TOTAL_PROGRAM:,} RE2 instructions "
+        f"({used:,} with this one); rule files hold tens of short patterns",
+        span,
+        hint=f"at most {MAX_TOTAL_PROGRAM // MAX_RULES} instructions per rule on average "
+        f"(about one per character); check that this is the rule file you meant, and use fewer, "
+        "simpler patterns: `.*` or `+` rather than large `{m,n}` counts",
+    )
 
 
 def build_rules(
@@ -67,14 +128,8 @@ def build_rules(
             if program > MAX_TOTAL_PROGRAM:
                 continue  # reported once, below: no more patterns are compiled
             program += check_pattern(line, found.errors)
-            if program > MAX_TOTAL_PROGRAM:
-                found.errors.error(
-                    "SR009",
-                    f"the patterns of this load compile to more than {MAX_TOTAL_PROGRAM:,} RE2 instructions; "
-                    "rule files hold tens of short patterns",
-                    line.pattern_span,
-                    "check that this is the rule file you meant; use fewer, simpler patterns",
-                )
+            if program > MAX_TOTAL_PROGRAM:  # refused before parsing by `PatternBudget`; kept as a backstop
+                found.errors.append(over_budget(line.pattern_span, program))
             if len(found.errors) > before:
                 if partial is not None:
                     reason = "its pattern has an error, so the rules after it plan the leaves it would take"

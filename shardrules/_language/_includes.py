@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from .._errors import Diagnostic, Findings, Span, error_for
@@ -45,7 +46,15 @@ class Statements:
     errors: Findings = dataclasses.field(default_factory=Findings)
 
 
-def read_statements(text: str, name: str, real: Path, root: Path, *, explicit_root: bool) -> Statements:
+def read_statements(
+    text: str,
+    name: str,
+    real: Path,
+    root: Path,
+    *,
+    explicit_root: bool,
+    before_parse: Callable[[str, str, dict[str, str]], None] | None = None,
+) -> Statements:
     """The statements of the rule text `text` and of every file it includes.
 
     **Arguments:**
@@ -55,20 +64,25 @@ def read_statements(text: str, name: str, real: Path, root: Path, *, explicit_ro
     - `root`: the resolved folder includes may not leave.
     - `explicit_root`: whether the caller chose `root` (then absolute include
       paths inside it are allowed).
+    - `before_parse`: called with each file's text, name and the sources read
+      so far, once its bytes, lines and rules are counted and before it is
+      parsed: a check that raises refuses the file before the parser sees it
+      (the loader's is `PatternBudget.scan`, the patterns' RE2 instructions).
 
     **Returns:** the `Statements`, with what is wrong with the includes
     (SR004 to SR008) in `errors`.
 
     **Raises:** at once, for a file that cannot be read as rules: a syntax
     error (`RuleSyntaxError`), or an included file that is missing or not
-    UTF-8 (SR005, `IncludeNotFoundError`) or too large (SR009).
+    UTF-8 (SR005, `IncludeNotFoundError`) or too large (SR009), or whatever
+    `before_parse` raises.
 
     ```python
     found = read_statements(text, "llama.shard", Path("llama.shard").resolve(), Path(".").resolve(),
                             explicit_root=False)
     ```
     """
-    reader = _Reader(root, explicit_root)
+    reader = _Reader(root, explicit_root, before_parse)
     reader.visit(text, name, real)
     return reader.found
 
@@ -77,6 +91,7 @@ def read_statements(text: str, name: str, real: Path, root: Path, *, explicit_ro
 class _Reader:
     root: Path
     explicit_root: bool
+    before_parse: Callable[[str, str, dict[str, str]], None] | None = None
     found: Statements = dataclasses.field(default_factory=Statements)
     done: set[Path] = dataclasses.field(default_factory=set)
     stack: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
@@ -88,6 +103,8 @@ class _Reader:
         text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the rules
         self.count(text, name, span)
         self.found.sources[name] = text
+        if self.before_parse is not None:
+            self.before_parse(text, name, self.found.sources)
         rule_file = parse(text, name)
         self.done.add(real)
         self.stack.append((real, name))

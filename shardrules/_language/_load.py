@@ -2,7 +2,10 @@
 
 Loading runs in four steps, each in its own module:
 
-1. read the file and its includes into statements (`_includes`);
+1. read the file and its includes into statements (`_includes`), each file
+   refused before it is parsed if it takes the load over a limit: bytes,
+   lines and rules (`_files`, `_includes`), the patterns' RE2 instructions
+   (`_build.PatternBudget`);
 2. check the `mesh` line and resolve the aliases (`_names`);
 3. build the rules: patterns checked, specs resolved (`_build`);
 4. bundle them in a frozen `RuleSet` (here).
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from .._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, error_for
 from .._gcpause import paused
-from ._build import build_rules
+from ._build import PatternBudget, build_rules
 from ._files import MAX_FILE_BYTES, read_rule_file, resolved
 from ._includes import Statements, read_statements
 from ._names import check_mesh, resolve_aliases
@@ -112,7 +115,9 @@ def _load(text: str, name: str, real: Path, root: Path, *, explicit_root: bool) 
 
 
 def _build_ruleset(text: str, name: str, real: Path, root: Path, *, explicit_root: bool) -> RuleSet:
-    found = read_statements(text, name, real, root, explicit_root=explicit_root)
+    found = read_statements(
+        text, name, real, root, explicit_root=explicit_root, before_parse=PatternBudget().scan
+    )
     if found.errors:
         raise error_for(found.errors, found.sources)
     mesh = check_mesh(found.meshes, found.errors)
@@ -167,7 +172,9 @@ def load_partial(path: str) -> tuple[RuleSet | None, list[Diagnostic], dict[str,
         real = resolved(Path(display), display, None)
         top = resolved(root, os.fspath(root), None)
         with paused():
-            found = read_statements(text, display, real, top, explicit_root=False)
+            found = read_statements(
+                text, display, real, top, explicit_root=False, before_parse=PatternBudget().scan
+            )
             mesh = check_mesh(found.meshes, found.errors)
             alternatives: dict[str, tuple[tuple[str, ...], ...]] = {}
             aliases = resolve_aliases(found.alias_decls, mesh, found.errors, alternatives)

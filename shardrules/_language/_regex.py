@@ -285,6 +285,17 @@ def compiled(pattern: str) -> Any:
     return re2.compile(_for_re2(pattern).encode("utf-8", "surrogatepass"), _options())
 
 
+def compiled_size(pattern: str) -> int:
+    """The RE2 instructions `pattern` compiles to (cached, as `compiled`), not
+    yet checked: what a load's budget counts before the file is parsed; 0 for
+    a pattern RE2 cannot compile or over `MAX_PROGRAM` (SR017 once checked)."""
+    try:
+        size = compiled(pattern).programsize
+    except re2.error:
+        return 0
+    return size if size <= MAX_PROGRAM else 0
+
+
 def searcher(pattern: str) -> Search:
     """`pattern`'s search over a path's UTF-8 bytes (`path_bytes(path)`)."""
     return compiled(pattern).search
