@@ -20,6 +20,9 @@ The expert layouts are each project's own, from facts in its sources:
   checkpoints keep one array per expert, as these trees do) and the causal-LM
   head's `_tp_plan` (`lm_head: colwise_gather_output`), laid out by
   `shardrules.convert_hf`; the mesh is one tensor-parallel axis, `model`.
+  These models' embeddings are untied (`tie_word_embeddings: false`), so
+  `embed_tokens` is in no plan and stays whole on every device: transformers
+  adds it (`embedding_rowwise`, vocab-parallel) to tied models' plans only.
 - MaxText: `base.yml`'s `logical_axis_rules` (the weights' rules, in order)
   on its `mesh_axes` (axes not in the mesh compared have size 1), applied by
   Flax's `logical_to_mesh_axes` to each parameter's logical names.

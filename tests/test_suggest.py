@@ -116,9 +116,11 @@ CASES = [
     ("llama-hf", "fsdp=8", "fsdp"),
     ("llama-hf", "model=8", "tp"),
     ("llama-hf", "data=2,fsdp=2,model=2", "auto"),
+    ("llama-hf", "fsdp=2,model=4", "fsdp+tp"),
     ("mixtral-hf", "fsdp=2,model=2,expert=2", "ep"),
     ("mixtral-hf", "model=8", "tp"),
     ("qwen3-moe-hf", "model=8", "tp"),
+    ("qwen3-moe-hf", "fsdp=2,model=2,expert=2", "ep"),
     ("llama2-maxtext", "data=2,fsdp=4,tensor=2", "auto"),
     ("mixtral-maxtext", "fsdp=4,tensor=2,expert=2", "auto"),
     ("mixtral-maxtext", "tensor=16", "tp"),
@@ -229,7 +231,7 @@ def test_a_reviewed_file_has_aliases_one_rule_per_role_counts_and_inputs() -> No
     for alias in ("batch = fsdp", "embed = fsdp", "heads = model", "mlp = model", "vocab = model"):
         assert f"alias {alias} #" in flat, text
     for rule in (
-        '"embed_tokens\\.weight$" -> (vocab, embed) # token embedding, vocab-parallel: 1 array, 250.0 MiB',
+        '"embed_tokens\\.weight$" -> (_, embed) # token embedding, vocabulary whole: 1 array, 250.0 MiB',
         '"(q|k|v)_proj\\.weight$" -> (heads, embed) # attention q/k/v, column-parallel: 96 arrays, 3.0 GiB',
         '"o_proj\\.weight$" -> (embed, heads) # attention output, row-parallel: 32 arrays, 1.0 GiB',
         '"(gate|up)_proj\\.weight$" -> (mlp, embed) # MLP in (gate/up), column-parallel: 64 arrays, 5.4 GiB',
@@ -355,22 +357,168 @@ TRANSFORMERS = [
     ("llama-2-7b", E.hf_llama2_7b, E.LLAMA_TP_PLAN, 8),
     ("mixtral-8x7b", E.hf_mixtral_8x7b, E.MIXTRAL_TP_PLAN, 8),
     ("qwen3-30b-a3b", E.hf_qwen3_30b_a3b, E.QWEN3_MOE_TP_PLAN, 4),
+    ("qwen3-30b-a3b-8", E.hf_qwen3_30b_a3b, E.QWEN3_MOE_TP_PLAN, 8),
 ]
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def _against_transformers(build: Any, plan: dict, size: int, **options: Any) -> tuple[Any, Any, str]:
+    """`tp`'s draft against transformers' plan: all leaves, the embedding aside, the text."""
+    tree, sizes = build(), {"model": size}
+    text = sr.suggest(tree, sizes, strategy="tp", **options)
+    ours, theirs = E.suggested_specs(tree, text, sizes), E.hf_expert_specs(tree, plan, "model", size)
+    rest = E.agreement(tree, ours, theirs, sizes, skip=lambda path: path == EMBEDDING)
+    return E.agreement(tree, ours, theirs, sizes), rest, text
 
 
 @pytest.mark.parametrize(("name", "build", "plan", "size"), TRANSFORMERS, ids=[t[0] for t in TRANSFORMERS])
-def test_tp_agrees_with_transformers_tp_plans(name: str, build: Any, plan: dict, size: int) -> None:
-    tree, sizes = build(), {"model": size}
-    ours = E.suggested_specs(tree, sr.suggest(tree, sizes, strategy="tp"), sizes)
-    theirs = E.hf_expert_specs(tree, plan, "model", size)
-    found = E.agreement(tree, ours, theirs, sizes)
+def test_tp_with_the_embedding_whole_agrees_with_transformers_tp_plans(
+    name: str, build: Any, plan: dict, size: int
+) -> None:
+    """transformers' plans keep an untied embedding whole (only a tied one is
+    `embedding_rowwise`); with the embedding whole, as transformers has it,
+    at least 99% of the bytes are laid out as transformers does."""
+    found, _, _ = _against_transformers(build, plan, size, embedding="whole")
+    assert found.leaf_share >= LEAF_SHARE and found.byte_share >= BYTE_SHARE, found.differ.keys()
+    assert not any(EMBEDDING in paths for paths in found.differ.values()), found.differ.keys()
+
+
+@pytest.mark.parametrize(("name", "build", "plan", "size"), TRANSFORMERS, ids=[t[0] for t in TRANSFORMERS])
+def test_tp_by_default_splits_an_embedding_lint_would_report_whole_and_says_so(
+    name: str, build: Any, plan: dict, size: int
+) -> None:
+    """With no FSDP axis, these models' embeddings (250 to 593 MiB) kept whole
+    would draw lint's SR204 on every draft, so the default keeps them
+    vocab-parallel, the one leaf that then differs from transformers' plans;
+    the rule's comment says so, and what takes transformers' layout."""
+    found, rest, text = _against_transformers(build, plan, size)
     assert found.leaf_share >= LEAF_SHARE, found.differ.keys()
-    # The token embedding is the one layout transformers' plans leave whole and
-    # Megatron (MaxText, keras-hub) splits over the vocabulary; the rest agrees.
-    assert found.differ.get("P('model', None) vs P(None, None)") == ["model.embed_tokens.weight"]
+    assert found.differ.get("P('model', None) vs P(None, None)") == [EMBEDDING]
     assert found.byte_share >= 0.97
-    rest = E.agreement(tree, ours, theirs, sizes, skip=lambda path: path == "model.embed_tokens.weight")
     assert rest.byte_share >= BYTE_SHARE, rest.differ.keys()
+    flat = re.sub(r"\s*\n\s*#\s*", " ", text)  # a comment's lines as one
+    assert "untied: transformers' tp plans keep its vocabulary whole, but here that puts all " in flat
+    assert "of it on every device, which lint reports (SR204), so it is vocab-parallel" in flat
+    assert "transformers' layout: `(_, embed)`" in flat
+
+
+def llama_like(layers: int, *, tied: bool = False, d: int = 1024, vocab: int = 32000) -> dict:
+    """A small Llama with transformers' names: a 62.5 MiB embedding, under lint's SR204 size."""
+    t = {"model.embed_tokens.weight": S(vocab, d, dtype=jnp.bfloat16), "model.norm.weight": S(d)}
+    if not tied:
+        t["lm_head.weight"] = S(vocab, d, dtype=jnp.bfloat16)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name, shape in (("self_attn.q_proj", (d, d)), ("self_attn.k_proj", (256, d)),
+                            ("self_attn.v_proj", (256, d)), ("self_attn.o_proj", (d, d)),
+                            ("mlp.gate_proj", (2816, d)), ("mlp.up_proj", (2816, d)),
+                            ("mlp.down_proj", (d, 2816))):  # fmt: skip
+            t[f"{p}{name}.weight"] = S(*shape, dtype=jnp.bfloat16)
+        t[p + "input_layernorm.weight"] = S(d)
+    return t
+
+
+def _embedding_rule(text: str) -> str:
+    rule = next(line for line in text.splitlines() if line.startswith('  "embed_tokens'))
+    return re.sub(" +", " ", rule.split("#")[0]).strip()
+
+
+def test_an_untied_transformers_embedding_keeps_its_vocabulary_whole_and_says_why(tmp_path: Path) -> None:
+    # tensor parallelism alone, an embedding lint does not mind whole: transformers' layout, every leaf
+    tree, sizes = llama_like(8), {"model": 2}
+    text = sr.suggest(tree, sizes, strategy="tp")
+    assert _embedding_rule(text) == '"embed_tokens\\.weight$" -> (_, embed)'
+    flat = re.sub(r"\s*\n\s*#\s*", " ", text)
+    assert (
+        "untied (the output head is an array of its own): vocabulary kept whole, as transformers' tp "
+        "plans keep it, so each device looks its tokens up locally; to split it (vocab-parallel, at the "
+        "cost of an all-reduce of the looked-up rows): `(vocab, embed)`"
+    ) in flat, text
+    theirs = E.hf_expert_specs(tree, E.LLAMA_TP_PLAN, "model", 2)
+    found = E.agreement(tree, E.suggested_specs(tree, text, sizes), theirs, sizes)
+    assert found.same_leaves == found.leaves, found.differ
+    # its hidden size still takes the FSDP axis (fsdp+tp, as `auto` picks here)
+    text = sr.suggest(tree, {"fsdp": 2, "model": 4})
+    assert "strategy fsdp+tp" in text
+    assert sr.specs(tree, sr.loads(text), {"fsdp": 2, "model": 4})[EMBEDDING] == P(None, "fsdp")
+    for sizes in ({"model": 2}, {"fsdp": 2, "model": 4}):  # lint-clean, fmt-stable
+        text = sr.suggest(tree, sizes, strategy="tp" if len(sizes) == 1 else "fsdp+tp")
+        path = tmp_path / "model.shard"
+        path.write_text(text, encoding="utf-8")
+        assert [d for d in lint_file(str(path), tree, None).diagnostics if d.severity != "note"] == [], text
+        assert sr.format_text(text) == text
+
+
+def test_the_whole_vocabulary_gives_way_to_lint_and_to_a_budget() -> None:
+    # 2 layers on 8 devices: kept whole, 38% of the weights would be on every device (SR116)
+    text = sr.suggest(llama_like(2), {"model": 8}, strategy="tp")
+    assert _embedding_rule(text) == '"embed_tokens\\.weight$" -> (vocab, embed)'
+    assert "over the 25% lint allows (SR116), so it is vocab-parallel" in re.sub(r"\s*\n\s*#\s*", " ", text)
+    text = sr.suggest(llama_like(8), {"model": 2}, strategy="tp", max_bytes_per_device=160 << 20)
+    assert _embedding_rule(text) == '"embed_tokens\\.weight$" -> (vocab, embed)'
+    assert "that puts the weights over the budget of 160.0 MiB per device" in re.sub(
+        r"\s*\n\s*#\s*", " ", text
+    )
+    assert "# Within the budget of 160.0 MiB per device." in text
+
+
+def test_a_tied_embedding_and_other_conventions_stay_vocab_parallel() -> None:
+    # no separate output head: tied, as transformers' `embedding_rowwise` splits it
+    for tree in (
+        llama_like(2, tied=True),
+        {k: v for k, v in E.hf_llama2_7b(2).items() if k != "lm_head.weight"},
+    ):
+        for sizes, strategy in (({"model": 2}, "tp"), ({"fsdp": 2, "model": 4}, "fsdp+tp")):
+            text = sr.suggest(tree, sizes, strategy=strategy)
+            assert _embedding_rule(text) == '"embed_tokens\\.weight$" -> (vocab, embed)', text
+            assert "untied" not in text
+    # Meta's names (`output` head), MaxText's and keras-hub's: vocab-parallel, as their projects
+    meta = {"tok_embeddings.weight": S(32000, 1024), "output.weight": S(32000, 1024), "norm.weight": S(1024)}
+    assert 'tok_embeddings\\.weight$" -> (vocab, embed)' in re.sub(
+        " +", " ", sr.suggest(meta, {"model": 2}, "tp")
+    )
+    maxtext = E.maxtext_llama2_7b()[0]
+    sizes = {"fsdp": 4, "tensor": 2}
+    specs = sr.specs(maxtext, sr.loads(sr.suggest(maxtext, sizes, "fsdp+tp")), sizes)
+    assert specs["params/token_embedder/embedding"] == P("tensor", "fsdp")
+    gemma, sizes = E.keras_gemma_7b(2), {"batch": 2, "model": 4}
+    specs = sr.specs(gemma, sr.loads(sr.suggest(gemma, sizes, "fsdp+tp")), sizes)
+    assert specs["token_embedding/embeddings"] == P("model", "batch")
+
+
+def test_embedding_vocab_or_whole_overrides_the_convention(tmp_path: Path) -> None:
+    untied, tied, sizes = llama_like(8), llama_like(8, tied=True), {"fsdp": 2, "model": 4}
+    text = sr.suggest(untied, sizes, "fsdp+tp", embedding="vocab")
+    assert _embedding_rule(text) == '"embed_tokens\\.weight$" -> (vocab, embed)' and "untied" not in text
+    text = sr.suggest(tied, sizes, "fsdp+tp", embedding="whole")
+    assert _embedding_rule(text) == '"embed_tokens\\.weight$" -> (_, embed)'
+    assert "# vocabulary kept whole, as asked (embedding=whole); to split it (vocab-parallel" in text
+    gemma = E.keras_gemma_7b(2)  # any convention
+    text = sr.suggest(gemma, {"batch": 2, "model": 4}, "fsdp+tp", embedding="whole")
+    assert sr.specs(gemma, sr.loads(text), {"batch": 2, "model": 4})["token_embedding/embeddings"] == P(
+        None, "batch"
+    )
+    # asked whole where lint reports it: the file says so, and lint does
+    tree = E.hf_llama2_7b(2)
+    text = sr.suggest(tree, {"model": 8}, "tp", embedding="whole")
+    assert _embedding_rule(text) == '"embed_tokens\\.weight$" -> (_, embed)'
+    assert "# Kept whole, it puts all 250.0 MiB of it on every device, which lint reports (SR204)." in text
+    path = tmp_path / "model.shard"
+    path.write_text(text, encoding="utf-8")
+    found = [(d.code, d.path) for d in lint_file(str(path), tree, None).diagnostics if d.severity != "note"]
+    assert found == [("SR204", EMBEDDING)]
+    with pytest.raises(ValueError, match="embedding must be 'vocab', 'whole' or None, not 'rows'"):
+        sr.suggest(tree, {"model": 8}, "tp", embedding="rows")
+    # the command's --embedding
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps(E.header_json(untied)), encoding="utf-8")
+    for choice, spec in ((None, "(_, embed)"), ("vocab", "(vocab, embed)"), ("whole", "(_, embed)")):
+        flag = ["--embedding", choice] if choice else []
+        status, out = cli("suggest", "--shapes", str(shapes), "--mesh", "fsdp=2,model=4", *flag)
+        assert status == 0 and _embedding_rule(out) == f'"embed_tokens\\.weight$" -> {spec}', out
+    with pytest.raises(SystemExit) as exit_, redirect_stderr(io.StringIO()) as err:
+        main(["suggest", "--shapes", str(shapes), "--mesh", "model=2", "--embedding", "rows"])
+    assert exit_.value.code == 2 and "invalid choice: 'rows'" in err.getvalue()
 
 
 MAXTEXT = [
@@ -385,7 +533,7 @@ def test_auto_agrees_with_maxtext_default_rules(name: str, build: Any, sizes: di
     tree, names = build()
     ours = E.suggested_specs(tree, sr.suggest(tree, sizes), sizes)
     found = E.agreement(tree, ours, E.maxtext_expert_specs(names), sizes)
-    assert found.leaf_share >= LEAF_SHARE and found.byte_share >= BYTE_SHARE, found.differ
+    assert found.same_leaves == found.leaves, found.differ  # every leaf, the embedding vocab-parallel
 
 
 def _dump_tree(path: Path) -> tuple[dict, dict, dict[str, int]]:
@@ -418,7 +566,7 @@ def test_fsdp_plus_tp_agrees_with_keras_hub_gemma_layout_map() -> None:
     tree, sizes = E.keras_gemma_7b(), {"batch": 2, "model": 4}
     ours = E.suggested_specs(tree, sr.suggest(tree, sizes, strategy="fsdp+tp"), sizes)
     found = E.agreement(tree, ours, E.keras_expert_specs(tree, E.keras_gemma_layout_map()), sizes)
-    assert found.leaf_share >= LEAF_SHARE and found.byte_share >= BYTE_SHARE, found.differ
+    assert found.same_leaves == found.leaves, found.differ  # every leaf, the embedding vocab-parallel
 
 
 @pytest.mark.parametrize("devices", [8, 64])

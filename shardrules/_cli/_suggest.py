@@ -17,6 +17,7 @@ from .._errors import ShardRulesError
 from .._language._load import load
 from .._language._parse import byte_size
 from .._planning._plan import format_bytes, plural
+from .._suggest._draft import EMBEDDINGS
 from .._suggest._strategy import STRATEGIES, StrategyError
 from .._suggest._suggest import DEFAULT_MIN_BYTES, drafted
 from .._suggest._text import counted
@@ -74,6 +75,14 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="leaves not recognised and smaller than this stay whole (default: 1MiB)",
     )
+    suggest.add_argument(
+        "--embedding",
+        choices=EMBEDDINGS,
+        default=None,
+        help="the token embedding's vocabulary where the strategy splits the vocabulary: vocab (split: "
+        "vocab-parallel) or whole (default: whole for transformers' names with a separate lm_head, as "
+        "transformers' tp plans do, unless lint would report it; else vocab)",
+    )
     suggest.set_defaults(run=run)
 
 
@@ -123,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             max_bytes_per_device=budget,
             head_dim=args.head_dim,
             min_bytes=min_bytes,
+            embedding=args.embedding,
         )
     except (StrategyError, ValueError, TypeError) as err:
         raise UsageError(str(err)) from None

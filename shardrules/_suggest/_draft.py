@@ -11,6 +11,14 @@ with the same spec share a rule. Where the shapes do not fit the layout:
   kind it covers gets `?` (split where it divides), or `_` where it divides
   none, with a note naming the shapes.
 
+- **Token embeddings** (`embedding_layouts`): where the strategy splits the
+  vocabulary, a transformers-named embedding with a separate output head
+  (untied) keeps its vocabulary whole, as transformers' tp plans do (they add
+  the embedding, vocab-parallel, only for tied ones), unless lint would then
+  report it (SR204, SR116) or it would miss a budget (`_suggest` finds out);
+  `embedding="vocab"` or `"whole"` decides instead.
+  Its rule's note says why, and what would do the opposite.
+
 Stacked layers are written `...` when they lead (`(..., heads, embed)`) or
 end the shape (MaxText's norm scales, `(norm, ...)`), as `_` in between
 (MaxText's `(embed, _, heads, _)`).
@@ -20,8 +28,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
-from .._planning._plan import plural
+from .._planning._check import DEFAULT_REPLICATED_THRESHOLD, DEFAULT_REPLICATED_TOLERANCE
+from .._planning._plan import format_bytes, plural
 from . import _roles as R
 from ._dims import Dims, dims_of
 from ._facts import Facts
@@ -47,6 +57,18 @@ FAMILIES = {
 }
 ORDER = list(dict.fromkeys(FAMILIES.values()))
 ALIAS_OF = {"embed": "embed", "heads": "heads", "kv_heads": "heads", "mlp": "mlp", "vocab": "vocab"}
+EMBEDDINGS = ("vocab", "whole")
+"""What `embedding=` may ask of token embeddings' vocabulary: split (vocab-parallel) or whole."""
+_SPLIT = "to split it (vocab-parallel, at the cost of an all-reduce of the looked-up rows): `{other}`"
+_CONVENTION = (
+    "untied (the output head is an array of its own): vocabulary kept whole, as transformers' tp "
+    "plans keep it, so each device looks its tokens up locally; " + _SPLIT
+)
+_ASKED = "vocabulary kept whole, as asked (embedding=whole); " + _SPLIT
+_LINT = (
+    "untied: transformers' tp plans keep its vocabulary whole, but here that puts {why}, so it is "
+    "vocab-parallel (an all-reduce of the looked-up rows); transformers' layout: `{other}`"
+)
 
 
 @dataclasses.dataclass
@@ -86,9 +108,12 @@ def draft(
     *,
     maxtext: bool,
     by_shape: frozenset[int] = frozenset(),
+    vocab: Mapping[int, tuple[bool, str]] | None = None,
 ) -> tuple[list[Draft], list[int]]:
     """The rules, in file order, and the kinds left to `default` (by shape):
-    those not recognised, and those of `by_shape`."""
+    those not recognised, and those of `by_shape`. `vocab`: token embeddings
+    laid out by `embedding_layouts` (their vocabulary whole or not, and the
+    note, `{other}` standing for the spec that does the opposite)."""
     groups: dict[tuple[object, ...], Draft] = {}
     fallback: list[int] = []
     for index, (kind, role) in enumerate(zip(kinds, facts.roles, strict=True)):
@@ -103,10 +128,18 @@ def draft(
                 "one array per expert: the expert axis cannot hold whole experts apart (that needs them "
                 "stacked in one array), so they are split as the dense layers are"
             )
+        other = entries
+        if vocab and index in vocab:
+            whole, note = vocab[index]
+            kept = tuple("_" if n == "vocab" else e for n, e in zip(dims.names, entries, strict=True))
+            entries, other = (kept, entries) if whole else (entries, kept)
         stacked = facts.stacks.get(index, ())
         form = _form(stacked, kind.rank)
         if form in ("lead", "trail"):
             entries = tuple(e for i, e in enumerate(entries) if i not in stacked)
+            other = tuple(e for i, e in enumerate(other) if i not in stacked)
+        if vocab and index in vocab and note is not None:
+            note = note.format(other=Draft(family, set(), other, form, []).spec_text())
         written: tuple[str, ...] | None = entries
         if all(e == "_" for e in entries):
             written, form = None, "none"
@@ -129,6 +162,46 @@ def draft(
     for rule in drafts:
         _optional(rule, kinds, layout, sizes)
     return drafts, fallback
+
+
+def embedding_layouts(
+    kinds: list[Kind], facts: Facts, layout: Layout, choice: str | None, split: Mapping[int, str]
+) -> dict[int, tuple[bool, str]]:
+    """The token embeddings whose vocabulary `embedding=` (`choice`), or else
+    the naming convention, decides, where the strategy splits the vocabulary:
+    index → (kept whole, the note on its rule). `None` keeps a transformers
+    embedding with a separate output head (untied) whole, unless it is in
+    `split` (lint would report it whole, and why); any other stays
+    vocab-parallel, as transformers does a tied one (`embedding_rowwise`)."""
+    if choice == "vocab" or not layout.axes("vocab"):
+        return {}
+    untied = any(r is not None and r.name == R.LM_HEAD for r in facts.roles)
+    out = {}
+    for i, (kind, role) in enumerate(zip(kinds, facts.roles, strict=True)):
+        if role is None or role.name != R.EMBEDDING:
+            continue
+        if choice == "whole":
+            out[i] = (True, _ASKED)
+        elif untied and R.transformers_embedding(kind.lower):
+            out[i] = (False, _LINT.replace("{why}", split[i])) if i in split else (True, _CONVENTION)
+    return out
+
+
+def replication_finding(kinds: list[Kind], kept_whole: set[int], index: int) -> str | None:
+    """What lint would report of kind `index` held whole on every device, with
+    the kinds of `kept_whole` (a phrase: "all 250.0 MiB of it on every device,
+    which lint reports (SR204)"), or `None`."""
+    kind = kinds[index]
+    if kind.leaf_bytes >= DEFAULT_REPLICATED_THRESHOLD:
+        return f"all {format_bytes(kind.leaf_bytes)} of it on every device, which lint reports (SR204)"
+    whole = sum(kinds[i].nbytes for i in kept_whole | {index})
+    share = whole / sum(k.nbytes for k in kinds)
+    if whole >= DEFAULT_REPLICATED_THRESHOLD and share > DEFAULT_REPLICATED_TOLERANCE:
+        return (
+            f"{share:.0%} of the weights ({format_bytes(whole)}) whole on every device, over the "
+            f"{DEFAULT_REPLICATED_TOLERANCE:.0%} lint allows (SR116)"
+        )
+    return None
 
 
 def _form(stacked: tuple[int, ...], rank: int) -> str:

@@ -67,6 +67,9 @@ _EMBED = {
     "embedder", "embed", "embeddings", "embedding", "input_embedding", "tok_emb", "token_emb",
     "embed_in", "shared", "word_embedding", "input_embeddings",
 }  # fmt: skip
+TRANSFORMERS_EMBEDDINGS = frozenset({"embed_tokens", "wte", "word_embeddings", "embed_in"})
+"""transformers' names for a causal LM's token embedding (Llama, Mistral, Qwen and most
+others; GPT-2 and GPT-J; BLOOM and Falcon; GPT-NeoX), whose parameter is `weight`."""
 _POSITIONS = {
     "wpe", "position_embedding", "position_embeddings", "pos_emb", "pos_embed", "pos_embedding",
     "positional_embedding", "embed_positions", "token_type_embeddings", "position_embedder",
@@ -201,3 +204,9 @@ def _mlp(module: str, chain: tuple[str, ...], in_attn: bool) -> str | None:
     if module in _DOWN:
         return MLP_OUT
     return None
+
+
+def transformers_embedding(tokens: tuple[str, ...]) -> bool:
+    """Whether the lower-case `tokens` of a path name a token embedding as
+    transformers does (`model.embed_tokens.weight`, `transformer.wte.weight`)."""
+    return len(tokens) >= 2 and tokens[-1] == "weight" and tokens[-2] in TRANSFORMERS_EMBEDDINGS

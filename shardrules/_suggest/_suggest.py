@@ -26,7 +26,7 @@ from .._planning._plan import format_bytes, spec_str
 from .._planning._spec import LeafError, leaf_spec, shard_bytes
 from . import _roles as R
 from . import _text as T
-from ._draft import Draft, draft
+from ._draft import EMBEDDINGS, Draft, draft, embedding_layouts, replication_finding
 from ._facts import facts_of
 from ._leaves import Kind, kinds_of
 from ._patterns import patterns
@@ -65,6 +65,7 @@ def suggest(
     max_bytes_per_device: int | None = None,
     head_dim: int | None = None,
     min_bytes: int = DEFAULT_MIN_BYTES,
+    embedding: str | None = None,
 ) -> str:
     """Draft a rule file for `tree` on `mesh`.
 
@@ -78,8 +79,9 @@ def suggest(
     strategy sets to mesh axes. Arrays whose names are not recognised are left
     to `default -> auto(...)` (their largest dimension that divides, if at
     least `min_bytes`), and listed in a comment. The file passes
-    `shardrules lint` on the shapes it was drafted from, and `shardrules fmt`
-    leaves it as it is. See [the cookbook](cookbook/suggest.md).
+    `shardrules lint` on the shapes it was drafted from (unless
+    `embedding="whole"` keeps a large embedding whole, which it then says),
+    and `shardrules fmt` leaves it as it is. See [the cookbook](cookbook/suggest.md).
 
     **Arguments:**
 
@@ -91,11 +93,11 @@ def suggest(
       `ep` expert-parallel; `data`, `dp`, `batch` (and pipeline axes) split
       only the batch; `fsdp` and any other name split weights (FSDP).
     - `strategy`: `"fsdp"`, `"tp"` (Megatron: q/k/v and gate/up
-      column-parallel, o and down row-parallel, embedding and output head
-      vocab-parallel), `"fsdp+tp"`, `"ep"` (stacked experts over the expert
-      axis, FSDP and tensor parallelism inside), `"dp"` (every weight whole on
-      every device), or `"auto"`, which picks by the mesh's axis names and
-      the model's size.
+      column-parallel, o and down row-parallel, output head and, but see
+      `embedding`, embedding vocab-parallel), `"fsdp+tp"`, `"ep"` (stacked
+      experts over the expert axis, FSDP and tensor parallelism inside),
+      `"dp"` (every weight whole on every device), or `"auto"`, which picks
+      by the mesh's axis names and the model's size.
     - `max_bytes_per_device`: a budget for the weights on each device. Under
       `"auto"`, a strategy that meets it is preferred; the file says whether it
       is met, and if not which arrays take the most.
@@ -103,13 +105,25 @@ def suggest(
       `(heads × head_dim, hidden)` weight (default: read from the shapes where
       they show it, else 128).
     - `min_bytes`: arrays smaller than this that `default` lays out stay whole.
+    - `embedding`: the token embedding's vocabulary, where the strategy splits
+      the vocabulary (`"tp"`, `"fsdp+tp"`, `"ep"` on a mesh with a
+      tensor-parallel axis): `"vocab"` splits it (vocab-parallel: an
+      all-reduce of the looked-up rows), `"whole"` keeps it whole (its hidden
+      size still split where the strategy splits it). `None` (default): whole
+      for transformers' names with a separate output head (`lm_head`), as
+      transformers' tp plans do an untied embedding, unless lint would then
+      report it (a fully replicated array of 64 MiB or more, SR204; or SR116)
+      or it would miss `max_bytes_per_device`; vocab-parallel otherwise (a
+      tied embedding, other conventions). The rule's comment says which, and
+      why.
 
     **Returns:** the rule file's text (canonical layout, ending in a newline).
 
     **Raises:** `ValueError` for an unknown strategy, one the mesh cannot
     carry (`"tp"` without a tensor-parallel axis, `"ep"` without an expert axis
-    or experts), a tree with no arrays, or a mesh axis name that a rule file
-    cannot write; `TypeError` for a `mesh` of another type.
+    or experts), an unknown `embedding`, a tree with no arrays, or a mesh axis
+    name that a rule file cannot write; `TypeError` for a `mesh` of another
+    type.
 
     ```python
     import jax, jax.numpy as jnp
@@ -125,6 +139,7 @@ def suggest(
         max_bytes_per_device=max_bytes_per_device,
         head_dim=head_dim,
         min_bytes=min_bytes,
+        embedding=embedding,
     ).text
 
 
@@ -136,12 +151,15 @@ def drafted(
     max_bytes_per_device: int | None = None,
     head_dim: int | None = None,
     min_bytes: int = DEFAULT_MIN_BYTES,
+    embedding: str | None = None,
 ) -> Suggestion:
     """`suggest`, with what the file comes to."""
     if strategy not in STRATEGIES:
         raise StrategyError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
         raise ValueError(f"head_dim must be a positive int, not {head_dim!r}")
+    if embedding is not None and embedding not in EMBEDDINGS:
+        raise ValueError(f"embedding must be 'vocab', 'whole' or None, not {embedding!r}")
     sizes = _sizes(mesh)
     kinds = kinds_of(tree)
     if not kinds:
@@ -153,7 +171,8 @@ def drafted(
     options = {"total_bytes": total, "stacked_experts": any(not r.per_expert for r in experts)}
     options["any_experts"] = bool(experts)
     first = choose(strategy, sizes, **options)
-    best = _write(kinds, facts, first, sizes, maxtext, min_bytes, max_bytes_per_device)
+    settings = (maxtext, min_bytes, max_bytes_per_device, embedding)
+    best = _write(kinds, facts, first, sizes, *settings)
     if strategy == "auto" and best.over_budget:  # another strategy may split more of the weights
         for other in ("ep", "fsdp+tp", "fsdp"):
             try:
@@ -163,7 +182,7 @@ def drafted(
             if layout.strategy == first.strategy:
                 continue
             layout = dataclasses.replace(layout, why=f"{first.strategy} is over the budget")
-            candidate = _write(kinds, facts, layout, sizes, maxtext, min_bytes, max_bytes_per_device)
+            candidate = _write(kinds, facts, layout, sizes, *settings)
             if candidate.bytes_per_device < best.bytes_per_device:
                 best = candidate
             if not best.over_budget:
@@ -189,11 +208,18 @@ def _write(
     maxtext: bool,
     min_bytes: int,
     budget: int | None,
+    embedding: str | None,
 ) -> Suggestion:
     default = f"auto({_axes(layout.fallback)}, min_bytes={min_bytes})" if layout.fallback else "replicated"
     moved: dict[int, str] = {}  # recognised kinds left to `default`, and why
+    split: dict[int, str] = {}  # embeddings the convention keeps whole that lint would report, and why
     while True:
-        rules, fallback = draft(kinds, facts, layout, sizes, maxtext=maxtext, by_shape=frozenset(moved))
+        vocab = embedding_layouts(kinds, facts, layout, embedding, split)
+        kept = {i for i, (whole, _) in vocab.items() if whole}  # vocabulary whole
+        asked = kept if embedding == "whole" else set()
+        rules, fallback = draft(
+            kinds, facts, layout, sizes, maxtext=maxtext, by_shape=frozenset(moved), vocab=vocab
+        )
         clash = _shared_paths(kinds, rules, fallback)
         if clash:  # no pattern can tell them apart: each layer's leaves by their own shape
             moved |= {i: "a path it shares with leaves of another layout" for i in clash}
@@ -202,10 +228,29 @@ def _write(
         body = _body(kinds, rules, regexes, layout, sizes, default, [])
         loaded = loads("\n".join(body) + "\n", name="<suggest>")
         specs, per_device, kept_whole = _planned(kinds, rules, fallback, loaded, sizes)
-        whole = {i for r in rules for i in r.kinds if i in kept_whole and kinds[i].leaf_bytes >= WHOLE_LIMIT}
-        if not whole or not layout.fallback:
-            break
-        moved |= {i: "its rule would keep it whole on every device" for i in whole}
+        whole = {
+            i
+            for r in rules
+            for i in r.kinds
+            if i in kept_whole and kinds[i].leaf_bytes >= WHOLE_LIMIT and i not in kept
+        }
+        if whole and layout.fallback:
+            moved |= {i: "its rule would keep it whole on every device" for i in whole}
+            continue
+        found = {i: replication_finding(kinds, kept_whole, i) for i in kept & kept_whole}
+        lint = {i: why for i, why in found.items() if why and i not in asked}
+        if lint:  # the convention's whole vocabulary, which lint would report: vocab-parallel
+            split |= lint
+            continue
+        if budget is not None and sum(per_device.values()) > budget:  # a budget before a convention
+            why = f"the weights over the budget of {format_bytes(budget)} per device"
+            yields = {i: why for i in kept - asked}
+            if yields:
+                split |= yields
+                continue
+        break
+    for rule in rules:  # asked to keep it whole: say what lint will report
+        rule.notes += [f"Kept whole, it puts {found[i]}." for i in rule.kinds if i in asked and found.get(i)]
     total = sum(k.nbytes for k in kinds)
     need = sum(per_device.values())
     over = budget is not None and need > budget
@@ -342,28 +387,8 @@ def _header(
         read.append(f"heads {facts.head_dim} wide ({source})")
     lines += T.comment_lines("Read from the paths and shapes: " + "; ".join(read) + ".")
     if budget is not None:
-        lines += _budget(kinds, need, budget, per_device, specs)
+        lines += T.budget_lines(kinds, need, budget, per_device, specs)
     lines += T.comment_lines(
         "Check each rule against the model, then run `shardrules lint` on this file in CI."
     )
-    return lines
-
-
-def _budget(
-    kinds: list[Kind], need: int, budget: int, per_device: dict[int, int], specs: dict[int, str]
-) -> list[str]:
-    if need <= budget:
-        return T.comment_lines(f"Within the budget of {format_bytes(budget)} per device.")
-    lines = T.comment_lines(
-        f"Over the budget of {format_bytes(budget)} per device by {format_bytes(need - budget)}; "
-        "what each device holds most of (all leaves of a kind):"
-    )
-    for i in sorted(per_device, key=lambda i: -per_device[i])[:5]:
-        kind = kinds[i]
-        whole = " (whole: no dimension splits)" if specs[i].count("None") == kind.rank else ""
-        lines.append(
-            f"#   {T.shown_key(kind)} {kind.shape} x{kind.count}: {specs[i]}, "
-            f"{format_bytes(per_device[i])}{whole}"
-        )
-    lines += T.comment_lines("A bigger mesh, or a strategy that splits more of the weights, lowers it.")
     return lines

@@ -84,6 +84,8 @@ def label(rule: Draft, layout: Layout) -> str:
         base += ", row-parallel"
     elif rule.family in ("embedding", "lm_head") and rule.entries and layout.names["vocab"] in rule.entries:
         base += ", vocab-parallel" if layout.axes("vocab") else ""
+    elif rule.family == "embedding" and rule.entries and layout.axes("vocab"):
+        base += ", vocabulary whole"
     return base
 
 
@@ -93,12 +95,15 @@ def covers(indices: list[int], kinds: list[Kind]) -> str:
 
 
 _SIZE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|PiB|EiB)\b")
+_SPEC = re.compile(r"`\([^`]*\)`")
 
 
 def comment_lines(text: str, indent: str = "") -> list[str]:
-    """`text` as comment lines of at most `WIDTH` characters (a size and its unit on one line)."""
+    """`text` as comment lines of at most `WIDTH` characters (a size and its unit, and a spec
+    in backticks, on one line)."""
     width = WIDTH - len(indent) - 2
     kept = _SIZE.sub(lambda m: m.group(1) + "\0" + m.group(2), one_line(text))
+    kept = _SPEC.sub(lambda m: m.group(0).replace(" ", "\0"), kept)
     lines = textwrap.wrap(kept, width, break_long_words=False, break_on_hyphens=False)
     return [f"{indent}# {line}".replace("\0", " ") for line in lines]
 
@@ -154,3 +159,24 @@ def mesh_line(sizes: dict[str, int]) -> str:
 
 def devices(sizes: dict[str, int]) -> int:
     return math.prod(sizes.values())
+
+
+def budget_lines(
+    kinds: list[Kind], need: int, budget: int, per_device: dict[int, int], specs: dict[int, str]
+) -> list[str]:
+    """The header's lines on a budget: met, or what each device holds most of."""
+    if need <= budget:
+        return comment_lines(f"Within the budget of {format_bytes(budget)} per device.")
+    lines = comment_lines(
+        f"Over the budget of {format_bytes(budget)} per device by {format_bytes(need - budget)}; "
+        "what each device holds most of (all leaves of a kind):"
+    )
+    for i in sorted(per_device, key=lambda i: -per_device[i])[:5]:
+        kind = kinds[i]
+        whole = " (whole: no dimension splits)" if specs[i].count("None") == kind.rank else ""
+        lines.append(
+            f"#   {shown_key(kind)} {kind.shape} x{kind.count}: {specs[i]}, "
+            f"{format_bytes(per_device[i])}{whole}"
+        )
+    lines += comment_lines("A bigger mesh, or a strategy that splits more of the weights, lowers it.")
+    return lines
