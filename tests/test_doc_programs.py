@@ -12,10 +12,13 @@ the accelerators.
 
 `<!-- not-tested: REASON -->` on the line before a block skips it; the reasons
 are listed in SKIPS below, so that a skip is a decision, not an accident.
+`<!-- warns: SRnnn ... -->` there says the block gives that ShardRulesWarning
+on purpose: it is asserted (the block fails without it), not let leak.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -25,10 +28,14 @@ from pathlib import Path
 
 import pytest
 
+import shardrules as sr
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 COMPARED = {"api.md", "cli.md", "convert.md", "diagnostics.md", "explicit-axes.md"}  # run by test_docs.py
 FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<lang>\w+)[ ]*\n(?P<body>.*?)^(?P=indent)```[ ]*$", re.M | re.S)
 SKIP = re.compile(r"<!--\s*not-tested:\s*(?P<reason>.*?)\s*-->\s*$")
+# the ShardRulesWarning a block gives on purpose (the page shows it), asserted rather than let leak
+WARNS = re.compile(r"<!--\s*warns:\s*(?P<code>SR\d{3})\b.*?-->\s*$")
 # page -> how many blocks it skips, and why (each skip needs a reason here too)
 SKIPS: dict[str, tuple[int, str]] = {
     # launching, joining a coordinator, and one of two processes run at once:
@@ -50,6 +57,7 @@ class Block:
     lang: str
     text: str
     skipped: str | None
+    warns: str | None = None
 
 
 def _blocks(page: Path) -> list[Block]:
@@ -62,7 +70,17 @@ def _blocks(page: Path) -> list[Block]:
         indent = len(match["indent"])
         text = "\n".join(row[indent:] for row in match["body"].split("\n"))
         name = page.relative_to(DOCS).as_posix()
-        out.append(Block(name, line, match["lang"], text, skip["reason"] if skip else None))
+        warns = WARNS.search(before)
+        out.append(
+            Block(
+                name,
+                line,
+                match["lang"],
+                text,
+                skip["reason"] if skip else None,
+                warns["code"] if warns else None,
+            )
+        )
     return out
 
 
@@ -111,6 +129,9 @@ def test_block_runs_as_a_program(
     monkeypatch.setattr(sys, "argv", [f"{block.page}:{block.line}"])
     monkeypatch.setitem(os.environ, "XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
     code = compile(block.text, f"docs/{block.page}:{block.line}", "exec")
-    with warnings.catch_warnings():
+    with (
+        pytest.warns(sr.ShardRulesWarning, match=block.warns) if block.warns else contextlib.nullcontext(),
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("error", DeprecationWarning)
         exec(code, {"__name__": "__main__"})
