@@ -8,11 +8,9 @@ params = sr.apply(params, rules, mesh)
 ```
 """
 
-from ._convert._common import Conversion as Conversion
-from ._convert._flax import convert_flax as convert_flax
-from ._convert._hf import convert_hf as convert_hf
-from ._convert._maxtext import convert_maxtext as convert_maxtext
-from ._convert._regex import convert_regex as convert_regex
+import importlib as _importlib
+import typing as _typing
+
 from ._errors import Diagnostic as Diagnostic
 from ._errors import GroupNotFoundError as GroupNotFoundError
 from ._errors import IncludeNotFoundError as IncludeNotFoundError
@@ -46,8 +44,6 @@ from ._planning._layouts import specs as specs
 from ._planning._plan import LeafPlan as LeafPlan
 from ._planning._plan import Plan as Plan
 from ._planning._shapes import load_shapes as load_shapes
-from ._reports._golden import assert_plan_matches as assert_plan_matches
-from ._suggest._suggest import suggest as suggest
 from ._tracing._compare import Comparison as Comparison
 from ._tracing._compare import LeafDifference as LeafDifference
 from ._tracing._constrain import auto_constrain as auto_constrain
@@ -58,6 +54,31 @@ from ._tracing._jit import jit as jit
 from ._tracing._jit import set_agreement as _set_agreement
 from ._tracing._shard_map import shard_map as shard_map
 from ._version import __version__ as __version__
+
+# Names only some programs use (converters of other projects' rules, `suggest`,
+# golden plans): their modules are imported when a name is first read
+# (`sr.suggest`, `from shardrules import suggest`), not with shardrules. The
+# same names for type checkers and IDEs; tests/test_architecture.py checks that
+# this block and `_LAZY` list the same names from the same modules.
+if _typing.TYPE_CHECKING:
+    from ._convert._common import Conversion as Conversion
+    from ._convert._flax import convert_flax as convert_flax
+    from ._convert._hf import convert_hf as convert_hf
+    from ._convert._maxtext import convert_maxtext as convert_maxtext
+    from ._convert._regex import convert_regex as convert_regex
+    from ._reports._golden import assert_plan_matches as assert_plan_matches
+    from ._suggest._suggest import suggest as suggest
+
+_LAZY: dict[str, str] = {
+    "Conversion": "._convert._common",
+    "convert_flax": "._convert._flax",
+    "convert_hf": "._convert._hf",
+    "convert_maxtext": "._convert._maxtext",
+    "convert_regex": "._convert._regex",
+    "assert_plan_matches": "._reports._golden",
+    "suggest": "._suggest._suggest",
+}
+"""Public name → the module defining it, for the names imported on first use."""
 
 __all__ = [
     "Collective",
@@ -113,3 +134,19 @@ __all__ = [
 # compare their plans and meshes: placement's meeting, handed to tracing here
 # (tracing does not import placement).
 _set_agreement(_agree_on_step)
+
+
+if not _typing.TYPE_CHECKING:  # type checkers see the imports above, and flag names that are not there
+
+    def __getattr__(name: str) -> object:
+        """A name of `_LAZY`, imported from its module on first use and kept."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(_importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -190,6 +190,74 @@ def violations(path: Path, source: str) -> list[str]:
     return out
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """`TYPE_CHECKING`, or `typing.TYPE_CHECKING` by any name of the module."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _named(node: ast.stmt, name: str) -> ast.expr | None:
+    """The value `node` assigns to `name` at the top of a module, if it does."""
+    if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        return node.value
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+        return node.value
+    return None
+
+
+def facade(source: str) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """The public names of `shardrules/__init__.py` (its text `source`), each
+    with the module it comes from: `"eager"`, imported at the top; `"lazy"`,
+    listed in `_LAZY` (read by the module's `__getattr__` on first use);
+    `"typing"`, imported under `if TYPE_CHECKING:`; `"all"`, `__all__`. And
+    the re-exports not written `name as name`."""
+    names: dict[str, dict[str, str]] = {"eager": {}, "typing": {}, "lazy": {}, "all": {}}
+    unlike: list[str] = []
+
+    def take(node: ast.stmt, into: dict[str, str]) -> None:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for alias in node.names:
+                if alias.asname != alias.name and not (alias.asname or "").startswith("_"):
+                    unlike.append(f"line {node.lineno}: `{alias.name} as {alias.asname}`")
+                into[alias.asname or alias.name] = f"shardrules.{node.module}"
+
+    for node in ast.parse(source).body:
+        take(node, names["eager"])
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for inner in node.body:
+                take(inner, names["typing"])
+        if (value := _named(node, "_LAZY")) is not None:
+            names["lazy"] = {name: "shardrules" + module for name, module in ast.literal_eval(value).items()}
+        if (value := _named(node, "__all__")) is not None:
+            names["all"] = dict.fromkeys(ast.literal_eval(value), "")
+    return names, unlike
+
+
+def facade_problems(source: str) -> list[str]:
+    """What is wrong with the public names of `shardrules/__init__.py`: each
+    name of `__all__` is imported at the top (`from ._stage._module import
+    name as name`) or on first use, listed in `_LAZY` and imported under `if
+    TYPE_CHECKING:` from the same module (so that type checkers, IDEs and
+    `imported`, the stack's checks, see it); never both."""
+    names, unlike = facade(source)
+    eager, lazy = names["eager"], names["lazy"]
+    out = [f"{where}: re-export as `name as name`" for where in unlike]
+    if lazy != names["typing"]:
+        out.append(f"`_LAZY` and the `if TYPE_CHECKING:` imports differ: {lazy} != {names['typing']}")
+    if both := sorted(set(lazy) & set(eager)):
+        out.append(f"imported at the top and on first use: {both}")
+    shown = {name for name in eager if not name.startswith("_")} | set(lazy)
+    if shown != set(names["all"]):
+        out.append(f"`__all__` and the imported names differ: {sorted(shown ^ set(names['all']))}")
+    for name, module in lazy.items():
+        if not (PACKAGE.parent / (module.replace(".", "/") + ".py")).is_file():
+            out.append(f"`_LAZY` names {module} for {name}: no such module")
+        elif stage_of(module) not in ALLOWED:
+            out.append(f"`_LAZY` names {module} for {name}: not in a stage")
+    return out
+
+
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
@@ -319,3 +387,53 @@ def test_the_plans_front_doors_are_imported_only_inside_its_methods() -> None:
         "imports shardrules._reports._dump"
         in violations(PACKAGE / "_planning" / "_check.py", other_module)[0]
     )
+
+
+def test_the_facades_names_on_first_use_are_seen() -> None:
+    """`shardrules/__init__.py` imports some names on first use (`_LAZY`):
+    they are imported under `if TYPE_CHECKING:` too, so the stack's checks
+    (`imported`) see every module the facade reaches."""
+    init = PACKAGE / "__init__.py"
+    source = init.read_text(encoding="utf-8")
+    assert facade_problems(source) == []
+    lazy = facade(source)[0]["lazy"]
+    assert lazy, "no `_LAZY` table found in shardrules/__init__.py"
+    seen = {target for _, target in imported(init, source)}
+    assert set(lazy.values()) <= seen
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        (
+            '__all__ = ["plan", "suggest"]\nfrom ._planning._api import plan as plan\n'
+            '_LAZY = {"suggest": "._suggest._suggest"}\n',
+            "`_LAZY` and the `if TYPE_CHECKING:` imports differ",
+        ),
+        (
+            '__all__ = ["suggest"]\nif TYPE_CHECKING:\n    from ._suggest._suggest import suggest as suggest\n'
+            '_LAZY = {"suggest": "._suggest._draft"}\n',
+            "`_LAZY` and the `if TYPE_CHECKING:` imports differ",
+        ),
+        (
+            '__all__ = ["suggest"]\nfrom ._suggest._suggest import suggest as suggest\n'
+            "if TYPE_CHECKING:\n    from ._suggest._suggest import suggest as suggest\n"
+            '_LAZY = {"suggest": "._suggest._suggest"}\n',
+            "imported at the top and on first use",
+        ),
+        (
+            '__all__ = ["plan"]\nfrom ._planning._api import plan as plan\n'
+            "if _typing.TYPE_CHECKING:\n    from ._suggest._suggest import suggest as suggest\n"
+            '_LAZY = {"suggest": "._suggest._suggest"}\n',
+            "`__all__` and the imported names differ",
+        ),
+        (
+            '__all__ = ["nothing"]\nif TYPE_CHECKING:\n    from ._nowhere._x import nothing as nothing\n'
+            '_LAZY = {"nothing": "._nowhere._x"}\n',
+            "no such module",
+        ),
+        ('__all__ = ["plan"]\nfrom ._planning._api import plan as p\n', "re-export as `name as name`"),
+    ],
+)
+def test_a_wrong_facade_is_caught(source: str, problem: str) -> None:
+    assert any(problem in p for p in facade_problems(source)), facade_problems(source)

@@ -8,6 +8,7 @@ import contextlib
 import functools
 
 import jax
+import jax.extend.core  # the tests read its `Literal`; shardrules imports it only when tracing
 import jax.numpy as jnp
 import numpy as np
 import pytest

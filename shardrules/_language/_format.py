@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ._parse import parse
 from ._syntax import (
     Alias,
     AliasTarget,
@@ -49,6 +48,8 @@ def format_text(text: str, name: str = "<string>") -> str:
     """Format rule-file `text` (`name`: the file name its errors show); raises
     `RuleSyntaxError` if it does not parse. A leading UTF-8 byte-order mark is
     dropped, as the loader drops it."""
+    from ._parse import parse  # the parser (Lark) loads when text is first parsed, not with the printer
+
     return format_file(parse(text.removeprefix("\ufeff"), name))
 
 

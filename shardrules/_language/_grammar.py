@@ -1,14 +1,24 @@
-"""Locating and loading the grammar file, once per process."""
+"""Locating and loading the grammar file, once per process.
+
+The parser is built on its first use, not when shardrules is imported (a
+program that never parses a rule file pays for neither Lark nor the build),
+and once: threads asking for it together wait for the one being built.
+"""
 
 from __future__ import annotations
 
-import functools
 import importlib.resources
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import lark
+if TYPE_CHECKING:
+    import lark
 
 GRAMMAR_NAME = "shardrules.lark"
+
+_built: lark.Lark | None = None
+_building = threading.Lock()
 
 
 def grammar_text() -> str:
@@ -30,9 +40,19 @@ def grammar_text() -> str:
     )
 
 
-@functools.cache
 def parser() -> lark.Lark:
     """The LALR parser built from the grammar (built on first use, then reused)."""
+    global _built
+    if _built is None:
+        with _building:
+            if _built is None:
+                _built = _build()
+    return _built
+
+
+def _build() -> lark.Lark:
+    import lark
+
     return lark.Lark(
         grammar_text(),
         parser="lalr",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.core
@@ -38,6 +38,34 @@ ShardingTypeError: type[Exception] = _private("jax._src.core", "ShardingTypeErro
 DuplicateSpecError: type[Exception] = _private("jax._src.named_sharding", "DuplicateSpecError", _NeverRaised)
 # The abstract value of an array (public as `jax.core.ShapedArray` in JAX 0.8 to 0.12).
 ShapedArray: type = getattr(jax.core, "ShapedArray", None) or _private("jax._src.core", "ShapedArray", object)
+
+
+class _OnFirstUse:
+    """A module imported when one of its names is first read, not before;
+    each name read is then kept, so later reads are plain attribute reads.
+    (The import system's own lock makes a first read from several threads
+    import the module once.)"""
+
+    def __init__(self, module: str) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(importlib.import_module(self._module), name)
+        setattr(self, name, value)
+        return value
+
+    def __repr__(self) -> str:
+        return f"<module {self._module!r}, imported on first use>"
+
+
+# The jaxpr's types (`ClosedJaxpr`, `Jaxpr`, `Literal`, `Var`): public in
+# `jax.extend.core` (JAX 0.8 to 0.12; `jax.core` no longer has them). Importing
+# it imports all of `jax.extend`, Pallas and checkify included (20 ms and more),
+# so it is imported when tracing first reads one of them, not with shardrules.
+if TYPE_CHECKING:
+    from jax.extend import core as jcore
+else:
+    jcore = _OnFirstUse("jax.extend.core")
 
 
 def scan_counts(params: dict[str, Any]) -> tuple[int, int]:

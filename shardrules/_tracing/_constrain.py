@@ -20,7 +20,6 @@ from .._planning._api import RulesLike, as_rules
 from .._planning._compile import compile_flat
 from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
-from ._scopes import Constrainer, interpret
 from ._seen import ScopeOutput
 
 
@@ -233,6 +232,10 @@ def constrained(
                     raise closed_over_error(fn, err, ruleset) from None
         else:
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*values)
+        # The jaxpr's interpreter (and `_outputs`, which imports `jax.extend`)
+        # loads with the first trace, not with shardrules.
+        from ._scopes import Constrainer, interpret
+
         abstract = resolved.abstract_mesh if isinstance(resolved, Mesh) else resolved
         constrainer = Constrainer(
             ruleset, group, sizes, sharding, explicit=explicit, strict=strict,

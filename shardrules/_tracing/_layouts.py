@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
-from jax.extend import core as jcore
 
 from .._errors import Diagnostic, error_for
-from ._compat import rebind, scan_counts, while_counts
+from ._compat import jcore, rebind, scan_counts, while_counts
 from ._explicit import (
     SHARDING_ERRORS,
     Decision,
@@ -26,9 +25,11 @@ from ._explicit import (
     suggestion,
     typed_aval,
 )
-from ._outputs import Where
 from ._propagate import axes_of, propagate
 from ._regions import elsewhere
+
+if TYPE_CHECKING:
+    from ._outputs import Where
 
 Interpret = Callable[
     ..., list[Any]

@@ -32,7 +32,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend import core as jcore
 from jax.sharding import AxisType
 
 from .._errors import Diagnostic, ShardRulesWarning, error_for
@@ -44,6 +43,7 @@ from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
 from . import _compat, _explicit, _layouts
+from ._compat import jcore
 from ._outputs import Aligned, Where, analyse, forward_path, join, scope_path, transposed, under
 from ._regions import Shadows, elsewhere_mesh, mesh_of
 from ._seen import Seen

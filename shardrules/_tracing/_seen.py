@@ -11,12 +11,14 @@ import difflib
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import Diagnostic, ShardRulesWarning
 from .._language._rules import RuleSet
 from .._planning._match import Matcher, by_key, search_all
-from ._outputs import Outputs
+
+if TYPE_CHECKING:
+    from ._outputs import Outputs
 
 
 @dataclasses.dataclass(frozen=True)
