@@ -532,6 +532,8 @@ def test_a_rule_for_a_scope_whose_outputs_are_numbered_warns() -> None:
     assert isinstance(warning, sr.ShardRulesWarning) and warning.code == "SR201"
     assert warning.span is not None and (warning.span.file, warning.span.line) == ("two.shard", 2)
     assert '"attn/\\d+$"' in warning.hint
+    # one mistake, one warning: not also SR211 (the rule matching no output) for the same rule
+    assert [getattr(w.message, "code", None) for w in caught] == ["SR201"]
 
 
 def test_an_activation_rule_over_an_explicit_and_an_auto_axis_is_sr207_at_call_time() -> None:

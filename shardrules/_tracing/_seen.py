@@ -48,6 +48,7 @@ class Seen:
         self.rules, self._matcher = rules, matcher
         self.outputs: dict[str, dict[tuple[int, ...], str]] = {}  # name -> its shapes -> dtype name
         self._warned: set[str] = set()
+        self._numbered: set[int] = set()  # id() of the rules warned about with SR201
 
     def add(self, found: Outputs) -> None:
         """Record the scope outputs `analyse` found in one jaxpr, and warn
@@ -92,8 +93,12 @@ class Seen:
 
     def warn_unmatched(self) -> None:
         """SR211 (a `ShardRulesWarning`) for each activation rule that matched
-        no scope output; once per traced step."""
+        no scope output; once per traced step, and not for a rule SR201 has
+        just warned about (one mistake, one warning: that one says more)."""
+        numbered = {rule.span for rule in self._matcher.rules if id(rule) in self._numbered}
         for diag in self.unmatched():
+            if diag.span is not None and diag.span in numbered:
+                continue
             warning = ShardRulesWarning(diag, self.rules.sources)
             if diag.span is not None:  # shown at the rule's line (the trace's frames are JAX's)
                 warnings.warn_explicit(warning, ShardRulesWarning, diag.span.file, diag.span.line)
@@ -109,6 +114,7 @@ class Seen:
             if rule is None or scope in self._warned or any(self._matcher.first(n) for n in names):
                 continue
             self._warned.add(scope)
+            self._numbered.add(id(rule))
             shown = ", ".join(f"`{n}`" for n in dict.fromkeys(names))
             diag = Diagnostic(
                 "SR201",
