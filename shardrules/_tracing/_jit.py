@@ -17,15 +17,14 @@ from jax.sharding import Mesh, NamedSharding
 from .._errors import ShardRulesWarning
 from .._interop._paths import path_str
 from .._language._rules import RuleSet
-from .._planning import _check, _mesh
+from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
-from .._planning._compile import compile_plan
 from . import _slips
 from ._compare import Comparison, compare_outputs
-from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated, trace_state_clean
+from ._compat import trace_state_clean
 from ._constrain import Traced, constrained
 from ._cost import StepCost, cost_of, one_device_mesh, shapes_only
-from ._explicit import Decision, closed_over_error, is_explicit, untyped
+from ._explicit import Decision, is_explicit
 from ._groups import for_groups, moved, param_names, signature
 from ._seen import ScopeOutput
 
@@ -196,9 +195,11 @@ class RuleJit:
         scope, the operation, its operands' shapes and specs, the result's
         spec, and `by` ("rule" with the rule's location, "model", "jax",
         "inferred" or "auto_axes"). Empty on a mesh with `Auto` axes."""
-        if not is_explicit(self._entry(args).mesh):
+        cached = self._compiled.get(signature(args))
+        if not is_explicit(cached.mesh if cached is not None else self._mesh()):
+            self._entry(args)  # what is wrong with the groups, said as a call says it
             return []
-        return self.traced(*args).decisions
+        return self._traced(args).decisions
 
     def scopes(self, *args: Any) -> list[ScopeOutput]:
         """Every output of a named scope the step makes for arguments like
@@ -212,21 +213,45 @@ class RuleJit:
             print(s.name, s.shapes, s.rule and s.rule.pattern)
         ```
         """
-        return self.traced(*args).scopes
+        return self._traced(args).scopes
 
     def traced(self, *args: Any) -> Traced:
         """One trace of the step for arguments like `args` (nothing runs):
         its decisions, scope outputs and the activation rules that match
-        none of them (SR211 diagnostics)."""
-        entry = self._entry(args)
+        none of them (SR211 diagnostics). The step is traced once: the
+        output's shapes that `out_groups` are planned for come from this trace."""
+        return self._traced(args)
+
+    def _traced(self, args: tuple[Any, ...]) -> Traced:
+        """`traced`, `decisions` and `scopes`' trace, warnings shown where they are called."""
         found = Traced()
-        if entry.in_shardings is not None and is_explicit(entry.mesh):  # the layouts the step runs with
-            args = tuple(_typed(a, s) for a, s in zip(args, entry.in_shardings, strict=True))
-        with self._context(entry.mesh):
-            jax.make_jaxpr(self._body(entry.mesh, found))(*args)
-        if not is_explicit(entry.mesh):
+        key = signature(args)
+        entry = self._compiled.get(key)
+        if entry is not None or self.out_groups is None:
+            entry = entry or self._entry(args, stacklevel=4)
+            mesh = entry.mesh
+            self._trace(mesh, entry.in_shardings, args, found)
+        else:  # as `_entry`, with this trace where it traces for the output's shapes
+            mesh, in_shardings, groups = self._inputs(args, stacklevel=3)
+            try:
+                out_shape = self._trace(mesh, in_shardings, args, found)
+            except Exception:  # what `_entry` says first (SR105 naming an output), then this
+                self._store(key, args, mesh, in_shardings, None)
+                _slips.warn_about_groups(self.fn, args, groups, self.rules, mesh, stacklevel=3)
+                raise
+            self._store(key, args, mesh, in_shardings, out_shape)
+            _slips.warn_about_groups(self.fn, args, groups, self.rules, mesh, stacklevel=3)
+        if not is_explicit(mesh):
             found.decisions.clear()
         return found
+
+    def _trace(self, mesh: Mesh, in_shardings: Any, args: tuple[Any, ...], found: Traced) -> Any:
+        """Trace the step into `found` (on Explicit axes, its arguments typed
+        with the layouts it runs with); the output's shapes."""
+        if in_shardings is not None and is_explicit(mesh):
+            args = tuple(_typed(a, s) for a, s in zip(args, in_shardings, strict=True))
+        with self._context(mesh):
+            return jax.make_jaxpr(self._body(mesh, found), return_shape=True)(*args)[1]
 
     def jitted(self, *args: Any) -> Any:
         """The `jax.jit`-wrapped function for arguments shaped like `args`."""
@@ -246,67 +271,44 @@ class RuleJit:
             )
         return groups
 
-    def _out_shardings(self, out_shape: Any, plan: Callable[[Any, str], Any], mesh: Mesh) -> Any:
-        """The output's shardings from `out_groups`; a group whose rules do not
-        match an output's leaves is an error naming that output."""
-        groups = self.out_groups
-        if (
-            isinstance(groups, (list, tuple))
-            and isinstance(out_shape, (list, tuple))
-            and len(groups) == len(out_shape)
-        ):
-            return type(out_shape)(
-                for_groups(o, g, _slips.planned(plan, self.rules, mesh, "out_groups", i), "out_groups")
-                for i, (o, g) in enumerate(zip(out_shape, groups, strict=True))
-            )
-        return for_groups(
-            out_shape, groups, _slips.planned(plan, self.rules, mesh, "out_groups", -1), "out_groups"
-        )
-
-    def _entry(self, args: tuple[Any, ...]) -> _Entry:
-        """The compiled function, argument shardings and mesh for arguments
-        shaped like `args`, made on the first call with their signature."""
-        key = signature(args)
-        found = self._compiled.get(key)
-        if found is not None:
-            return found
+    def _inputs(self, args: tuple[Any, ...], stacklevel: int) -> tuple[Mesh, Any, Any]:
+        """The mesh, the arguments' shardings and their groups (SR212 for an
+        argument given none that a group would shard, shown `stacklevel` up)."""
         mesh = self._mesh()
-
-        def plan(tree: Any, group: str) -> Any:
-            return placement_shardings(tree, self.rules, mesh, group=group)
-
         in_shardings = None
         groups = self._in_groups(len(args))
         if groups is not None:
             names = param_names(self.fn, len(args))
+
+            def plan(tree: Any, group: str) -> Any:
+                return placement_shardings(tree, self.rules, mesh, group=group)
+
             in_shardings = tuple(
                 for_groups(a, g, _slips.planned(plan, self.rules, mesh, "in_groups", i, n), "in_groups", n)
                 for i, (a, g, n) in enumerate(zip(args, groups, names, strict=True))
             )
-            _slips.warn_ungrouped(args, groups, names, self.rules, mesh)
-        out_shardings = None
-        if self.out_groups is not None:
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # shapes only, values replicated
-                try:
-                    shapes = functools.partial(jax.eval_shape, self.fn)
-                    out_shape = trace_replicated(shapes, jax.tree.map(untyped, args), mesh.abstract_mesh)
-                except (ShardingTypeError, DuplicateSpecError) as err:
-                    raise closed_over_error(self.fn, err, self.rules) from None
-            out_shardings = self._out_shardings(out_shape, plan, mesh)
-        jitted = jax.jit(
-            self._body(mesh),
-            in_shardings=in_shardings,
-            out_shardings=out_shardings,
-            donate_argnums=self.donate,
-        )
-        found = self._compiled[key] = _Entry(jitted, in_shardings, mesh, out_shardings)
-        names = param_names(self.fn, len(args))
-        for i, (arg, group) in enumerate(zip(args, groups or (), strict=False)):  # once per signature
-            leaves = jax.tree.leaves(arg)
-            if isinstance(group, str) and not (len(leaves) == 1 and leaves[0] is arg):
-                # a rule matching nothing (SR201), a mostly replicated plan (SR116): ShardRulesWarning
-                where = _slips.where("in_groups", i, names[i]) + f" in group `{group}`"
-                _check.warn_about(compile_plan(arg, self.rules, mesh, group), stacklevel=4, where=where)
+            _slips.warn_ungrouped(args, groups, names, self.rules, mesh, stacklevel + 1)
+        return mesh, in_shardings, groups
+
+    def _store(self, key: Any, args: tuple[Any, ...], mesh: Mesh, ins: Any, out_shape: Any) -> _Entry:
+        """The entry for `key`: the arguments' shardings `ins`, the output's from
+        `out_groups` for the shapes `out_shape` (`None`: `jax.eval_shape`'s)."""
+        out = _slips.out_shardings(self.fn, args, self.out_groups, self.rules, mesh, out_shape)
+        jitted = jax.jit(self._body(mesh), in_shardings=ins, out_shardings=out, donate_argnums=self.donate)
+        found = self._compiled[key] = _Entry(jitted, ins, mesh, out)
+        return found
+
+    def _entry(self, args: tuple[Any, ...], stacklevel: int = 3) -> _Entry:
+        """The compiled function, argument shardings and mesh for arguments
+        shaped like `args`, made on the first call with their signature (what
+        it warns about shown `stacklevel` frames up)."""
+        key = signature(args)
+        found = self._compiled.get(key)
+        if found is not None:
+            return found
+        mesh, in_shardings, groups = self._inputs(args, stacklevel)
+        found = self._store(key, args, mesh, in_shardings, None)
+        _slips.warn_about_groups(self.fn, args, groups, self.rules, mesh, stacklevel=stacklevel)
         return found
 
     def _layouts(self, args: tuple[Any, ...]) -> tuple[Mesh, list[tuple[str, Any, Any, Any]]]:

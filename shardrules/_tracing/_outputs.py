@@ -33,7 +33,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from jax.extend import core as jcore
+from ._compat import jcore
 
 # A scope JAX wraps around a remat's forward pass when the gradient computes it
 # again; it names no scope of the model.

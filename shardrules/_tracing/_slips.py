@@ -10,12 +10,18 @@ than a `default` rule that would hide the mistake.
 An argument given no group (`None`: JAX decides its layout) whose arrays the
 rules of a group would shard is warned about (SR212): the usual cause is an
 optimizer state left out of `in_groups`, which then stays as it was placed
-(often replicated) and comes back so.
+(often replicated) and comes back so. An argument's group with a rule that
+matches none of its leaves (SR201), or that leaves it mostly replicated
+(SR116), is warned about naming the argument.
+
+The output's shardings are planned here (`out_shardings`), for the shapes the
+step's one trace gives (`RuleJit.traced`) or else `jax.eval_shape`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +31,12 @@ import numpy as np
 
 from .._errors import Diagnostic, PlanError, ShardRulesWarning, error_for
 from .._language._rules import RuleSet
+from .._planning import _check
+from .._planning._api import placement_shardings
 from .._planning._compile import compile_plan
+from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
+from ._explicit import closed_over_error, untyped
+from ._groups import for_groups, param_names
 
 
 def where(what: str, index: int, name: str = "") -> str:
@@ -101,11 +112,17 @@ def _placed(
 
 
 def warn_ungrouped(
-    args: Sequence[Any], groups: Sequence[Any], names: Sequence[str], rules: RuleSet, mesh: Any
+    args: Sequence[Any],
+    groups: Sequence[Any],
+    names: Sequence[str],
+    rules: RuleSet,
+    mesh: Any,
+    stacklevel: int = 3,
 ) -> None:
     """SR212 (a `ShardRulesWarning`): an argument given group `None` whose
     array leaves (every one with a dimension) the pattern rules of one group
-    all match, and which that group would shard."""
+    all match, and which that group would shard; `stacklevel` as
+    `warnings.warn`'s, counted from this function's caller."""
     for i, (arg, group) in enumerate(zip(args, groups, strict=False)):
         if group is not None:
             continue
@@ -138,5 +155,63 @@ def warn_ungrouped(
                 f"give it that group (`{other!r}` in in_groups) to lay it out as the rules say; "
                 "keep None only where its layout is meant to come from elsewhere",
             )
-            warnings.warn(ShardRulesWarning(diag, rules.sources), stacklevel=4)
+            warnings.warn(ShardRulesWarning(diag, rules.sources), stacklevel=stacklevel + 1)
             break
+
+
+def warn_about_groups(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    groups: Sequence[Any] | None,
+    rules: RuleSet,
+    mesh: Any,
+    stacklevel: int,
+) -> None:
+    """A rule of the group of an argument of `fn` matching nothing (SR201) or
+    a mostly replicated plan (SR116), as `ShardRulesWarning`s naming the
+    argument; `stacklevel` as `warnings.warn`'s, counted from this function's caller."""
+    names = param_names(fn, len(args))
+    for i, (arg, group) in enumerate(zip(args, groups or (), strict=False)):
+        leaves = jax.tree.leaves(arg)
+        if isinstance(group, str) and not (len(leaves) == 1 and leaves[0] is arg):
+            place = where("in_groups", i, names[i]) + f" in group `{group}`"
+            _check.warn_about(compile_plan(arg, rules, mesh, group), stacklevel=stacklevel + 2, where=place)
+
+
+def out_shardings(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    groups: Any,
+    rules: RuleSet,
+    mesh: Any,
+    out_shape: Any = None,
+) -> Any:
+    """The shardings `groups` (`out_groups`; `None`: none) give the output of
+    `fn(*args)`, whose shapes are `out_shape` (the step's trace gives them)
+    or, by default, `jax.eval_shape`'s (its arguments replicated); a group
+    whose rules do not match an output's leaves is SR105 naming that output."""
+    if groups is None:
+        return None
+
+    def plan(tree: Any, group: str) -> Any:
+        return placement_shardings(tree, rules, mesh, group=group)
+
+    if out_shape is None:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # shapes only, values replicated
+            try:
+                shapes = functools.partial(jax.eval_shape, fn)
+                out_shape = trace_replicated(shapes, jax.tree.map(untyped, args), mesh.abstract_mesh)
+            except (ShardingTypeError, DuplicateSpecError) as err:
+                raise closed_over_error(fn, err, rules) from None
+    else:
+        out_shape = jax.tree.map(untyped, out_shape)  # as `jax.eval_shape` gives them: no layouts
+    if (
+        isinstance(groups, (list, tuple))
+        and isinstance(out_shape, (list, tuple))
+        and len(groups) == len(out_shape)
+    ):
+        return type(out_shape)(
+            for_groups(o, g, planned(plan, rules, mesh, "out_groups", i), "out_groups")
+            for i, (o, g) in enumerate(zip(out_shape, groups, strict=True))
+        )
+    return for_groups(out_shape, groups, planned(plan, rules, mesh, "out_groups", -1), "out_groups")

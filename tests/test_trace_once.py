@@ -1,0 +1,161 @@
+"""`lint --step`, `explain --step` and a step's `traced`, `decisions` and
+`scopes` trace the step once: the output's shapes that `out_groups` are
+planned for come from that trace, not from a `jax.eval_shape` of their own.
+Each step here counts the runs of its Python body."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType
+
+import shardrules as sr
+from shardrules._cli._main import main
+
+RULES = """\
+mesh data=4, model=2
+
+rules params:
+  "up$"   -> (_, model)
+  "down$" -> (model, _)
+
+rules activations:
+  "up$" -> (data, model)
+
+rules inputs:
+  "x|y" -> (data, _)
+"""
+
+STEP = """\
+import jax
+import jax.numpy as jnp
+
+import shardrules as sr
+
+CALLS = 0
+
+
+def sgd(params, batch):
+    global CALLS
+    CALLS += 1
+    def loss_fn(p):
+        with jax.named_scope("up"):
+            h = jax.nn.gelu(batch["x"] @ p["up"])
+        with jax.named_scope("down"):
+            return jnp.mean((h @ p["down"] - batch["y"]) ** 2)
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def shapes():
+    S = jax.ShapeDtypeStruct
+    params = {"up": S((16, 64), jnp.float32), "down": S((64, 16), jnp.float32)}
+    batch = {"x": S((32, 16), jnp.float32), "y": S((32, 16), jnp.float32)}
+    return params, batch
+
+
+def plain(rules, mesh):
+    return sr.jit(sgd, rules, mesh, in_groups=("params", "inputs")), shapes()
+
+
+def with_out_groups(rules, mesh):
+    return sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None)), shapes()
+
+
+def out_groups_swapped(rules, mesh):
+    return sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), out_groups=("inputs", None)), shapes()
+"""
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Any]]:
+    """tp.shard and a module of counting steps (a fresh name each time) in the
+    current folder: the module's name and the module."""
+    name = f"trace_once_{next(_names)}"
+    (tmp_path / "tp.shard").write_text(RULES)
+    (tmp_path / f"{name}.py").write_text(STEP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    yield name, module
+    sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("command", ["lint", "explain"])
+@pytest.mark.parametrize("factory", ["plain", "with_out_groups"])
+def test_the_cli_traces_the_step_once(steps, capsys, command: str, factory: str) -> None:
+    name, module = steps
+    assert main([command, "tp.shard", "--step", f"{name}:{factory}"]) == 0
+    assert module.CALLS == 1
+    assert "down" in capsys.readouterr().out  # the step was traced: lint and explain name its scopes
+
+
+def test_an_out_groups_error_names_the_output_after_one_trace(steps, capsys) -> None:
+    name, module = steps
+    assert main(["lint", "tp.shard", "--step", f"{name}:out_groups_swapped"]) == 1
+    said = capsys.readouterr().out
+    assert "SR105" in said and "out_groups[0] (output 0)" in said
+    assert module.CALLS == 1
+
+
+def _mesh(kind: AxisType) -> jax.sharding.Mesh:
+    return jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+@pytest.mark.parametrize("method", ["traced", "decisions", "scopes"])
+def test_a_step_is_traced_once_with_out_groups(steps, kind: AxisType, method: str) -> None:
+    _, module = steps
+    rules = sr.loads(RULES, name="tp.shard")
+    step, args = module.with_out_groups(rules, _mesh(kind))
+    getattr(step, method)(*args)
+    planned = step._entry(args)  # planned by that trace: a call traces no more for its output's shapes
+    # (an Auto mesh has no decisions to make: `decisions` plans the step as a call would, one trace)
+    assert module.CALLS == 1
+    # what it planned is what a call plans from `jax.eval_shape`'s shapes
+    again, _ = module.with_out_groups(rules, _mesh(kind))
+    assert repr(planned.out_shardings) == repr(again._entry(args).out_shardings)
+    assert planned.out_shardings[0] is not None
+
+
+def test_out_groups_errors_come_first_as_before(steps) -> None:
+    """Where the trace fails too (SR117 under `strict`), the output's error
+    (SR105 naming it) is the one raised, as when the shapes came first."""
+    _, module = steps
+    rules = sr.loads(RULES, name="tp.shard")
+    step = sr.jit(
+        module.sgd, rules, _mesh(AxisType.Explicit), in_groups=("params", "inputs"),
+        out_groups=("inputs", None), strict=True,
+    )  # fmt: skip
+    with pytest.raises(sr.PlanError) as info:
+        step.traced(*module.shapes())
+    assert info.value.code == "SR105" and "out_groups[0] (output 0)" in str(info.value)
+    fine = sr.jit(
+        module.sgd, rules, _mesh(AxisType.Explicit), in_groups=("params", "inputs"),
+        out_groups=("params", None), strict=True,
+    )  # fmt: skip
+    with pytest.raises(sr.PlanError) as info:
+        fine.traced(*module.shapes())
+    assert info.value.code == "SR117"
+
+
+def test_a_closed_over_layout_is_still_named_with_out_groups() -> None:
+    mesh = _mesh(AxisType.Explicit)
+    rules = sr.loads('rules params:\n  "." -> replicated\nrules inputs:\n  "." -> (data, _)\n')
+    named = jax.sharding.NamedSharding
+    a = jax.device_put(jnp.ones((64, 16)), named(mesh, jax.sharding.PartitionSpec("data", None)))
+    b = jax.device_put(jnp.ones((16, 64)), named(mesh, jax.sharding.PartitionSpec(None, "data")))
+    step = sr.jit(lambda x: {"y": x @ (a @ b)}, rules, mesh, in_groups=("inputs",), out_groups="inputs")
+    with pytest.raises(sr.PlanError) as info:
+        step.traced(jax.ShapeDtypeStruct((128, 64), jnp.float32))
+    assert info.value.code == "SR117" and "closes over" in str(info.value)
