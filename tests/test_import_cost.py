@@ -34,6 +34,9 @@ NOT_AT_IMPORT = {
     "shardrules._convert": "`sr.convert_*` and `shardrules convert` only",
     "shardrules._suggest": "`sr.suggest` and `shardrules suggest` only",
     "shardrules._reports": "`assert_plan_matches`, plan files and HTML only",
+    # The parser (Lark, and the `regex` module Lark loads) comes with the first rule text parsed.
+    "lark": "`_language/_parse.py`, imported by the first load or format; sizes are `_language/_sizes.py`'s",
+    "shardrules._language._parse": "imported by the first load or format",
 }
 
 

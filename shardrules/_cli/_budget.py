@@ -53,7 +53,7 @@ def findings(
     args: Any,
 ) -> list[Diagnostic]:
     """SR122 / SR123 for a step over its budget (`max_peak`: bytes, or a size such as `"4GiB"`)."""
-    from .._language._parse import byte_size
+    from .._language._sizes import byte_size
     from .._tracing._cost import bytes_text, flops_text
 
     found = []

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import did_you_mean
-from .._language._parse import byte_size
+from .._language._sizes import byte_size
 from ._lint import UsageError, parse_mesh
 
 

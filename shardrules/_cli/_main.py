@@ -249,7 +249,7 @@ def _origin(args: argparse.Namespace, option: str, flag: str) -> str:
 def _inputs(args: argparse.Namespace) -> _Inputs:
     """The shapes tree, mesh sizes, memory budget, replication threshold and
     replicated tolerance asked for (on the command line, else in the config)."""
-    from .._language._parse import byte_size
+    from .._language._sizes import byte_size
     from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
 
     if isinstance(args.mesh, dict):  # from the config, checked there

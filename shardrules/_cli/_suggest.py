@@ -15,7 +15,7 @@ from typing import Any
 
 from .._errors import ShardRulesError
 from .._language._load import load
-from .._language._parse import byte_size
+from .._language._sizes import byte_size
 from .._planning._plan import format_bytes, plural
 from .._suggest._draft import EMBEDDINGS
 from .._suggest._strategy import STRATEGIES, StrategyError

@@ -21,12 +21,13 @@ import math
 import operator
 import re
 from collections.abc import Callable
-from typing import Any
-
-import lark
+from typing import TYPE_CHECKING, Any
 
 from .._errors import Findings, Span, did_you_mean
 from ._syntax import Condition, RuleLine
+
+if TYPE_CHECKING:  # the parse tree's types; the parser (which calls these) has loaded Lark
+    import lark
 
 VARIABLES = ("elements", "bytes", "dtype")
 COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
@@ -78,12 +79,16 @@ def conditions(
 ) -> tuple[Condition, ...]:
     """The `Condition`s of a `guard` parse tree. `span` gives a node's span;
     `byte_size` reads a size (SR003 for a bad unit), used for `bytes`."""
+    import lark
+
     return tuple(_condition(c, span, byte_size) for c in tree.children if isinstance(c, lark.Tree))
 
 
 def _condition(
     tree: lark.Tree, span: Callable[[Any], Span], byte_size: Callable[[lark.Token], int]
 ) -> Condition:
+    import lark
+
     variable, *rest = tree.children
     tokens = [t for t in rest if isinstance(t, lark.Token)]
     words = [t for t in tokens if t.type in ("NOT", "IN", "COMPARE")]

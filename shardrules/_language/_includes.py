@@ -16,7 +16,6 @@ from pathlib import Path
 
 from .._errors import Diagnostic, Findings, Span, error_for
 from ._files import MAX_FILE_BYTES, MAX_TOTAL_BYTES, read_rule_file, resolved
-from ._parse import parse
 from ._syntax import Alias, Include, MeshDecl, RuleLine, RulesHeader
 
 MAX_INCLUDE_DEPTH = 16
@@ -105,6 +104,8 @@ class _Reader:
         self.found.sources[name] = text
         if self.before_parse is not None:
             self.before_parse(text, name, self.found.sources)
+        from ._parse import parse  # Lark loads with the first file parsed, not with the package
+
         rule_file = parse(text, name)
         self.done.add(real)
         self.stack.append((real, name))

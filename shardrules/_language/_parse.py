@@ -14,6 +14,7 @@ import lark.exceptions
 from .._errors import Diagnostic, RuleSyntaxError, Span
 from .._gcpause import paused
 from . import _grammar, _guards, _hints
+from ._sizes import UNITS
 from ._syntax import (
     Alias,
     AliasTarget,
@@ -29,19 +30,6 @@ from ._syntax import (
     RulesHeader,
     Spec,
 )
-
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KiB": 2**10,
-    "MiB": 2**20,
-    "GiB": 2**30,
-    "TiB": 2**40,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-}
 
 # How each terminal is named in "expected ..." messages.
 _DESCRIBE = {
@@ -300,10 +288,10 @@ class _Builder:
         m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", tok)
         assert m is not None  # the NUMBER terminal guarantees the shape
         number, unit = m.groups()
-        if unit not in _UNITS:
+        if unit not in UNITS:
             from .._errors import did_you_mean
 
-            units = [u for u in _UNITS if u]
+            units = [u for u in UNITS if u]
             raise self.number_error(
                 tok,
                 f"unknown unit `{unit}`; use one of {', '.join(units)}",
@@ -311,7 +299,7 @@ class _Builder:
             )
         if len(number) > 30:
             raise self.number_error(tok, "a size this long is not a plausible number of bytes")
-        scaled = Fraction(number) * _UNITS[unit]  # exact: 1.001KB is 1001 bytes
+        scaled = Fraction(number) * UNITS[unit]  # exact: 1.001KB is 1001 bytes
         if scaled.denominator != 1:
             raise self.number_error(tok, "a size must come to a whole number of bytes")
         return int(scaled)
@@ -322,25 +310,3 @@ class _Builder:
             Diagnostic("SR003", "error", f"bad number `{shown}`: {message}", self.span(tok), hint=hint),
             {self.name: self.text},
         )
-
-
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
-
-
-def byte_size(value: int | str) -> int:
-    """Bytes in `value`: an int, or text such as `"80GiB"`, `"1.5 GB"`, `"4096"`.
-
-    **Raises:** `ValueError` for anything else, naming the units allowed.
-    """
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError(f"a size in bytes cannot be negative: {value}")
-        return value
-    if isinstance(value, str):
-        found = _SIZE.fullmatch(value)
-        if found and found.group(2) in _UNITS:
-            scaled = Fraction(found.group(1)) * _UNITS[found.group(2)]
-            if scaled.denominator == 1:
-                return int(scaled)
-    units = ", ".join(u for u in _UNITS if u)
-    raise ValueError(f"not a size in bytes: {value!r}; write a number with one of {units}, e.g. 80GiB")

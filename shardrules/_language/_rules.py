@@ -160,30 +160,47 @@ class Rule:
 
 class PlanCache:
     """Compiled plans of one `RuleSet`, most recently used kept; safe to share
-    between threads (a lookup or store holds a lock; compiling does not)."""
+    between threads (a lookup or store holds a lock; compiling, and comparing
+    a tree's leaves with what a plan was made for, do not).
 
-    def __init__(self, size: int = 32):
+    A plan is stored under a key (group, structure, mesh) with what it was
+    made for (`seen`, leaf by leaf); a key keeps up to `variants` plans, for
+    trees of one structure with other leaves (the same model in another dtype).
+    """
+
+    def __init__(self, size: int = 32, variants: int = 4):
         self._size = size
-        self._items: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._variants = variants
+        self._items: collections.OrderedDict[Any, list[tuple[Any, Any]]] = collections.OrderedDict()
         self._memo: dict[Any, Any] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: Any) -> Any:
+    def get(self, key: Any, fits: Callable[[Any], bool] | None = None) -> Any:
+        """The plan stored under `key` whose `seen` satisfies `fits` (any, without
+        `fits`), or `None`."""
         with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
+            found = self._items.pop(key, None)  # and back at the end: one comparison of keys
+            if found is None:
+                return None
+            self._items[key] = found
+            found = list(found)
+        for seen, value in found:
+            if fits is None or fits(seen):
+                return value
+        return None
 
-    def put(self, key: Any, value: Any) -> None:
+    def put(self, key: Any, value: Any, seen: Any = None) -> None:
+        """Store `value`, a plan made for leaves that looked like `seen`, under `key`."""
         with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
+            found = self._items.pop(key, [])
+            self._items[key] = [(seen, value), *found[: self._variants - 1]]
             while len(self._items) > self._size:
                 self._items.popitem(last=False)
 
     def __len__(self) -> int:
-        return len(self._items)
+        """How many plans are kept."""
+        with self._lock:
+            return sum(len(found) for found in self._items.values())
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """The value kept for `key`, made by `make()` the first time (at most
@@ -201,13 +218,13 @@ class PlanCache:
 
     # A copied or unpickled RuleSet starts with an empty cache (locks do not copy).
     def __getstate__(self) -> dict[str, Any]:
-        return {"size": self._size}
+        return {"size": self._size, "variants": self._variants}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["size"])
+        self.__init__(state["size"], state.get("variants", 4))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PlanCache:
-        return PlanCache(self._size)
+        return PlanCache(self._size, self._variants)
 
 
 @dataclasses.dataclass(frozen=True)

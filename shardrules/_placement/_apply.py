@@ -16,8 +16,8 @@ from jax.core import Tracer
 from .._errors import error_for
 from .._interop._penzai import arrays_of
 from .._interop._torchax import to_jax
-from .._language._parse import byte_size
 from .._language._rules import RuleSet
+from .._language._sizes import byte_size
 from .._planning import _check, _inputs, _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._check import DEFAULT_REPLICATED_TOLERANCE

@@ -25,8 +25,8 @@ from .._interop._paths import flatten
 from .._interop._penzai import arrays_of
 from .._interop._torchax import to_jax
 from .._language._load import load
-from .._language._parse import byte_size
 from .._language._rules import RuleSet
+from .._language._sizes import byte_size
 from . import _check, _inputs, _mesh
 from ._check import DEFAULT_REPLICATED_THRESHOLD, DEFAULT_REPLICATED_TOLERANCE
 from ._compile import compile_plan
