@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from itertools import repeat
 from typing import Any
 
 import jax
@@ -61,9 +62,16 @@ def signatures(leaves: list[Any]) -> list[Signature]:
     """`signature` of every leaf, worked out once per distinct (shape, dtype) of
     the arrays and once per object of the others (one activation function in
     every layer is looked at once)."""
+    return _signatures(leaves)[0]
+
+
+def _signatures(leaves: list[Any]) -> tuple[list[Signature], bool]:
+    """`signatures`, and whether each follows from the leaf's type, `shape` and
+    `dtype` alone: every leaf an array `leaf_info` reads, or of a plain type."""
     seen: dict[Any, Signature] = {}
     others: dict[int, Signature] = {}
     out = []
+    plain = True
     for leaf in leaves:  # arrays first: nearly every leaf is one (no plain type has a tuple shape)
         shape = getattr(leaf, "shape", None)
         if type(shape) is tuple and not isinstance(leaf, type):
@@ -71,17 +79,87 @@ def signatures(leaves: list[Any]) -> list[Signature]:
             try:
                 found = seen[key]
             except KeyError:
-                found = seen[key] = signature(leaf)
+                found = seen[key] = _array(leaf)
+                if found is None:  # not a plain array (a penzai variable's, symbolic dimensions)
+                    plain = False
+                    found = seen[key] = signature(leaf)
             except TypeError:  # an unhashable dtype
-                found = signature(leaf)
+                found = _array(leaf)
+                if found is None:
+                    plain = False
+                    found = signature(leaf)
         elif type(leaf) in _PLAIN_TYPES:
             found = None
         else:
+            plain = False
             found = others.get(id(leaf), _MISSING)
             if found is _MISSING:
                 found = others[id(leaf)] = signature(leaf)
         out.append(found)
-    return out
+    return out, plain
+
+
+def _array(leaf: Any) -> Signature:
+    """`(shape, dtype)` of a leaf `leaf_info` reads as an array, else `None`."""
+    info = leaf_info("", leaf)
+    return None if info.shape is None or info.dtype is None else (info.shape, info.dtype)
+
+
+class Looks:
+    """What a plan cached for a tree of this structure must have been made for,
+    leaf by leaf: each leaf's type and its `shape` and `dtype` (and the
+    dtype's type: NumPy finds `float64` equal to `None`), read and compared a
+    list at a time (no Python code runs per leaf), and its signature only
+    where those do not settle it (a leaf that is neither an array `leaf_info`
+    reads nor of a plain type: its signature depends on more)."""
+
+    __slots__ = ("_leaves", "_read", "_signatures")
+
+    def __init__(self, leaves: list[Any]):
+        self._leaves = leaves
+        self._read: tuple[list[Any], ...] | None = None
+        self._signatures: tuple[list[Signature], bool] | None = None
+
+    def _attributes(self) -> tuple[list[Any], ...] | None:
+        """Each leaf's type, shape, dtype and dtype's type; `None` where a
+        property raises (then signatures are compared)."""
+        if self._read is None:
+            leaves = self._leaves
+            try:
+                shapes = list(map(getattr, leaves, repeat("shape"), repeat(None)))
+                dtypes = list(map(getattr, leaves, repeat("dtype"), repeat(None)))
+            except Exception:
+                return None
+            self._read = (list(map(type, leaves)), shapes, dtypes, list(map(type, dtypes)))
+        return self._read
+
+    def signatures(self) -> list[Signature]:
+        """`signatures` of the leaves."""
+        if self._signatures is None:
+            self._signatures = _signatures(self._leaves)
+        return self._signatures[0]
+
+    def seen(self) -> tuple[Any, Any]:
+        """What to keep with a plan made for these leaves, for `fits`: their
+        attributes where those settle every signature, else the signatures."""
+        self.signatures()
+        assert self._signatures is not None
+        found, plain = self._signatures
+        read = self._attributes()
+        return (read, None) if plain and read is not None else (None, found)
+
+    def fits(self, seen: tuple[Any, Any]) -> bool:
+        """Whether a plan made for leaves that looked like `seen` (`seen()` of
+        theirs) is one for these: the same types, shapes and dtypes (equal
+        ones make equal signatures: `leaf_info` reads nothing else), or the
+        same signatures."""
+        read, found = seen
+        try:
+            if read is None:
+                return found == self.signatures()
+            return self._attributes() == read
+        except Exception:  # an `==` that raises (symbolic dimensions): not the same
+            return False
 
 
 def signature(leaf: Any) -> Signature:

@@ -96,19 +96,26 @@ def leaf_info(path: str, leaf: Any) -> LeafInfo:
     `jax.Array`, `numpy.ndarray`, NumPy scalars, `jax.ShapeDtypeStruct`, PRNG
     key arrays. Python numbers, strings, functions and other objects are not
     arrays."""
-    shape = getattr(leaf, "shape", None)
-    dtype = getattr(leaf, "dtype", None)
-    if isinstance(shape, tuple) and dtype is not None and not isinstance(leaf, type):
+    if isinstance(leaf, type):
+        return LeafInfo(path, None, None)
+    found = array_of(getattr(leaf, "shape", None), getattr(leaf, "dtype", None))
+    return LeafInfo(path, None, None) if found is None else LeafInfo(path, *found)
+
+
+def array_of(shape: Any, dtype: Any) -> tuple[tuple[int, ...], Any] | None:
+    """`(shape, dtype)` of an array leaf (not a class) whose `shape` and `dtype`
+    these are, as `leaf_info` reads them, or `None` when they are not an array's."""
+    if isinstance(shape, tuple) and dtype is not None:
         try:
             dims = tuple(int(d) for d in shape)
         except TypeError:  # symbolic dimensions
-            return LeafInfo(path, None, None)
+            return None
         try:
-            return LeafInfo(path, dims, np.dtype(dtype))
+            return dims, np.dtype(dtype)
         except TypeError:
             if is_key_dtype(dtype):
-                return LeafInfo(path, dims, dtype)
-    return LeafInfo(path, None, None)
+                return dims, dtype
+    return None
 
 
 def is_key_dtype(dtype: Any) -> bool:
@@ -261,6 +268,34 @@ def leaf_paths(tree: Any) -> list[str]:
 
     walk(tree, None)
     return out
+
+
+def flat_keys(treedef: Any) -> list[str] | None:
+    """The keys of a tree that is one dict of leaves keyed by `str`s (what
+    `load_shapes` reads from a file), in JAX's order, read from its `treedef`;
+    `None` for any other tree. No two such trees with equal treedefs differ in
+    their keys' types, and unless a leaf is a penzai object (see
+    `flat_paths`) the keys are the leaves' paths."""
+    if treedef.num_nodes != treedef.num_leaves + 1 or not treedef.num_leaves:
+        return None  # a node inside, or a `None` value (a node without leaves)
+    data = treedef.node_data()
+    if data is None or data[0] is not dict:
+        return None
+    keys = list(data[1])
+    return keys if set(map(type, keys)) == {str} else None
+
+
+def flat_paths(treedef: Any, leaves: list[Any]) -> list[str] | None:
+    """`leaf_paths` of a tree that is one dict of leaves keyed by `str`s,
+    without walking it: its keys (`flat_keys`). `None` for any other tree, and
+    where a leaf is a penzai object, which is keyed by its label."""
+    keys = flat_keys(treedef)
+    if keys is None:
+        return None
+    roots = _penzai.variable_types()[2]
+    if roots and any(isinstance(leaf, roots) for leaf in leaves):
+        return None
+    return keys
 
 
 def _join(prefix: str | None, segment: str) -> str:

@@ -9,6 +9,8 @@ collected, not raised, so a plan reports all of them at once.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from itertools import repeat
 from typing import Any
 
 import jax
@@ -19,7 +21,7 @@ from .._errors import Diagnostic, Span, did_you_mean
 from .._gcpause import paused
 from .._interop import _leaves
 from .._interop._leaves import Signature, Unseen
-from .._interop._paths import LeafInfo, flatten, is_key_dtype, leaf_paths, path_strs
+from .._interop._paths import LeafInfo, flat_keys, flat_paths, flatten, is_key_dtype, leaf_paths, path_strs
 from .._language._format import spec_text
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
@@ -40,9 +42,10 @@ def compile_plan(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -
 def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str) -> tuple[Plan, list[Any]]:
     """`compile_plan`, and the tree's leaves.
 
-    Plans are cached on the `RuleSet`, keyed by the group, the tree's structure,
-    every leaf's shape and dtype, and the mesh's axis sizes: a second call for
-    a tree of the same structure only flattens it.
+    Plans are cached on the `RuleSet`, keyed by the group, the tree's structure
+    and the mesh's axis sizes, each with what it was made for leaf by leaf
+    (`_leaves.Looks`: every leaf's type, shape and dtype): a second call for a
+    tree of the same structure and leaves only flattens it and compares those.
     """
     _check_group(rules, group)  # before flattening: a typo'd group fails fast
     try:
@@ -51,17 +54,22 @@ def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str)
         flatten(tree)  # raises the SR109 error that explains it
         raise
     sizes = tuple(sizes_of(mesh).items()) if mesh is not None else None
-    signatures = _leaves.signatures(leaves)
     # The treedef's text tells apart dict keys that compare equal but make different
     # paths (0, 0.0 and False; "a" and a str-valued enum member); treedefs do not.
-    text = str(treedef)
-    key = (group, treedef, text, tuple(signatures), sizes)
-    cached = rules._plan_cache.get(key)
+    # A dict of leaves with `str` keys (a shapes file's) is known by its keys alone,
+    # quicker to read, hash and compare than its treedef (and its text).
+    keys = flat_keys(treedef)
+    text = "" if keys is not None else str(treedef)
+    key = (group, tuple(keys) if keys is not None else (treedef, text), sizes)
+    looks = _leaves.Looks(leaves)
+    with paused():  # reading a million leaves' shapes may make as many tuples (NumPy's)
+        cached = rules._plan_cache.get(key, looks.fits)
     if cached is not None:
         plan_leaves, diagnostics = cached
         return Plan(plan_leaves, treedef, diagnostics, group, rules, mesh), leaves
     with paused():  # every object made per leaf outlives the loop, and none is in a cycle
-        paths = leaf_paths(tree)
+        signatures = looks.signatures()
+        paths = flat_paths(treedef, leaves) or leaf_paths(tree)
         if len(paths) != len(leaves):  # cannot happen for pytrees JAX flattens consistently
             keyed, _ = flatten(tree)
             paths = path_strs([keypath for keypath, _ in keyed])
@@ -72,7 +80,7 @@ def compile_leaves(tree: Any, rules: RuleSet, mesh: MeshLike | None, group: str)
     if _logical.uses_logical(rules, group):
         plan = _logical.resolve(plan, tree, mesh)  # `logical` specs read the boxes around leaves
     plan = _named_dims.check(plan, tree)  # SR214: positional specs against the boxes' names
-    rules._plan_cache.put(key, (plan.leaves, plan.diagnostics))
+    rules._plan_cache.put(key, (plan.leaves, plan.diagnostics), looks.seen())
     return plan, leaves
 
 
@@ -103,7 +111,6 @@ def _compile(
     diagnostics: list[Diagnostic] = []
     broken = _check_rules(group_rules, rules, sizes, diagnostics)
     matcher = Matcher(group_rules)
-    first = matcher.first
     default = rules.defaults.get(group)
     guarded = matcher.guarded or (default is not None and default.guard is not None)
 
@@ -119,14 +126,25 @@ def _compile(
     listed: dict[int, list[LeafInfo]] = {}  # kinds whose every leaf is listed in one finding
     reported: set[tuple[str, str, Span | None]] = set()
     unseen: list[tuple[str, Unseen]] = []  # SR121/SR213: leaves hiding arrays
-    for path, signature in zip(paths, signatures, strict=True):
+    # Without guards, each path's first matching rule is found for all paths at once
+    # (`Matcher.firsts`), and a leaf whose rule and signature (one object per distinct
+    # shape and dtype) were seen before, with nothing to list, takes that kind at once.
+    matches: Iterable[Rule | None] = repeat(None) if guarded else matcher.firsts(paths)
+    seen: dict[tuple[int, int], int] = {}  # (id(first match), id(signature)) → kind
+    for path, signature, matched in zip(paths, signatures, matches, strict=False):  # `repeat`: endless
+        kind = seen.get((id(matched), id(signature)))
+        if kind is not None:
+            kinds.append(kind)
+            continue
         if signature is None or isinstance(signature, Unseen):
             if signature is not None:
                 unseen.append((path, signature))
+            elif not guarded:
+                seen[id(matched), id(signature)] = 0
             kinds.append(0)
             continue
         shape, dtype = signature
-        rule = _fitting(matcher, default, path, shape, dtype) if guarded else first(path) or default
+        rule = _fitting(matcher, default, path, shape, dtype) if guarded else matched or default
         key = (id(rule), shape, dtype)
         kind = kind_of.get(key)
         if kind is None:
@@ -150,8 +168,12 @@ def _compile(
             # errors name their leaf: one diagnostic each (a `logical` rule's has none yet)
             if done is None or done[2] != "error" or rule.spec.kind == "logical":  # type: ignore[union-attr]
                 kind_of[key] = kind
+                if not guarded and kind not in listed:
+                    seen[id(matched), id(signature)] = kind
         elif kind in listed:
             listed[kind].append(LeafInfo(path, shape, dtype))
+        elif not guarded:
+            seen[id(matched), id(signature)] = kind
         kinds.append(kind)
 
     diagnostics.extend(unholdable(found, None if r is None else r.span) for r, found in unheld.values())

@@ -43,11 +43,38 @@ _KEY = bytes.maketrans(b"123456789", b"000000000")
 _DIGITS = range(ord("0"), ord("9") + 1)
 # Keys remembered per matcher; past this, paths are still matched, just not remembered.
 _MAX_KEYS = 1 << 17
+_SEARCH: Any = object()  # `Matcher.firsts`: a key whose paths are searched one by one
 
 
 def path_key(path: str) -> bytes:
     """A path's key: its UTF-8 bytes with every ASCII digit written as `0`."""
     return path_bytes(path).translate(_KEY)
+
+
+def path_keys(paths: Sequence[str]) -> list[bytes]:
+    """`path_key` of every path, encoded and translated all at once (one call
+    each for a million paths, not a million calls). UTF-8 encodes each
+    character on its own, so the bytes of the joined paths are the joined
+    bytes of each."""
+    joined = _joined(paths)
+    if joined is None:
+        return [path_key(path) for path in paths]
+    return joined.translate(_KEY).split(b"\n")
+
+
+def _joined(paths: Sequence[str]) -> bytes | None:
+    """The paths' UTF-8 bytes joined by line breaks; `None` when a path has a
+    line break of its own (or there are none)."""
+    joined = "\n".join(paths)
+    if not paths or joined.count("\n") != len(paths) - 1:
+        return None
+    return joined.encode("utf-8", "surrogatepass")
+
+
+def _texts(paths: Sequence[str]) -> list[bytes]:
+    """`path_bytes` of every path (as `path_keys`)."""
+    joined = _joined(paths)
+    return [path_bytes(path) for path in paths] if joined is None else joined.split(b"\n")
 
 
 def required_literal(pattern: str) -> str:
@@ -181,6 +208,41 @@ class Matcher:
                 return rule
         return None
 
+    def firsts(self, paths: Sequence[str]) -> list[Rule | None]:
+        """`first` of every path: the rule of each key that every path with
+        it matches is found once per key, and only the other paths are searched."""
+        keys = path_keys(paths)
+        decided: dict[bytes, Any] = {}  # key → its rule, or _SEARCH: search each path
+        searched: dict[bytes, tuple[tuple[Search | None, bytes, Rule], ...]] = {}
+        for key in set(keys):
+            todo = self._todo_of(key)
+            if todo and todo[0][0] is not None:
+                decided[key], searched[key] = _SEARCH, todo
+            else:
+                decided[key] = todo[0][2] if todo else None
+        out = list(map(decided.__getitem__, keys))
+        if searched:
+            texts = _texts(paths)
+            for i, rule in enumerate(out):
+                if rule is _SEARCH:
+                    out[i] = self._searched(texts[i], searched[keys[i]])
+        return out
+
+    def _todo_of(self, key: bytes) -> tuple[tuple[Search | None, bytes, Rule], ...]:
+        todo = self._by_key.get(key)
+        if todo is None:
+            todo = self._todo(key)
+            if len(self._by_key) < _MAX_KEYS:
+                self._by_key[key] = todo
+        return todo
+
+    @staticmethod
+    def _searched(text: bytes, todo: tuple[tuple[Search | None, bytes, Rule], ...]) -> Rule | None:
+        for search, literal, rule in todo:
+            if search is None or (literal in text and search(text) is not None):
+                return rule
+        return None
+
     def first_fitting(self, path: str, shape: tuple[int, ...], dtype: Any) -> Rule | None:
         """The first rule matching `path` whose guard (if any) holds for an
         array of `shape` and `dtype`, or `None`. (`first` where no rule has a guard.)"""
@@ -227,8 +289,13 @@ class Matcher:
 def by_key(paths: Iterable[str]) -> dict[bytes, list[int]]:
     """The positions of `paths`, grouped by key."""
     groups: dict[bytes, list[int]] = {}
-    for i, path in enumerate(paths):
-        groups.setdefault(path_key(path), []).append(i)
+    get = groups.get
+    for i, key in enumerate(path_keys(list(paths))):
+        members = get(key)
+        if members is None:
+            groups[key] = [i]
+        else:
+            members.append(i)
     return groups
 
 

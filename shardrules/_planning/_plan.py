@@ -7,6 +7,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Iterator, Sequence
+from itertools import repeat
 from typing import Any, Literal, overload
 
 import jax
@@ -71,14 +72,6 @@ _new = object.__new__
 _set = object.__setattr__
 
 
-def _leaf_plan(path: str, fields: dict[str, Any]) -> LeafPlan:
-    """`LeafPlan(path, **fields)` without the frozen dataclass's field-by-field
-    `__init__` (twice as fast; plans of 100k+ leaves make one per leaf)."""
-    plan = _new(LeafPlan)
-    _set(plan, "__dict__", {"path": path, **fields})
-    return plan
-
-
 class LeafPlans(Sequence[LeafPlan]):
     """The `LeafPlan`s of a plan, made on first use.
 
@@ -89,27 +82,31 @@ class LeafPlans(Sequence[LeafPlan]):
     when they are looked at; `sr.specs` never needs them. Reads like a tuple.
     """
 
-    __slots__ = ("_kinds", "_made", "_parts", "_paths")
+    __slots__ = ("_kinds", "_made", "_parts", "_paths", "_specs")
 
     def __init__(self, paths: list[str], kinds: list[int], parts: list[tuple[Any, ...]]):
         self._paths = paths
         self._kinds = kinds
         self._parts = parts  # (shape, dtype, rule, spec, bytes_per_device, why[, where])
         self._made: tuple[LeafPlan, ...] | None = None
+        self._specs: list[PartitionSpec | None] | None = None
 
     def _all(self) -> tuple[LeafPlan, ...]:
         made = self._made
         if made is None:
-            parts = self._parts
             names: tuple[str, ...] = ("shape", "dtype", "rule", "spec", "bytes_per_device", "why", "where")
+            # Each kind's `__dict__`, path first (as `LeafPlan(...)` makes it); each leaf's
+            # is a copy with its path filled in.
             fields: list[dict[str, Any]] = [
-                dict(zip(names[: len(part)], part, strict=True)) for part in parts
+                {"path": None, **dict(zip(names[: len(part)], part, strict=True))} for part in self._parts
             ]
+            paths, count = self._paths, len(self._paths)
             with paused():  # every LeafPlan outlives the loop, and none is in a cycle
-                made = tuple(
-                    _leaf_plan(path, fields[kind])
-                    for path, kind in zip(self._paths, self._kinds, strict=True)
-                )
+                # All in `map`s: no Python code runs per leaf.
+                states = list(map(dict.copy, map(fields.__getitem__, self._kinds)))
+                collections.deque(map(dict.__setitem__, states, repeat("path", count), paths), 0)
+                made = tuple(map(_new, repeat(LeafPlan, count)))
+                collections.deque(map(_set, made, repeat("__dict__", count), states), 0)
             self._made = made
         return made
 
@@ -124,9 +121,13 @@ class LeafPlans(Sequence[LeafPlan]):
         return self._paths, self._kinds, self._parts
 
     def specs(self) -> list[PartitionSpec | None]:
-        """Every leaf's spec, without making the `LeafPlan`s."""
-        specs = [part[3] for part in self._parts]
-        return [specs[kind] for kind in self._kinds]
+        """Every leaf's spec, without making the `LeafPlan`s (made once: a plan
+        from the cache gives the same list again; do not change it)."""
+        found = self._specs
+        if found is None:
+            specs = [part[3] for part in self._parts]
+            found = self._specs = list(map(specs.__getitem__, self._kinds))
+        return found
 
     def __len__(self) -> int:
         return len(self._paths)

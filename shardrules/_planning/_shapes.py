@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._gcpause import paused
 from .._imports import import_attr
 
 # safetensors limits its header to 100 MB; a longer one is not a safetensors file.
@@ -104,7 +105,8 @@ def load_shapes(source: str | os.PathLike[str]) -> Any:
       `[shape, dtype]`.
 
     **Returns:** a pytree of `jax.ShapeDtypeStruct`; for files, a flat dict keyed
-    by tensor name.
+    by tensor name (from a `.json` file, entries of one shape and dtype share
+    one `ShapeDtypeStruct`, which cannot be changed).
 
     **Raises:** `ValueError` for a malformed source or one of an unknown kind,
     `FileNotFoundError` for a missing file, each saying what was expected.
@@ -258,39 +260,72 @@ def _index(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
+    """A shapes file's tree. Each distinct `[shape, dtype]` is checked and made
+    into a `ShapeDtypeStruct` once, which every entry like it shares (a model's
+    million leaves have a few dozen): an entry equal to one already checked is
+    taken as it is. Equal is not always the same in JSON (`[true, 4]` equals
+    `[1, 4]`, `[4.0]` equals `[4]`), so in a file with any `true`, `false` or
+    number with a fraction or an exponent every entry is checked."""
     _regular(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # ValueError: 5,000 digits
-        raise ShapeSourceError(f"{path}: not a JSON file ({shown(err, 200)})") from None
-    if not isinstance(data, dict):
-        raise ShapeSourceError(
-            f'{path}: expected an object such as {{"layers/0/w": [[512, 512], "float32"]}}'
-        )
-    out: dict[str, jax.ShapeDtypeStruct] = {}
-    for name, entry in data.items():
-        if isinstance(entry, dict):
-            entry = [entry.get("shape"), entry.get("dtype")]
+    fractions: list[str] = []
+
+    def fraction(text: str) -> float:
+        fractions.append(text)
+        return float(text)
+
+    with paused():  # a million small lists, none in a cycle: the collector would walk them all
         try:
-            shape, dtype = entry
-            if not isinstance(shape, list) or not isinstance(dtype, str):
-                raise TypeError("not [list, str]")
-        except (TypeError, ValueError):
+            text = path.read_text()
+            data = json.loads(text, parse_float=fraction)
+        except FileNotFoundError:
+            raise
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # ValueError: 5,000 digits
+            raise ShapeSourceError(f"{path}: not a JSON file ({shown(err, 200)})") from None
+        if not isinstance(data, dict):
             raise ShapeSourceError(
-                f'{path}: entry {name!r} should be [shape, dtype], e.g. [[512, 512], "float32"]; '
-                f"got {shown(entry)}"
-            ) from None
-        try:
-            dtype = np.dtype(jnp.dtype(dtype))
-        except (TypeError, ValueError, SyntaxError):  # NumPy parses some names as Python
-            raise ShapeSourceError(f"{path}: entry {name!r} has an unknown dtype {shown(dtype)}") from None
-        problem = shape_problem(shape, dtype.itemsize)
-        if problem:
-            raise ShapeSourceError(f"{path}: entry {name!r}: {problem}")
-        out[name] = jax.ShapeDtypeStruct(tuple(shape), dtype)
-    return out
+                f'{path}: expected an object such as {{"layers/0/w": [[512, 512], "float32"]}}'
+            )
+        made: dict[Any, jax.ShapeDtypeStruct] = {}
+        if fractions or "true" in text or "false" in text:
+            return {name: _entry(path, name, entry, made) for name, entry in data.items()}
+        entry: Any
+        for name, entry in data.items():  # values replaced in place: the dict keeps its size
+            if type(entry) is dict:
+                entry = [entry.get("shape"), entry.get("dtype")]
+            try:
+                shape, dtype = entry
+                data[name] = made[tuple(shape), dtype]  # only ever a shape and dtype checked before
+            except (TypeError, ValueError, KeyError):
+                data[name] = _entry(path, name, entry, made)
+        return data
+
+
+def _entry(path: Path, name: str, entry: Any, made: dict[Any, jax.ShapeDtypeStruct]) -> jax.ShapeDtypeStruct:
+    """One entry of a shapes file, checked; the `ShapeDtypeStruct` of its
+    shape and dtype is made once and kept in `made`."""
+    if isinstance(entry, dict):
+        entry = [entry.get("shape"), entry.get("dtype")]
+    try:
+        shape, name_of = entry
+        if not isinstance(shape, list) or not isinstance(name_of, str):
+            raise TypeError("not [list, str]")
+    except (TypeError, ValueError):
+        raise ShapeSourceError(
+            f'{path}: entry {name!r} should be [shape, dtype], e.g. [[512, 512], "float32"]; '
+            f"got {shown(entry)}"
+        ) from None
+    try:
+        dtype = np.dtype(jnp.dtype(name_of))
+    except (TypeError, ValueError, SyntaxError):  # NumPy parses some names as Python
+        raise ShapeSourceError(f"{path}: entry {name!r} has an unknown dtype {shown(name_of)}") from None
+    problem = shape_problem(shape, dtype.itemsize)
+    if problem:
+        raise ShapeSourceError(f"{path}: entry {name!r}: {problem}")
+    key = (tuple(shape), name_of)
+    found = made.get(key)
+    if found is None:
+        found = made[key] = jax.ShapeDtypeStruct(key[0], dtype)
+    return found
 
 
 def _function_shapes(spec: str) -> Any:

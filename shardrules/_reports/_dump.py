@@ -142,7 +142,9 @@ def table_of(plan: Plan) -> Table:
     for shape, dtype, rule, spec, per_device, why, *where in raw:
         label = rule_label(rule, why, folder, where[0] if where else None)
         name = None if dtype is None else str(dtype)
-        parts.append((None if shape is None else tuple(shape), name, spec_entries(spec), label, int(per_device)))
+        parts.append(
+            (None if shape is None else tuple(shape), name, spec_entries(spec), label, int(per_device))
+        )
     return Table(
         os.path.basename(plan.rules.name), plan.group, _mesh_rows(plan.mesh, plan.rules), paths, kinds, parts
     )
