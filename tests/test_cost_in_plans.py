@@ -164,8 +164,10 @@ def costly() -> str:
     ("old", "new", "message"),
     [
         ('"ratio": 2.0', '"ratio": 1.5', '"ratio" is 1.5, but its FLOPs make 2.0'),
-        ('"devices": 8', '"devices": 0', '"devices" is from 1'),
-        ('"count": 2', '"count": -2', "the count of all-reduce is a whole number of at least 0"),
+        ('"devices": 8', '"devices": 0', '"devices" is a whole number from 1 to 10^30, not 0'),
+        ('"devices": 8', '"devices": true', '"devices" is a whole number from 1 to 10^30, not true'),
+        ('"count": 2', '"count": -2', "the count of all-reduce is a whole number from 1 to 10^30"),
+        ('"count": 2', '"count": 0', "the count of all-reduce is a whole number from 1"),
         ('"count": 2', '"count": 2.5', "the count of all-reduce is a whole number"),
         (
             '"peak_bytes_per_device": 8192',
@@ -174,10 +176,23 @@ def costly() -> str:
         ),
         ('"flops_per_device": 2000.0', '"flops_per_device": NaN', '"flops_per_device" is a number'),
         ('"flops_per_device": 2000.0', '"flops_per_device": Infinity', '"flops_per_device" is a number'),
-        ('"kind": "all-reduce"', '"kind": "all-reduse"', "of the kind 'all-reduse'"),
+        ('"kind": "all-reduce"', '"kind": "all-reduse"', 'has the kind "all-reduse"; kinds are all-gather'),
+        ('"kind": "all-reduce"', '"kind": ["all-reduce"]', 'has the kind ["all-reduce"]'),
+        (
+            '"flops_per_device": 2000.0',
+            '"flops_per_device": 1' + "0" * 400,
+            '"flops_per_device" is a number from 0 to 10^30',
+        ),
+        ('"ratio": 2.0', '"ratio": 1' + "0" * 400, '"ratio" is a number from 0 to 10^30'),
+        (
+            '"peak_bytes_per_device": 8192',
+            '"peak_bytes_per_device": 1' + "0" * 40,
+            "is a whole number from 0",
+        ),
+        ('"ideal_flops_per_device": 1000.0', '"ideal_flops_per_device": null', '"ratio" is null when'),
         ('"scopes": ["mlp"]', '"scopes": "mlp"', "the scopes of all-reduce are a list"),
         ('"step": "train:step"', '"step": 3', '"step" is null or'),
-        ('"step": "train:step",', '"step": "train:step", "steps": 1,', "has the key 'steps'"),
+        ('"step": "train:step",', '"step": "train:step", "steps": 1,', 'has the key "steps"'),
         ('    "step": "train:step",\n', "", "lacks the key 'step'"),
         ('"version": 2', '"version": 1', '"step_cost", a key of version 2, but says version 1'),
         ('"collectives": [', '"collectives": {"x": [', "not JSON"),
@@ -192,7 +207,7 @@ def test_a_hand_edited_cost_is_refused_with_sr124(costly: str, old: str, new: st
 
 def test_a_collective_kind_twice_is_refused(costly: str) -> None:
     row = '{"kind": "all-reduce", "count": 2, "bytes_per_device": 512, "scopes": ["mlp"]}'
-    with pytest.raises(sr.PlanFileError, match=r"of the kind 'all-reduce': one of .*, once"):
+    with pytest.raises(sr.PlanFileError, match="all-reduce is listed twice or out of order"):
         sr.Plan.from_json(_edited(costly, row, row + ",\n      " + row))
 
 
@@ -204,7 +219,7 @@ whole = st.integers(min_value=0, max_value=2**62)
 @st.composite
 def costs(draw: st.DrawFn) -> dict:
     flops, ideal = draw(finite), draw(st.one_of(st.none(), finite))
-    kinds = draw(st.lists(st.sampled_from(KINDS), unique=True, max_size=5))
+    kinds = sorted(draw(st.lists(st.sampled_from(KINDS), unique=True, max_size=5)), key=KINDS.index)
     return {
         "step": draw(st.one_of(st.none(), st.text(min_size=1, max_size=20))),
         "devices": draw(st.integers(min_value=1, max_value=2**20)),
@@ -219,7 +234,7 @@ def costs(draw: st.DrawFn) -> dict:
         "collectives": [
             {
                 "kind": kind,
-                "count": draw(whole),
+                "count": draw(st.integers(min_value=1, max_value=2**62)),
                 "bytes_per_device": draw(whole),
                 "scopes": draw(st.lists(st.text(max_size=12), max_size=3)),
             }
@@ -403,3 +418,52 @@ def test_a_step_in_the_settings_leaves_dump_as_it_was(project, capsys, tmp_path:
     (tmp_path / "pyproject.toml").write_text(f'[tool.shardrules]\nstep = "{project}:check_step"\n')
     assert _dump(capsys, "dp.shard", project) == plain  # lint's step: dump records a cost only when asked
     assert '"version": 2,' in _dump(capsys, "dp.shard", project, "--step", f"{project}:check_step")
+
+
+def test_collectives_out_of_the_writers_order_are_refused(costly: str) -> None:
+    row = '{"kind": "all-reduce", "count": 2, "bytes_per_device": 512, "scopes": ["mlp"]}'
+    gather = '{"kind": "all-gather", "count": 1, "bytes_per_device": 64, "scopes": []}'
+    assert sr.Plan.from_json(_edited(costly, row, gather + ",\n      " + row))  # the writer's order
+    with pytest.raises(sr.PlanFileError, match="all-gather is listed twice or out of order"):
+        sr.Plan.from_json(_edited(costly, row, row + ",\n      " + gather))
+
+
+def test_a_cost_no_reader_would_take_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    plan = sr.plan({"w": jax.ShapeDtypeStruct((16, 4), "float32")}, sr.loads(DATA_PARALLEL), {"data": 8})
+    cost = json.loads(_costly(plan.to_json()))["step_cost"]
+    golden = tmp_path / "golden.json"
+    bad = [
+        ({}, ValueError),
+        ("x", TypeError),
+        (0, TypeError),
+        (cost | {"ratio": 99.0}, ValueError),
+        (cost | {"flops_per_device": math.nan}, ValueError),
+        (cost | {"peak_bytes_per_device": -5}, ValueError),
+        (cost | {"flops_per_device": 10**400}, ValueError),
+        (cost | {"collectives": [{"kind": "all-reduce", "count": 1, "bytes_per_device": 1}]}, TypeError),
+    ]
+    for value, error in bad:
+        with pytest.raises(error, match="cost="):
+            sr.assert_plan_matches(plan, golden, cost=value, update=True)
+        assert not golden.exists(), value
+    for rtol in (-1, math.nan, "0.1", True):
+        with pytest.raises(ValueError, match="rtol= is a relative tolerance"):
+            sr.assert_plan_matches(plan, golden, cost=cost, rtol=rtol, update=True)  # type: ignore[arg-type]
+    assert not golden.exists()
+
+
+def test_a_golden_file_without_a_cost_given_one_says_so(tmp_path: Path) -> None:
+    plan = sr.plan({"w": jax.ShapeDtypeStruct((16, 4), "float32")}, sr.loads(DATA_PARALLEL), {"data": 8})
+    cost = json.loads(_costly(plan.to_json()))["step_cost"]
+    golden = tmp_path / "golden.json"
+    sr.assert_plan_matches(plan, golden, update=True)
+    with pytest.raises(AssertionError, match="records no step cost, and cost= was given"):
+        sr.assert_plan_matches(plan, golden, cost=cost, update=False)
+
+
+def test_a_ratio_that_comes_or_goes_is_said_as_none() -> None:
+    old = json.loads(COSTLY)["step_cost"]
+    new = old | {"ideal_flops_per_device": None, "ratio": None}
+    assert "FLOPs against the ideal: 2 -> none" in cost_changes(old, new)
+    zero = sr.StepCost(8, 0.0, 1e6, 0.0, 0, 0, 0, 0)
+    assert "(0.00x the ideal 1.00 MFLOP)" in str(zero)  # a ratio of 0 is a ratio, not none

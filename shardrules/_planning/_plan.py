@@ -260,8 +260,9 @@ class Plan:
         - `text`: the file's text (`str`, or UTF-8 `bytes`), e.g.
           `Path("plan.json").read_text()`.
 
-        **Returns:** a `Plan` whose `to_json()` gives `text` back, leaves in path
-        order; each leaf's rule is its location (`LeafPlan.where`), `rules` is an
+        **Returns:** a `Plan` whose `to_json()` gives `text` back (for a version 2
+        file, one that records a step's cost, the text without its `step_cost`:
+        a `Plan` holds layouts, not a cost), leaves in path order; each leaf's rule is its location (`LeafPlan.where`), `rules` is an
         empty `RuleSet` named after the file, `mesh` an `AbstractMesh` (or a dict
         of sizes when the file has no axis types), and `specs()` a dict by path.
 

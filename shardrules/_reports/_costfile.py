@@ -78,30 +78,45 @@ def _fail(what: str) -> PlanFileError:
     )
 
 
-def _number(value: Any, where: str, *, whole: bool = False, null: bool = False) -> Any:
+MAX_FIGURE = 10**30
+"""The largest figure a file may record (FLOPs, bytes, counts): far beyond any
+step (a zettabyte), and small enough to compute with as a float."""
+
+
+def _shown(value: Any, width: int = 60) -> str:
+    """A value as JSON writes it, cut to about `width` characters."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # pragma: no cover - values come from JSON
+        text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _number(value: Any, where: str, *, whole: bool = False, null: bool = False, least: int = 0) -> Any:
     if value is None and null:
         return None
     kinds = int if whole else (int, float)
     if (
         isinstance(value, bool)
         or not isinstance(value, kinds)
-        or value < 0
-        or value in (math.inf, math.nan)
-        or value != value
+        or value != value  # NaN
+        or not least <= value <= MAX_FIGURE
     ):
         kind = "a whole number" if whole else "a number"
-        raise _fail(f"{where} is {kind} of at least 0{' or null' if null else ''}, not {value!r}")
+        raise _fail(
+            f"{where} is {kind} from {least} to 10^30{' or null' if null else ''}, not {_shown(value)}"
+        )
     return value
 
 
 def _exact_keys(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _fail(f"{where} is an object with the keys {', '.join(keys)}")
+        raise _fail(f"{where} is an object with the keys {', '.join(keys)}, not {_shown(value)}")
     extra = [k for k in value if k not in keys]
     missing = [k for k in keys if k not in value]
     if extra:
         raise _fail(
-            f"{where} has the key {extra[0]!r}, which the format does not have (it has {', '.join(keys)})"
+            f"{where} has the key {_shown(extra[0])}, which the format does not have (it has {', '.join(keys)})"
         )
     if missing:
         raise _fail(f"{where} lacks the key {missing[0]!r}")
@@ -109,50 +124,71 @@ def _exact_keys(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]
 
 
 def read_cost(value: Any) -> dict[str, Any]:
-    """`"step_cost"` read strictly: its keys, their types and ranges, a ratio
-    its FLOPs make, one entry per kind of collective. `PlanFileError` (SR124)
-    for anything else."""
+    """`"step_cost"` read strictly: its keys, their types and ranges (each
+    figure at most `MAX_FIGURE`), a ratio its FLOPs make, the collectives one
+    per kind in the writer's order. `PlanFileError` (SR124) for anything else."""
     where = '"step_cost"'
     data = _exact_keys(value, COST_KEYS, where)
     if data["step"] is not None and (not isinstance(data["step"], str) or not data["step"]):
-        raise _fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {data["step"]!r}')
-    devices = _number(data["devices"], f'{where}: "devices"', whole=True)
-    if not 1 <= devices <= MAX_DEVICES:
+        raise _fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {_shown(data["step"])}')
+    devices = _number(data["devices"], f'{where}: "devices"', whole=True, least=1)
+    if devices > MAX_DEVICES:
         raise _fail(f'{where}: "devices" is from 1 to {MAX_DEVICES}, not {devices}')
     flops = _number(data["flops_per_device"], f'{where}: "flops_per_device"')
     ideal = _number(data["ideal_flops_per_device"], f'{where}: "ideal_flops_per_device"', null=True)
     ratio = _number(data["ratio"], f'{where}: "ratio"', null=True)
-    expected = flops / ideal if ideal else None
-    if (ratio is None) != (expected is None) or (
-        ratio is not None and expected is not None and not math.isclose(ratio, expected, rel_tol=1e-9)
-    ):
-        raise _fail(f'{where}: "ratio" is {ratio!r}, but its FLOPs make {expected!r}')
+    expected = float(flops) / float(ideal) if ideal else None  # both at most 10^30: no overflow
+    if expected is None and ratio is not None:
+        raise _fail(
+            f'{where}: "ratio" is null when "ideal_flops_per_device" is null or 0, not {_shown(ratio)}'
+        )
+    if expected is not None and (ratio is None or not math.isclose(ratio, expected, rel_tol=1e-9)):
+        raise _fail(f'{where}: "ratio" is {_shown(ratio)}, but its FLOPs make {expected!r}')
     _number(data["bytes_accessed_per_device"], f'{where}: "bytes_accessed_per_device"')
     for key in _WHOLE:
         _number(data[key], f'{where}: "{key}"', whole=True)
     if not isinstance(data["collectives"], list):
-        raise _fail(f'{where}: "collectives" is a list')
-    seen: set[str] = set()
+        raise _fail(f'{where}: "collectives" is a list of objects, not {_shown(data["collectives"])}')
+    order = -1
     for i, c in enumerate(data["collectives"]):
         c = _exact_keys(c, COLLECTIVE_KEYS, f"{where}: collective {i}")
-        if c["kind"] not in KINDS or c["kind"] in seen:
-            raise _fail(
-                f"{where}: collective {i} is of the kind {c['kind']!r}: one of {', '.join(KINDS)}, once"
-            )
-        seen.add(c["kind"])
-        _number(c["count"], f"{where}: the count of {c['kind']}", whole=True)
-        _number(c["bytes_per_device"], f"{where}: the bytes of {c['kind']}", whole=True)
-        if not isinstance(c["scopes"], list) or not all(isinstance(s, str) for s in c["scopes"]):
-            raise _fail(f"{where}: the scopes of {c['kind']} are a list of names")
+        kind = c["kind"]
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise _fail(f"{where}: collective {i} has the kind {_shown(kind)}; kinds are {', '.join(KINDS)}")
+        if KINDS.index(kind) <= order:
+            raise _fail(f"{where}: {kind} is listed twice or out of order (the order is {', '.join(KINDS)})")
+        order = KINDS.index(kind)
+        _number(c["count"], f"{where}: the count of {kind}", whole=True, least=1)
+        _number(c["bytes_per_device"], f"{where}: the bytes of {kind}", whole=True)
+        if not isinstance(c["scopes"], list) or not all(isinstance(x, str) for x in c["scopes"]):
+            raise _fail(f"{where}: the scopes of {kind} are a list of names, not {_shown(c['scopes'])}")
     return data
 
 
-def figures(cost: dict[str, Any]) -> dict[str, float]:
+def checked(cost: Any, step: str | None = None) -> dict[str, Any]:
+    """`recorded(cost, step)`, checked as a reader checks a file: what a
+    caller hands `assert_plan_matches`. `TypeError`/`ValueError` saying what
+    is wrong, never a file no reader would take."""
+    try:
+        data = recorded(cost, step)
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
+        raise TypeError(
+            f"cost= takes a step's StepCost (step.cost(*args)) or its to_json() dict, not {type(cost).__name__}"
+            f" ({type(err).__name__}: {err})"
+        ) from None
+    try:
+        return read_cost(data)
+    except PlanFileError as err:
+        message = err.diagnostics[0].message.removeprefix("not a shardrules plan file: ")
+        raise ValueError(f"cost= is not a step's cost: {message}") from None
+
+
+def figures(cost: dict[str, Any]) -> dict[str, float | None]:
     """The figures a golden plan holds a step to: FLOPs, the ratio, peak and
     accessed bytes, and each kind of collective's count and bytes."""
-    out = {
+    out: dict[str, float | None] = {
         "FLOPs per device": cost["flops_per_device"],
-        "FLOPs against the ideal": cost["ratio"] or 0.0,
+        "FLOPs against the ideal": cost["ratio"],
         "peak bytes per device": cost["peak_bytes_per_device"],
         "bytes accessed per device": cost["bytes_accessed_per_device"],
     }
@@ -170,13 +206,18 @@ def cost_changes(old: dict[str, Any], new: dict[str, Any], rtol: float = RTOL) -
         out.append(f"devices: {old['devices']} -> {new['devices']}")
     for name in dict.fromkeys([*a, *b]):
         x, y = a.get(name, 0), b.get(name, 0)
-        if not math.isclose(x, y, rel_tol=rtol):
+        if x is None or y is None:
+            if x is not y:
+                out.append(f"{name}: {_figure(x)} -> {_figure(y)}")
+        elif not math.isclose(x, y, rel_tol=rtol):
             change = f" ({y / x:.2f}x)" if x else ""
-            out.append(f"{name}: {_shown(x)} -> {_shown(y)}{change}")
+            out.append(f"{name}: {_figure(x)} -> {_figure(y)}{change}")
     return out
 
 
-def _shown(value: float) -> str:
+def _figure(value: float | None) -> str:
+    if value is None:
+        return "none"
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 

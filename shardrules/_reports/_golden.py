@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 from .._planning._plan import Plan
-from ._costfile import RTOL, cost_changes, recorded
+from ._costfile import RTOL, checked, cost_changes
 from ._dump import dumps, table_of
 from ._dumpread import loads
 from ._plandiff import compare
@@ -53,8 +54,9 @@ def assert_plan_matches(
       (and pass). By default, when the environment variable
       `SHARDRULES_UPDATE_GOLDEN` is set (to anything but `0`, `false` or `no`).
 
-    **Raises:** `AssertionError` when the file is missing, or holds another plan
-    or cost: the message is the plan diff (`shardrules diff`'s text), what the
+    **Raises:** `TypeError`/`ValueError` for a `cost` that is not a step's
+    cost, or an `rtol` that is not a number of at least 0. `AssertionError`
+    when the file is missing, or holds another plan or cost: the message is the plan diff (`shardrules diff`'s text), what the
     cost changed, and the first lines of the file's diff, and says how to
     refresh the file. The plan's own error, if it has one.
 
@@ -63,10 +65,12 @@ def assert_plan_matches(
     sr.assert_plan_matches(plan, "tests/data/golden/llama-step.json", cost=step.cost(params, batch))
     ```
     """
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 <= rtol < math.inf:
+        raise ValueError(f"rtol= is a relative tolerance, a number of at least 0 (0.02 is 2%), not {rtol!r}")
     plan.raise_for_errors()
     table = table_of(plan)
-    if cost is not None:
-        table = dataclasses.replace(table, step_cost=recorded(cost))
+    if cost is not None:  # checked as a reader would check it: never a file no reader takes
+        table = dataclasses.replace(table, step_cost=checked(cost))
     text = dumps(table)
     golden = Path(path)
     if _updating(update):
@@ -95,8 +99,11 @@ def assert_plan_matches(
                 f"({refresh})"
             )
         if held.step_cost is None and cost is not None:
-            costs = ["the golden file records no step cost"]
-        elif held.step_cost is not None and table.step_cost is not None:
+            raise AssertionError(
+                f"{golden} records no step cost, and cost= was given: {refresh} to record it, or leave "
+                f"cost= out to compare the layouts alone\n{summary}"
+            )
+        if held.step_cost is not None and table.step_cost is not None:
             costs = cost_changes(held.step_cost, table.step_cost, rtol)
             plain = dataclasses.replace(held, step_cost=None), dataclasses.replace(table, step_cost=None)
             if not costs and dumps(plain[0]) == dumps(plain[1]):

@@ -99,7 +99,9 @@ class StepCost:
     def lines(self) -> list[str]:
         """The cost as lines of text (what `str` gives)."""
         ratio = (
-            f" ({self.ratio:.2f}x the ideal {flops_text(self.ideal_flops_per_device)})" if self.ratio else ""
+            f" ({self.ratio:.2f}x the ideal {flops_text(self.ideal_flops_per_device)})"
+            if self.ratio is not None
+            else ""
         )
         out = [
             f"devices: {self.devices}",
