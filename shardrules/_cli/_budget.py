@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import Diagnostic, Span
+from .._planning._plan import format_bytes
 from ._lint import UsageError
 
 
@@ -30,13 +31,12 @@ def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
 
 
 def _collectives(cost: Any, count: int = 3) -> list[str]:
-    from .._tracing._cost import bytes_text
 
     ranked = sorted(cost.collectives, key=lambda c: -c.bytes_per_device)[:count]
     out = []
     for c in ranked:
         where = f" from {', '.join(c.scopes[:2])}" if c.scopes else ""
-        out.append(f"{c.count} {c.kind} ({bytes_text(c.bytes_per_device)} per device{where})")
+        out.append(f"{c.count} {c.kind} ({format_bytes(c.bytes_per_device)} per device{where})")
     return out
 
 
@@ -54,7 +54,7 @@ def findings(
 ) -> list[Diagnostic]:
     """SR122 / SR123 for a step over its budget (`max_peak`: bytes, or a size such as `"4GiB"`)."""
     from .._language._sizes import byte_size
-    from .._tracing._cost import bytes_text, flops_text
+    from .._tracing._cost import flops_text
 
     found = []
     ratio = cost.ratio
@@ -91,10 +91,10 @@ def findings(
                 Diagnostic(
                     "SR123",
                     "error",
-                    f"the step holds {bytes_text(cost.peak_bytes_per_device)} per device at its peak (at most "
-                    f"{bytes_text(limit)} allowed by {_origin(args, 'max_peak_bytes', '--max-peak-bytes')}): "
-                    f"arguments {bytes_text(cost.argument_bytes_per_device)}, outputs "
-                    f"{bytes_text(cost.output_bytes_per_device)}, temporaries {bytes_text(cost.temp_bytes_per_device)}",
+                    f"the step holds {format_bytes(cost.peak_bytes_per_device)} per device at its peak (at most "
+                    f"{format_bytes(limit)} allowed by {_origin(args, 'max_peak_bytes', '--max-peak-bytes')}): "
+                    f"arguments {format_bytes(cost.argument_bytes_per_device)}, outputs "
+                    f"{format_bytes(cost.output_bytes_per_device)}, temporaries {format_bytes(cost.temp_bytes_per_device)}",
                     span,
                     None,
                     "shard the largest arguments over more of the mesh (FSDP), donate the parameters and "

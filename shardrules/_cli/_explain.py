@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._planning._hosts import leaf_host_bytes
 from .._planning._plan import Plan
 from .._reports._costfile import recorded
 from .._reports._dump import spec_entries
@@ -67,13 +66,8 @@ def write_text(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
 
 
 def _leaves(plan: Plan, path_filter: str | None, hosts: int | None) -> list[dict[str, Any]]:
-    shows = _render.path_matcher(path_filter)
-    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
     out = []
-    for leaf in plan.leaves:
-        if not leaf.is_array or not shows(leaf.path):
-            continue
-        rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+    for leaf, rule, held in _render.explained(plan, path_filter, hosts):
         row: dict[str, Any] = {
             "path": leaf.path,
             "shape": list(leaf.shape or ()),
@@ -82,10 +76,7 @@ def _leaves(plan: Plan, path_filter: str | None, hosts: int | None) -> list[dict
             "rule": rule,
             "bytes_per_device": leaf.bytes_per_device,
         }
-        if hosts is not None and sizes:
-            held = 0
-            if leaf.spec is not None and leaf.bytes_per_device:
-                held = int(leaf_host_bytes(leaf.bytes_per_device, leaf.spec, sizes, hosts).max())
+        if held is not None:
             row["bytes_per_host"] = held
         out.append(row)
     return out

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+SHAPES_HELP = (
+    "module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
+    "or a .json file of {path: [shape, dtype]}; only headers are read"
+)
+
 
 def target_options(parser: argparse.ArgumentParser, *, sides: bool = False) -> None:
     """`--mesh`, `--shapes` and `--group`: what to plan for (`sides`: also
@@ -24,8 +29,7 @@ def target_options(parser: argparse.ArgumentParser, *, sides: bool = False) -> N
     parser.add_argument(
         "--shapes",
         metavar="SOURCE",
-        help="module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
-        "or a .json file of {path: [shape, dtype]}; only headers are read",
+        help=SHAPES_HELP,
     )
     parser.add_argument("--group", help="the rules group to plan (default: params)")
 

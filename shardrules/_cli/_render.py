@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from .._errors import EXAMPLES, Diagnostic, group
@@ -17,7 +17,7 @@ from .._language import _regex
 from .._language._build import pattern_problem
 from .._planning._hosts import host_bytes, leaf_host_bytes
 from .._planning._mesh import axis_types_text
-from .._planning._plan import Plan, format_bytes, plural, spec_str
+from .._planning._plan import LeafPlan, Plan, format_bytes, plural, spec_str
 from .._reports._picture import text_picture
 from ._lint import Result
 
@@ -154,33 +154,42 @@ def path_matcher(path_filter: str | None) -> Callable[[str], bool]:
     return lambda path: search(_regex.path_bytes(path)) is not None
 
 
+def explained(
+    plan: Plan, path_filter: str | None = None, hosts: int | None = None
+) -> Iterator[tuple[LeafPlan, str, int | None]]:
+    """Each array leaf `path_filter` shows, with what decided it (the rule's
+    location, or why none did) and, given `hosts`, the most distinct bytes one
+    host holds of it (else `None`): the rows of `explain`, as text or JSON."""
+    shows = path_matcher(path_filter)
+    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
+    for leaf in plan.leaves:
+        if not leaf.is_array or not shows(leaf.path):
+            continue
+        rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
+        held = None
+        if hosts is not None and sizes:
+            held = 0
+            if leaf.spec is not None and leaf.bytes_per_device:
+                held = int(leaf_host_bytes(leaf.bytes_per_device, leaf.spec, sizes, hosts).max())
+        yield leaf, rule, held
+
+
 def explain_rows(
     plan: Plan, path_filter: str | None = None, hosts: int | None = None
 ) -> list[tuple[str, ...]]:
     """path, shape, dtype, rule, spec, bytes per device (and, given `hosts`,
     the distinct bytes per host), for each array leaf."""
-    shows = path_matcher(path_filter)
-    sizes = plan.mesh if isinstance(plan.mesh, Mapping) else None
     rows = []
-    for leaf in plan.leaves:
-        if not leaf.is_array or not shows(leaf.path):
-            continue
-        rule = leaf.rule.location if leaf.rule is not None and leaf.why in ("rule", "default") else leaf.why
-        rows.append(
-            (
-                leaf.path,
-                str(leaf.shape),
-                str(leaf.dtype),
-                rule,
-                spec_str(leaf.spec),
-                format_bytes(leaf.bytes_per_device),
-            )
+    for leaf, rule, held in explained(plan, path_filter, hosts):
+        row = (
+            leaf.path,
+            str(leaf.shape),
+            str(leaf.dtype),
+            rule,
+            spec_str(leaf.spec),
+            format_bytes(leaf.bytes_per_device),
         )
-        if hosts is not None and sizes:
-            held = 0
-            if leaf.spec is not None and leaf.bytes_per_device:
-                held = int(leaf_host_bytes(leaf.bytes_per_device, leaf.spec, sizes, hosts).max())
-            rows[-1] += (format_bytes(held),)
+        rows.append(row if held is None else (*row, format_bytes(held)))
     return rows
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from .._errors import Diagnostic, ShardRulesError, ShardRulesWarning
 from .._language._rules import RuleSet
-from .._planning._plan import spec_str
+from .._planning._plan import format_bytes, spec_str
 from .._planning._shapes import ShapeSourceError, import_callable
 from . import _budget
 from ._lint import UsageError
@@ -256,7 +256,7 @@ def costs(spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None
 
 def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """`diff --step`'s table: each measure of the two sides' costs, and B over A."""
-    from .._tracing._cost import bytes_text, flops_text
+    from .._tracing._cost import flops_text
 
     a, b = costs["a"], costs["b"]
 
@@ -273,9 +273,9 @@ def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:
         ("against the ideal", "-" if a.ratio is None else f"{a.ratio:.2f}x",
          "-" if b.ratio is None else f"{b.ratio:.2f}x",
          ratio(a.ratio, b.ratio)),
-        ("peak memory per device", bytes_text(a.peak_bytes_per_device), bytes_text(b.peak_bytes_per_device),
+        ("peak memory per device", format_bytes(a.peak_bytes_per_device), format_bytes(b.peak_bytes_per_device),
          ratio(a.peak_bytes_per_device, b.peak_bytes_per_device)),
-        ("collectives per device", bytes_text(collective_bytes(a)), bytes_text(collective_bytes(b)),
+        ("collectives per device", format_bytes(collective_bytes(a)), format_bytes(collective_bytes(b)),
          ratio(collective_bytes(a), collective_bytes(b))),
     ]  # fmt: skip
     return measures

@@ -21,6 +21,7 @@ from .._suggest._draft import EMBEDDINGS
 from .._suggest._strategy import STRATEGIES, StrategyError
 from .._suggest._suggest import DEFAULT_MIN_BYTES, drafted
 from .._suggest._text import counted
+from . import _options
 from ._lint import UsageError, parse_mesh, read_shapes, sizes_for, write_output
 
 
@@ -38,8 +39,7 @@ def add_parser(commands: Any) -> None:
         "--shapes",
         metavar="SOURCE",
         required=True,
-        help="module:function (run under jax.eval_shape), a .safetensors file, a *.index.json, "
-        "or a .json file of {path: [shape, dtype]}; only headers are read",
+        help=_options.SHAPES_HELP,
     )
     suggest.add_argument(
         "--mesh", metavar="AXIS=SIZE,...", help="axis sizes in mesh order, e.g. fsdp=32,model=8"

@@ -381,7 +381,7 @@ def plural(n: int, noun: str, nouns: str = "") -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {nouns or noun + 's'}"
 
 
-def format_bytes(n: int) -> str:
+def format_bytes(n: float) -> str:
     """`1536` → `"1.5 KiB"`."""
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -14,8 +14,9 @@ import json
 import math
 from typing import Any
 
-from .._errors import Diagnostic, PlanFileError
+from .._errors import PlanFileError
 from .._planning._mesh import MAX_DEVICES
+from ._refuse import fail, shown
 
 COST_KEYS = (
     "step",
@@ -67,29 +68,16 @@ def cost_text(cost: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(lines) + "\n  }"
 
 
+_HINT = "write the file again with `shardrules dump --step` instead of editing it by hand"
+
+
 def _fail(what: str) -> PlanFileError:
-    return PlanFileError(
-        Diagnostic(
-            "SR124",
-            "error",
-            f"not a shardrules plan file: {what}",
-            hint="write the file again with `shardrules dump --step` instead of editing it by hand",
-        )
-    )
+    return fail(what, hint=_HINT)
 
 
 MAX_FIGURE = 10**30
 """The largest figure a file may record (FLOPs, bytes, counts): far beyond any
 step (a zettabyte), and small enough to compute with as a float."""
-
-
-def _shown(value: Any, width: int = 60) -> str:
-    """A value as JSON writes it, cut to about `width` characters."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):  # pragma: no cover - values come from JSON
-        text = repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _number(value: Any, where: str, *, whole: bool = False, null: bool = False, least: int = 0) -> Any:
@@ -104,19 +92,19 @@ def _number(value: Any, where: str, *, whole: bool = False, null: bool = False, 
     ):
         kind = "a whole number" if whole else "a number"
         raise _fail(
-            f"{where} is {kind} from {least} to 10^30{' or null' if null else ''}, not {_shown(value)}"
+            f"{where} is {kind} from {least} to 10^30{' or null' if null else ''}, not {shown(value)}"
         )
     return value
 
 
 def _exact_keys(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _fail(f"{where} is an object with the keys {', '.join(keys)}, not {_shown(value)}")
+        raise _fail(f"{where} is an object with the keys {', '.join(keys)}, not {shown(value)}")
     extra = [k for k in value if k not in keys]
     missing = [k for k in keys if k not in value]
     if extra:
         raise _fail(
-            f"{where} has the key {_shown(extra[0])}, which the format does not have (it has {', '.join(keys)})"
+            f"{where} has the key {shown(extra[0])}, which the format does not have (it has {', '.join(keys)})"
         )
     if missing:
         raise _fail(f"{where} lacks the key {missing[0]!r}")
@@ -130,7 +118,7 @@ def read_cost(value: Any) -> dict[str, Any]:
     where = '"step_cost"'
     data = _exact_keys(value, COST_KEYS, where)
     if data["step"] is not None and (not isinstance(data["step"], str) or not data["step"]):
-        raise _fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {_shown(data["step"])}')
+        raise _fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {shown(data["step"])}')
     devices = _number(data["devices"], f'{where}: "devices"', whole=True, least=1)
     if devices > MAX_DEVICES:
         raise _fail(f'{where}: "devices" is from 1 to {MAX_DEVICES}, not {devices}')
@@ -140,28 +128,28 @@ def read_cost(value: Any) -> dict[str, Any]:
     expected = float(flops) / float(ideal) if ideal else None  # both at most 10^30: no overflow
     if expected is None and ratio is not None:
         raise _fail(
-            f'{where}: "ratio" is null when "ideal_flops_per_device" is null or 0, not {_shown(ratio)}'
+            f'{where}: "ratio" is null when "ideal_flops_per_device" is null or 0, not {shown(ratio)}'
         )
     if expected is not None and (ratio is None or not math.isclose(ratio, expected, rel_tol=1e-9)):
-        raise _fail(f'{where}: "ratio" is {_shown(ratio)}, but its FLOPs make {expected!r}')
+        raise _fail(f'{where}: "ratio" is {shown(ratio)}, but its FLOPs make {expected!r}')
     _number(data["bytes_accessed_per_device"], f'{where}: "bytes_accessed_per_device"')
     for key in _WHOLE:
         _number(data[key], f'{where}: "{key}"', whole=True)
     if not isinstance(data["collectives"], list):
-        raise _fail(f'{where}: "collectives" is a list of objects, not {_shown(data["collectives"])}')
+        raise _fail(f'{where}: "collectives" is a list of objects, not {shown(data["collectives"])}')
     order = -1
     for i, c in enumerate(data["collectives"]):
         c = _exact_keys(c, COLLECTIVE_KEYS, f"{where}: collective {i}")
         kind = c["kind"]
         if not isinstance(kind, str) or kind not in KINDS:
-            raise _fail(f"{where}: collective {i} has the kind {_shown(kind)}; kinds are {', '.join(KINDS)}")
+            raise _fail(f"{where}: collective {i} has the kind {shown(kind)}; kinds are {', '.join(KINDS)}")
         if KINDS.index(kind) <= order:
             raise _fail(f"{where}: {kind} is listed twice or out of order (the order is {', '.join(KINDS)})")
         order = KINDS.index(kind)
         _number(c["count"], f"{where}: the count of {kind}", whole=True, least=1)
         _number(c["bytes_per_device"], f"{where}: the bytes of {kind}", whole=True)
         if not isinstance(c["scopes"], list) or not all(isinstance(x, str) for x in c["scopes"]):
-            raise _fail(f"{where}: the scopes of {kind} are a list of names, not {_shown(c['scopes'])}")
+            raise _fail(f"{where}: the scopes of {kind} are a list of names, not {shown(c['scopes'])}")
     return data
 
 

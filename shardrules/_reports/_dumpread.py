@@ -34,7 +34,7 @@ import json
 import math
 from typing import Any
 
-from .._errors import Diagnostic, PlanFileError
+from .._errors import PlanFileError
 from .._planning._blocks import UNCONSTRAINED, entry_axes
 from .._planning._dtypes import jax_holds, named_dtype
 from .._planning._mesh import MAX_DEVICES
@@ -42,6 +42,7 @@ from .._planning._shapes import MAX_RANK, shape_problem
 from .._planning._shapes import shown as named
 from ._costfile import read_cost
 from ._dump import FORMAT, VERSION, VERSION_WITH_COST, Entry, Kind, Table, nbytes_of
+from ._refuse import fail, shown
 
 HEADER_KEYS = (
     "format",
@@ -60,24 +61,6 @@ LEAF_KEYS = ("path", "shape", "dtype", "spec", "rule", "bytes")
 AXIS_TYPES = ("explicit", "auto", "manual", "unknown")
 NOT_AN_ARRAY = "not an array"
 _REFUSED_RULES = ("unmatched", "error")  # leaves of a plan with errors, which is never written
-
-_REWRITE = "write the file again with `shardrules dump` or `Plan.to_json()` instead of editing it by hand"
-
-
-def fail(what: str, hint: str = _REWRITE, path: str | None = None) -> PlanFileError:
-    """The error for a file that is not a plan file this shardrules reads."""
-    return PlanFileError(
-        Diagnostic("SR124", "error", f"not a shardrules plan file: {what}", path=path, hint=hint)
-    )
-
-
-def shown(value: Any, width: int = 60) -> str:
-    """A value read from the file as JSON writes it (`true`, `"dm"`), cut to about `width` characters."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):  # pragma: no cover - values come from JSON
-        text = repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 class _Twice(Exception):

@@ -22,6 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._planning._plan import format_bytes
+
 _KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<kind>" + "|".join(_KINDS) + r")(?P<start>-start)?\(")
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
@@ -106,10 +108,10 @@ class StepCost:
         out = [
             f"devices: {self.devices}",
             f"FLOPs per device: {flops_text(self.flops_per_device)}{ratio}",
-            f"bytes accessed per device: {bytes_text(self.bytes_accessed_per_device)}",
-            f"peak memory per device: {bytes_text(self.peak_bytes_per_device)} (arguments "
-            f"{bytes_text(self.argument_bytes_per_device)}, outputs {bytes_text(self.output_bytes_per_device)}, "
-            f"temporaries {bytes_text(self.temp_bytes_per_device)})",
+            f"bytes accessed per device: {format_bytes(self.bytes_accessed_per_device)}",
+            f"peak memory per device: {format_bytes(self.peak_bytes_per_device)} (arguments "
+            f"{format_bytes(self.argument_bytes_per_device)}, outputs {format_bytes(self.output_bytes_per_device)}, "
+            f"temporaries {format_bytes(self.temp_bytes_per_device)})",
         ]
         if not self.collectives:
             out.append("collectives: none")
@@ -117,7 +119,7 @@ class StepCost:
             where = (
                 f"; from {', '.join(c.scopes[:4])}{', ...' if len(c.scopes) > 4 else ''}" if c.scopes else ""
             )
-            out.append(f"{c.kind}: {c.count} ({bytes_text(c.bytes_per_device)} per device{where})")
+            out.append(f"{c.kind}: {c.count} ({format_bytes(c.bytes_per_device)} per device{where})")
         return out
 
     def __str__(self) -> str:
@@ -143,13 +145,6 @@ def flops_text(value: float | None) -> str:
         if value >= size:
             return f"{value / size:.2f} {unit}"
     return f"{value:.0f} FLOP"
-
-
-def bytes_text(value: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{value:.0f} B"
 
 
 def _size(shape: str) -> int:
