@@ -74,6 +74,13 @@ LINT_CASES = {
         (2, 20),
         "did you mean `elements`?",
     ),
+    "SR020": (
+        'rules params:\n  "w" -> replicated  # noqa: SR204, SR2O5\n',
+        None,
+        SIZES,
+        (2, 37),
+        "did you mean `SR205`?",
+    ),
     "SR101": ('rules params:\n  "w" -> (modle)\n', None, SIZES, (2, 11), "did you mean `model`?"),
     "SR102": ('rules params:\n  "w" -> (fsdp, fsdp)\n', None, SIZES, (2, 10), "only one dimension"),
     "SR103": (

@@ -44,6 +44,7 @@ STORAGE_FIELDS = {
         "source_items",
         "alternative_items",
         "alternative_decls",
+        "acknowledged_items",
     }
 }
 

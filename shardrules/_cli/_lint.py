@@ -181,7 +181,7 @@ def lint_file(
         hint = "pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line (not `*`)"
         found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]
         found += unchecked_notes(rules, shapes=tree is not None)
-    return Result(path, ordered(dict.fromkeys(found)), rules.sources, the_plan, hosts)
+    return Result(path, ordered(dict.fromkeys(rules.kept(found))), rules.sources, the_plan, hosts)
 
 
 def unchecked_notes(rules: RuleSet, *, shapes: bool) -> list[Diagnostic]:

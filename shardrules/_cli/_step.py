@@ -229,7 +229,7 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         # the step's error replaces lint's warning about the same place (SR207 is both)
         raised = {(d.code, d.span) for d in err.diagnostics}
         kept = [d for d in result.diagnostics if d.severity == "error" or (d.code, d.span) not in raised]
-        result.diagnostics = ordered(dict.fromkeys([*kept, *err.diagnostics]))
+        result.diagnostics = ordered(dict.fromkeys([*kept, *rules.kept(err.diagnostics)]))
         return
     args.decisions, args.scopes = traced.decisions, traced.scopes
     found = [*findings(traced.decisions, rules), *traced.unmatched]
@@ -238,7 +238,7 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         args.step_cost = _cost(spec, step, step_args)
         span = dict(rules.group_span_items).get("activations")
         found += _budget.findings(args.step_cost, traced.decisions, max_ratio, max_peak, span, args)
-    result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *found]))
+    result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *rules.kept(found)]))
 
 
 def costs(spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None]]) -> dict[str, Any]:

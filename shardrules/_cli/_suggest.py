@@ -81,7 +81,8 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="the token embedding's vocabulary where the strategy splits the vocabulary: vocab (split: "
         "vocab-parallel) or whole (default: whole for transformers' names with a separate lm_head, as "
-        "transformers' tp plans do, unless lint would report it; else vocab)",
+        "transformers' tp plans do, its rule acknowledging SR204 where it is large, unless most of the "
+        "weights would then be whole (SR116) or a budget missed; else vocab)",
     )
     suggest.set_defaults(run=run)
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._errors import Diagnostic, Findings, Span, error_for
+from . import _acknowledge
+from ._acknowledge import Acknowledged
 from ._files import MAX_FILE_BYTES, MAX_TOTAL_BYTES, read_rule_file, resolved
 from ._syntax import Alias, Include, MeshDecl, RuleLine, RulesHeader
 
@@ -34,7 +36,8 @@ class Statements:
 
     `sources` maps each file's name (as errors show it) to its text;
     `rule_lines` pairs each rule with its group; `headers` holds every
-    `rules GROUP:` header's first place; `errors` what could not be read.
+    `rules GROUP:` header's first place; `errors` what could not be read;
+    `acknowledged` the warnings `# noqa: CODE` comments acknowledge, by line.
     """
 
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -43,6 +46,7 @@ class Statements:
     rule_lines: list[tuple[str, RuleLine]] = dataclasses.field(default_factory=list)
     headers: dict[str, Span | None] = dataclasses.field(default_factory=dict)
     errors: Findings = dataclasses.field(default_factory=Findings)
+    acknowledged: Acknowledged = dataclasses.field(default_factory=dict)
 
 
 def read_statements(
@@ -107,6 +111,7 @@ class _Reader:
         from ._parse import parse  # Lark loads with the first file parsed, not with the package
 
         rule_file = parse(text, name)
+        _acknowledge.read(rule_file.items, name, self.found.acknowledged, self.found.errors)
         self.done.add(real)
         self.stack.append((real, name))
         group: str | None = None

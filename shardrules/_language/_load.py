@@ -155,6 +155,7 @@ def _ruleset(
         source_items=tuple(found.sources.items()),
         alternative_items=tuple(alternatives.items()),
         alternative_decls=tuple(first[n] for n in alternatives),
+        acknowledged_items=tuple(found.acknowledged.items()),
     )
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from .._errors import Diagnostic, Span, did_you_mean, error_for
 from . import _regex
+from ._acknowledge import acknowledges
 from ._guards import Guard
 from ._syntax import Alias, MeshDecl, Spec
 from ._syntax import span_field as _span
@@ -261,6 +262,9 @@ class RuleSet:
     )
     alternative_items: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = ()
     alternative_decls: tuple[Alias, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    acknowledged_items: tuple[tuple[tuple[str, int], frozenset[str]], ...] = dataclasses.field(
+        default=(), compare=False, repr=False
+    )
     _plan_cache: PlanCache = dataclasses.field(
         default_factory=lambda: PlanCache(), init=False, compare=False, repr=False
     )
@@ -287,6 +291,31 @@ class RuleSet:
         names = [g for g, _ in self.group_items]
         names += [g for g, _ in self.default_items if g not in names]
         return tuple(names)
+
+    @property
+    def acknowledged(self) -> Mapping[tuple[str, int], frozenset[str]]:
+        """`(file, line)` → the warning codes a `# noqa: CODE` comment on that
+        line acknowledges (see `kept`)."""
+        return dict(self.acknowledged_items)
+
+    def acknowledges(self, diagnostic: Diagnostic) -> bool:
+        """Whether `diagnostic` is a warning this file acknowledges (`kept` leaves it out)."""
+        return bool(self.acknowledged_items) and acknowledges(self.acknowledged, diagnostic)
+
+    def kept(self, diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
+        """`diagnostics` less the warnings this file acknowledges: those whose
+        code a `# noqa: CODE` comment names on the line the warning points at.
+        Errors and notes are always kept.
+
+        ```python
+        rules = shardrules.loads('mesh model\\nrules params:\\n  default -> replicated  # noqa: SR204\\n')
+        rules.kept(shardrules.check(params, rules, {"model": 8}))  # no SR204 about `default`
+        ```
+        """
+        if not self.acknowledged_items:
+            return list(diagnostics)
+        table = self.acknowledged
+        return [d for d in diagnostics if not acknowledges(table, d)]
 
     @property
     def sources(self) -> Mapping[str, str]:

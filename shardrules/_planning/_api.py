@@ -99,7 +99,7 @@ def plan(
     )
     if device_memory is not None:
         extra = _check.memory_diagnostics(compiled, byte_size(device_memory)) + extra
-    return dataclasses.replace(compiled, diagnostics=(*compiled.diagnostics, *extra))
+    return dataclasses.replace(compiled, diagnostics=tuple(ruleset.kept((*compiled.diagnostics, *extra))))
 
 
 def check(
@@ -160,6 +160,7 @@ def check(
     if isinstance(the_plan.mesh, jax.sharding.Mesh):
         leaves = arrays_of([leaf for _, leaf in keyed])[0]  # a penzai variable's array
         found += _inputs.placement_diagnostics(the_plan, leaves, the_plan.mesh, abstract_ok=True)
+    found = the_plan.rules.kept(found)  # less the warnings the file acknowledges (noqa comments)
     return group_findings(ordered(dict.fromkeys(found)))  # as `shardrules lint` prints them
 
 

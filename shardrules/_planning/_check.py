@@ -225,7 +225,7 @@ def warn_about(
     # one naming an axis close to one the mesh has is most likely a typo.
     sizes = None if plan.mesh is None else _mesh.sizes_of(plan.mesh)
     found += [d for d in alternative_warnings(plan.rules, sizes) if d.hint.startswith("did you mean")]
-    for diagnostic in found:
+    for diagnostic in plan.rules.kept(found):
         if where:
             diagnostic = dataclasses.replace(diagnostic, message=f"{where}: {diagnostic.message}")
         warnings.warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
@@ -239,7 +239,7 @@ def warn_unseen(plan: Plan, stacklevel: int = 3) -> None:
     """Warn (`ShardRulesWarning`, one per cause) about the leaves of `plan`
     that hide arrays and are passed over (SR213): what `specs` and
     `shardings` would otherwise leave `None` without a word."""
-    for diagnostic in group(d for d in plan.diagnostics if d.code in UNSEEN_WARNINGS):
+    for diagnostic in group(d for d in plan.rules.kept(plan.diagnostics) if d.code in UNSEEN_WARNINGS):
         warnings.warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
 
 

@@ -14,10 +14,12 @@ with the same spec share a rule. Where the shapes do not fit the layout:
 - **Token embeddings** (`embedding_layouts`): where the strategy splits the
   vocabulary, a transformers-named embedding with a separate output head
   (untied) keeps its vocabulary whole, as transformers' tp plans do (they add
-  the embedding, vocab-parallel, only for tied ones), unless lint would then
-  report it (SR204, SR116) or it would miss a budget (`_suggest` finds out);
-  `embedding="vocab"` or `"whole"` decides instead.
-  Its rule's note says why, and what would do the opposite.
+  the embedding, vocab-parallel, only for tied ones), unless the plan would
+  then be mostly replicated (SR116, an error) or miss a budget (`_suggest`
+  finds out); `embedding="vocab"` or `"whole"` decides instead. Its rule's
+  note says why, and what would do the opposite. Kept whole at 64 MiB or
+  more, its rule line acknowledges lint's SR204 (`# noqa: SR204`): the file
+  says, where a reviewer reads it, that the copy on every device is meant.
 
 Stacked layers are written `...` when they lead (`(..., heads, embed)`) or
 end the shape (MaxText's norm scales, `(norm, ...)`), as `_` in between
@@ -75,7 +77,7 @@ _LINT = (
 class Draft:
     """One rule being drafted: `entries` as written (`None`: `replicated`);
     `form`: where stacked layers are (`_form`); `optional`: the entries that
-    get `?`."""
+    get `?`; `acknowledged`: the warning codes its line acknowledges (`# noqa: SR204`)."""
 
     family: str
     roles: set[str]
@@ -84,6 +86,7 @@ class Draft:
     kinds: list[int]
     notes: list[str] = dataclasses.field(default_factory=list)
     optional: set[int] = dataclasses.field(default_factory=set)
+    acknowledged: set[str] = dataclasses.field(default_factory=set)  # warnings its line's `noqa` names
 
     def spec_text(self) -> str:
         if self.entries is None:
@@ -187,21 +190,39 @@ def embedding_layouts(
     return out
 
 
-def replication_finding(kinds: list[Kind], kept_whole: set[int], index: int) -> str | None:
+def replication_findings(kinds: list[Kind], kept_whole: set[int], index: int) -> dict[str, str]:
     """What lint would report of kind `index` held whole on every device, with
-    the kinds of `kept_whole` (a phrase: "all 250.0 MiB of it on every device,
-    which lint reports (SR204)"), or `None`."""
+    the kinds of `kept_whole`: code → a phrase ("all 250.0 MiB of it on every
+    device"). SR204 (a warning, which the drafted rule may acknowledge) for an
+    array of 64 MiB or more; SR116 (an error) where the whole arrays are more
+    than 25% of the weights."""
     kind = kinds[index]
+    out = {}
     if kind.leaf_bytes >= DEFAULT_REPLICATED_THRESHOLD:
-        return f"all {format_bytes(kind.leaf_bytes)} of it on every device, which lint reports (SR204)"
+        out["SR204"] = f"all {format_bytes(kind.leaf_bytes)} of it on every device"
     whole = sum(kinds[i].nbytes for i in kept_whole | {index})
     share = whole / sum(k.nbytes for k in kinds)
     if whole >= DEFAULT_REPLICATED_THRESHOLD and share > DEFAULT_REPLICATED_TOLERANCE:
-        return (
+        out["SR116"] = (
             f"{share:.0%} of the weights ({format_bytes(whole)}) whole on every device, over the "
             f"{DEFAULT_REPLICATED_TOLERANCE:.0%} lint allows (SR116)"
         )
-    return None
+    return out
+
+
+def say_whole(rules: list[Draft], found: Mapping[int, Mapping[str, str]], asked: set[int]) -> None:
+    """Notes and acknowledgements for the kinds kept whole on every device
+    (`found`: index → `replication_findings`): one of 64 MiB or more has its
+    rule acknowledge SR204, said in a note; one asked whole (`asked`) that
+    makes the plan mostly replicated has a note saying lint reports SR116."""
+    for rule in rules:
+        for i in rule.kinds:
+            why = found.get(i, {})
+            if "SR204" in why:
+                rule.acknowledged.add("SR204")
+                rule.notes.append(f"That is {why['SR204']}: lint's SR204, acknowledged (`noqa`) as meant.")
+            if i in asked and "SR116" in why:
+                rule.notes.append(f"Kept whole, it puts {why['SR116']}.")
 
 
 def _form(stacked: tuple[int, ...], rank: int) -> str:

@@ -26,7 +26,7 @@ from .._planning._plan import format_bytes, spec_str
 from .._planning._spec import LeafError, leaf_spec, shard_bytes
 from . import _roles as R
 from . import _text as T
-from ._draft import EMBEDDINGS, Draft, draft, embedding_layouts, replication_finding
+from ._draft import EMBEDDINGS, Draft, draft, embedding_layouts, replication_findings, say_whole
 from ._facts import facts_of
 from ._leaves import Kind, kinds_of
 from ._patterns import patterns
@@ -111,11 +111,13 @@ def suggest(
       all-reduce of the looked-up rows), `"whole"` keeps it whole (its hidden
       size still split where the strategy splits it). `None` (default): whole
       for transformers' names with a separate output head (`lm_head`), as
-      transformers' tp plans do an untied embedding, unless lint would then
-      report it (a fully replicated array of 64 MiB or more, SR204; or SR116)
-      or it would miss `max_bytes_per_device`; vocab-parallel otherwise (a
-      tied embedding, other conventions). The rule's comment says which, and
-      why.
+      transformers' tp plans do an untied embedding, unless the plan would
+      then be mostly replicated (SR116) or miss `max_bytes_per_device`;
+      vocab-parallel otherwise (a tied embedding, other conventions). The
+      rule's comment says which, and why. An embedding kept whole that is
+      64 MiB or more has its rule line acknowledge lint's warning about it
+      (`# noqa: SR204`), so the file passes lint and says the copy on every
+      device is meant.
 
     **Returns:** the rule file's text (canonical layout, ending in a newline).
 
@@ -237,9 +239,9 @@ def _write(
         if whole and layout.fallback:
             moved |= {i: "its rule would keep it whole on every device" for i in whole}
             continue
-        found = {i: replication_finding(kinds, kept_whole, i) for i in kept & kept_whole}
-        lint = {i: why for i, why in found.items() if why and i not in asked}
-        if lint:  # the convention's whole vocabulary, which lint would report: vocab-parallel
+        found = {i: replication_findings(kinds, kept_whole, i) for i in kept & kept_whole}
+        lint = {i: why["SR116"] for i, why in found.items() if "SR116" in why and i not in asked}
+        if lint:  # the convention's whole vocabulary would make the plan mostly replicated: vocab-parallel
             split |= lint
             continue
         if budget is not None and sum(per_device.values()) > budget:  # a budget before a convention
@@ -249,8 +251,7 @@ def _write(
                 split |= yields
                 continue
         break
-    for rule in rules:  # asked to keep it whole: say what lint will report
-        rule.notes += [f"Kept whole, it puts {found[i]}." for i in rule.kinds if i in asked and found.get(i)]
+    say_whole(rules, found, asked)
     total = sum(k.nbytes for k in kinds)
     need = sum(per_device.values())
     over = budget is not None and need > budget
@@ -306,8 +307,10 @@ def _body(
     for rule, regex in zip(rules, regexes, strict=True):
         for note in rule.notes:
             lines += T.comment_lines(note, "  ")
+        noqa = f"; noqa: {', '.join(sorted(rule.acknowledged))}" if rule.acknowledged else ""
         lines.append(
-            f"  {T.literal(regex)} -> {rule.spec_text()}  # {T.label(rule, layout)}: {T.covers(rule.kinds, kinds)}"
+            f"  {T.literal(regex)} -> {rule.spec_text()}  "
+            f"# {T.label(rule, layout)}: {T.covers(rule.kinds, kinds)}{noqa}"
         )
     lines += listing
     lines.append(f"  default -> {default}")

@@ -97,7 +97,7 @@ class Seen:
         just warned about (one mistake, one warning: that one says more)."""
         numbered = {rule.span for rule in self._matcher.rules if id(rule) in self._numbered}
         for diag in self.unmatched():
-            if diag.span is not None and diag.span in numbered:
+            if (diag.span is not None and diag.span in numbered) or self.rules.acknowledges(diag):
                 continue
             warning = ShardRulesWarning(diag, self.rules.sources)
             if diag.span is not None:  # shown at the rule's line (the trace's frames are JAX's)
@@ -128,7 +128,8 @@ class Seen:
                 'has each use\'s outputs matched on their own, and `jax.named_scope(f"layer_{i}")` names '
                 "each layer apart",
             )
-            warnings.warn(ShardRulesWarning(diag, self.rules.sources), stacklevel=2)
+            if not self.rules.acknowledges(diag):
+                warnings.warn(ShardRulesWarning(diag, self.rules.sources), stacklevel=2)
 
 
 def _counted(n: int, what: str) -> str:

@@ -155,7 +155,8 @@ def warn_ungrouped(
                 f"give it that group (`{other!r}` in in_groups) to lay it out as the rules say; "
                 "keep None only where its layout is meant to come from elsewhere",
             )
-            warnings.warn(ShardRulesWarning(diag, rules.sources), stacklevel=stacklevel + 1)
+            if not rules.acknowledges(diag):
+                warnings.warn(ShardRulesWarning(diag, rules.sources), stacklevel=stacklevel + 1)
             break
 
 
