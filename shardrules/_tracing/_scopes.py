@@ -185,8 +185,6 @@ class Constrainer:
         diag = _explicit.dropped_diagnostic(primitive, path, source, operands, spec, dropped, hint)
         if self.strict:
             raise error_for([dataclasses.replace(diag, severity="error")], self.rules.sources)
-        if self.rules.acknowledges(diag):
-            return
         warning = ShardRulesWarning(diag, self.rules.sources)
         file, _, line = source.rpartition(":")
         if file and line.isdigit():  # shown at the model's line that made the operation
