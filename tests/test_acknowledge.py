@@ -131,6 +131,7 @@ def test_errors_are_not_acknowledged() -> None:
         ("# noqa: SR204,,SR201", 34, "codes written other than as a list separated by commas"),
         ("# noqa: SR201-SR204", 34, "codes written other than as a list separated by commas"),
         ("# kept; noqa; noqa: SR204", 34, "`noqa` without codes"),
+        ("# noqa SR204", 28, "`noqa` without a colon before its codes"),
     ],
 )
 def test_a_noqa_that_cannot_acknowledge_is_sr020(comment, col, message) -> None:
@@ -259,3 +260,12 @@ def test_fmt_keeps_the_acknowledgement() -> None:
     assert "# noqa: SR204" in formatted
     assert sr.format_text(formatted) == formatted
     assert sr.loads(formatted).acknowledged == sr.loads(text).acknowledged
+
+
+def test_sr204_says_how_to_acknowledge_a_rule_meant_to_replicate() -> None:
+    found = {d.code: d for d in sr.check(TREE, sr.loads(_text()), SIZES)}
+    assert found["SR204"].hint.endswith("say so at the end of the rule's line: `# noqa: SR204`")
+    # from `default`, a whole array is most often a rule that matched nothing: no such advice
+    text = 'mesh model\nrules params:\n  "layers" -> (_, _, model)\n  default -> replicated\n'
+    whole = [d for d in sr.check(TREE, sr.loads(text), {"model": 8}) if d.code == "SR204"]
+    assert whole and all("noqa" not in d.hint for d in whole)

@@ -47,8 +47,9 @@ ELSEWHERE = {
 """The warnings a `noqa` comment may not name, and why."""
 
 # A directive is `noqa` right after a `#` that starts the comment or follows a space, or after a
-# `;`, and then either a colon (its codes) or nothing more; elsewhere the word is prose.
-_NOQA = re.compile(r"(?:(?:^|(?<=\s))#|;)\s*(noqa)(?=\s*:|\s*(?:[;#]|$))", re.IGNORECASE)
+# `;`, and then a colon (its codes), a code (a colon forgotten) or nothing more; elsewhere the
+# word is prose.
+_NOQA = re.compile(r"(?:(?:^|(?<=\s))#|;)\s*(noqa)(?=\s*:|\s*(?:[;#]|$)|\s+SR[0-9])", re.IGNORECASE)
 _CODE = r"[A-Za-z0-9_]+"
 _CODES = re.compile(rf"\s*:\s*({_CODE}(?:\s*,\s*{_CODE})*)")
 _LIST_GOES_ON = re.compile(r"\s*[,\-+/&]|\s+[A-Za-z]+[0-9]+(?![A-Za-z0-9_])")
@@ -88,6 +89,14 @@ def _directive(item: Comment, found: re.Match[str], name: str, errors: Findings)
         )
         return frozenset()
     codes = _CODES.match(item.text, found.end(1))
+    if codes is None and re.match(r"\s+SR[0-9]", item.text[found.end(1) :], re.IGNORECASE):
+        errors.error(
+            "SR020",
+            "`noqa` without a colon before its codes",
+            at,
+            "write `# noqa: SR204`, a colon after `noqa`",
+        )
+        return frozenset()
     if codes is None:
         errors.error(
             "SR020",

@@ -270,7 +270,13 @@ def replication_warnings(plan: Plan, threshold: int = DEFAULT_REPLICATED_THRESHO
                     f"shard one of its dimensions, e.g. with a rule `-> auto({biggest})`; this warning "
                     f"is for replicated arrays of {format_bytes(threshold)} or more "
                     "(set with --replicated-threshold, `replicated-threshold` in [tool.shardrules], or "
-                    "`replicated_threshold=` in Python)",
+                    "`replicated_threshold=` in Python)"
+                    + (
+                        "; if every device is meant to hold it whole, say so at the end of the rule's line: "
+                        "`# noqa: SR204`"
+                        if rule is not None and rule.pattern is not None
+                        else ""
+                    ),
                 )
             )
     return out
