@@ -385,6 +385,11 @@ def test_explain_json_holds_the_plan_the_step_and_its_cost(project, capsys, tmp_
     plain = json.loads(capsys.readouterr().out)
     assert plain["step_cost"] is None and plain["decisions"] is None and plain["scopes"] is None
     assert plain["leaves"] == found["leaves"] and plain["findings"] == []
+    # with --step and no shapes: no plan, no group, but the mesh the step was traced on
+    assert main(["explain", "dp.shard", "--step", f"{project}:check_step", "--format", "json"]) == 0
+    traced = json.loads(capsys.readouterr().out)
+    assert traced["group"] is None and traced["leaves"] == [] and traced["totals"] is None
+    assert traced["mesh"] == {"data": 8} and traced["decisions"] == found["decisions"]
 
 
 def test_explain_json_carries_the_findings_lint_gives(tmp_path: Path, monkeypatch, capsys) -> None:

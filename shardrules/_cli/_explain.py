@@ -105,8 +105,17 @@ def _scope(s: Any) -> dict[str, Any]:
     }
 
 
+def _mesh(plan: Any, args: argparse.Namespace) -> dict[str, int] | None:
+    """The axis sizes of the plan, or, for a step traced with no shapes, those it was traced on."""
+    if plan is not None:
+        return dict(plan.mesh) if isinstance(plan.mesh, Mapping) else None
+    sizes = getattr(args, "step_sizes", None)
+    return None if sizes is None else dict(sizes)
+
+
 def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> None:
-    """One JSON object on `out`: `file`, `group`, `mesh` (sizes), `leaves`
+    """One JSON object on `out`: `file`, `group` (`null` with no shapes planned,
+    unless `--group` names one), `mesh` (sizes: the plan's, or the step's), `leaves`
     (the arrays `--path` shows: path, shape, dtype, spec, rule, bytes per
     device, and per host with `--hosts`), `totals`, `findings` (as `lint
     --format json` gives them), and with `--step` its `scopes`, `decisions`
@@ -116,7 +125,7 @@ def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
     found: dict[str, Any] = {
         "file": result.file,
         "group": plan.group if plan is not None else args.group,
-        "mesh": dict(plan.mesh) if plan is not None and isinstance(plan.mesh, Mapping) else None,
+        "mesh": _mesh(plan, args),
         "leaves": _leaves(plan, args.path, args.hosts) if plan is not None else [],
         "totals": None
         if plan is None

@@ -223,8 +223,9 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         rules = load(result.file)
     except ShardRulesError:  # lint reports why
         return
+    args.step_sizes = sizes_for(rules, mesh)  # the axis sizes the step is traced on
     try:
-        step, step_args, traced = trace(spec, rules, sizes_for(rules, mesh))
+        step, step_args, traced = trace(spec, rules, args.step_sizes)
     except ShardRulesError as err:
         # the step's error replaces lint's warning about the same place (SR207 is both)
         raised = {(d.code, d.span) for d in err.diagnostics}
