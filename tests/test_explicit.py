@@ -590,3 +590,55 @@ def test_the_hinted_rule_settles_an_ambiguous_elementwise_operation_under_strict
     ]
     assert jax.typeof(out).sharding.spec == P("data", None)
     np.testing.assert_allclose(np.asarray(out), np.where(a > 0, a, b))
+
+
+# A contraction's gradient with respect to an argument of the step (or its cast) is laid out as
+# that argument is (JAX's transpose rule), so an update `w - lr * g` with `strict=True` meets layouts that agree, as it
+# does under plain `jax.jit` (MaxText's SGD step: a weight laid out (tensor, fsdp), its gradient
+# was inferred (None, tensor) and the update was SR117).
+GRADIENT_CASES = {
+    "maxtext-einsum": ("bsm,me->bse", (8, 4, 8), (8, 16), P("fsdp", None, "tensor"), P("tensor", "fsdp")),
+    "weight-transposed": ("bsm,em->bse", (8, 4, 8), (16, 8), P("fsdp", None, "tensor"), P("fsdp", "tensor")),
+    "plain-matmul": ("bm,me->be", (16, 8), (8, 16), P("fsdp", "tensor"), P("tensor", None)),
+    "batched-weight": (
+        "bsm,bme->bse",
+        (8, 4, 8),
+        (8, 8, 16),
+        P("fsdp", None, None),
+        P("fsdp", None, "tensor"),
+    ),
+    "weight-cast": ("bsm,me->bse", (8, 4, 8), (8, 16), P("fsdp", None, "tensor"), P("tensor", "fsdp")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRADIENT_CASES))
+def test_a_contractions_gradient_is_laid_out_as_its_operand_under_strict(case: str) -> None:
+    equation, h_shape, w_shape, h_spec, w_spec = GRADIENT_CASES[case]
+    mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 2)
+    out = P("fsdp", None, "tensor") if len(h_shape) == 3 else P("fsdp", "tensor")
+    text = f'mesh fsdp, tensor\nrules params:\n  "w" -> {tuple(w_spec)}\nrules inputs:\n  "h" -> {tuple(h_spec)}\n'
+    rules = sr.loads(text.replace("'", "").replace("None", "_"))
+
+    def loss(params, batch):
+        w = params["w"].astype(jnp.bfloat16).astype(jnp.float32) if case == "weight-cast" else params["w"]
+        return (jnp.einsum(equation, batch["h"], w, out_sharding=out) ** 2).sum()
+
+    def sgd(params, batch):
+        grads, batch_grads = jax.grad(loss, argnums=(0, 1))(params, batch)  # both operands' cotangents
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), (grads, batch_grads)
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.normal(size=w_shape).astype(np.float32)}
+    batch = {"h": rng.normal(size=h_shape).astype(np.float32)}
+    step = sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), strict=True)
+    new, (grads, batch_grads) = step(params, batch)
+    with jax.set_mesh(mesh):
+        placed = jax.device_put(params, {"w": NamedSharding(mesh, w_spec)})
+        fed = jax.device_put(batch, {"h": NamedSharding(mesh, h_spec)})
+        want_new, (want_grads, want_batch_grads) = jax.jit(sgd)(placed, fed)
+    assert grads["w"].sharding.spec == want_grads["w"].sharding.spec == w_spec
+    assert batch_grads["h"].sharding.spec == want_batch_grads["h"].sharding.spec == h_spec
+    assert new["w"].sharding.spec == want_new["w"].sharding.spec
+    np.testing.assert_allclose(np.asarray(new["w"]), np.asarray(want_new["w"]), rtol=1e-4, atol=1e-4)
+    backward = [d for d in step.decisions(params, batch) if d.scope.endswith("(backward)")]
+    assert any(d.by == "jax" and d.spec is not None for d in backward), backward

@@ -42,7 +42,7 @@ from .._planning._blocks import entry_axes
 from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
-from . import _compat, _explicit, _layouts
+from . import _compat, _explicit, _layouts, _transpose
 from ._compat import jcore
 from ._outputs import Aligned, Where, analyse, forward_path, join, scope_path, transposed, under
 from ._regions import Shadows, elsewhere_mesh, mesh_of
@@ -229,6 +229,8 @@ def interpret(
         env[v] = x
     # values no argument of the whole function reaches (see `_explicit.lift_replicated`)
     made = set(jaxpr.constvars) | {v for v, m in zip(jaxpr.invars, made_args, strict=False) if m}
+    partners: _transpose.Partners = {}  # the forward contractions, by operand (`_transpose`)
+    arguments = _transpose.arguments_of(jaxpr)
     found = analyse(jaxpr, base, backward, seed, live)
     c.seen.add(found)
     for eqn in jaxpr.eqns:
@@ -258,6 +260,11 @@ def interpret(
                     results = interpret(c, inner, (), invals, path, back, aligned, used, consts)
             elif c.explicit:
                 at = Where(path, back, aligned, used, consts)
+                if back and _transpose.is_transposed(eqn):  # an argument's cotangent: the argument's layout
+                    eqn = _transposed_like_primal(c, eqn, partners, read, arguments)
+                elif name == "dot_general":
+                    _transpose.remember(partners, eqn)
+                _transpose.passed_on(arguments, eqn)
                 results = _layouts.evaluate(c, eqn, invals, at, interpret)
             else:  # the gradient's sub-computations get no constraints
                 params = eqn.params if name in _OPAQUE or back else _rewrite_params(c, eqn.params, path, used)
@@ -271,6 +278,19 @@ def interpret(
                 x = c.constrain(found.names[(v, scope)], x)
             env[v] = x
     return [read(v) for v in jaxpr.outvars]
+
+
+def _transposed_like_primal(
+    c: Constrainer, eqn: Any, partners: _transpose.Partners, read: Any, arguments: set[Any]
+) -> Any:
+    """`eqn` (a gradient contraction) with the `out_sharding` JAX's transpose
+    rule gives it, its primal operand's layout, where `_transpose` finds it
+    and that operand is one of `arguments`."""
+    spec = _transpose.primal_layout(eqn, partners, read, arguments)
+    if spec is None or c.abstract_mesh is None or not hasattr(eqn, "replace"):
+        return eqn
+    sharding = jax.sharding.NamedSharding(c.abstract_mesh, spec)
+    return eqn.replace(params={**eqn.params, "out_sharding": sharding})
 
 
 def _context_mesh(mesh: Any, invals: Sequence[Any], outvars: Sequence[Any] = ()) -> Any:
