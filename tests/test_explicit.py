@@ -642,3 +642,38 @@ def test_a_contractions_gradient_is_laid_out_as_its_operand_under_strict(case: s
     np.testing.assert_allclose(np.asarray(new["w"]), np.asarray(want_new["w"]), rtol=1e-4, atol=1e-4)
     backward = [d for d in step.decisions(params, batch) if d.scope.endswith("(backward)")]
     assert any(d.by == "jax" and d.spec is not None for d in backward), backward
+
+
+def test_gradients_of_weights_sharing_an_input_keep_their_own_layouts() -> None:
+    # `h @ wq` and `h @ wk` of one shape, laid out differently: each gradient is its own weight's
+    # layout (the forward contraction is told apart by the line that made it), and a replicated
+    # weight's gradient stays replicated, as under plain `jax.jit`
+    mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 2)
+    layouts = {"wq": P("fsdp", "tensor"), "wk": P("tensor", "fsdp"), "wv": P(None, None)}
+    rules = sr.loads(
+        'mesh fsdp, tensor\nrules params:\n  "wq" -> (fsdp, tensor)\n  "wk" -> (tensor, fsdp)\n'
+        '  "wv" -> replicated\nrules inputs:\n  "h" -> (fsdp, _)\n'
+    )
+
+    def loss(p, b):
+        q = jnp.dot(b["h"], p["wq"], out_sharding=P("fsdp", None))
+        k = jnp.dot(b["h"], p["wk"], out_sharding=P("fsdp", None))
+        v = jnp.dot(b["h"], p["wv"], out_sharding=P("fsdp", None))
+        return (q * k * v).sum()
+
+    def sgd(p, b):
+        grads = jax.grad(loss)(p, b)
+        return jax.tree.map(lambda w, g: w - 0.1 * g, p, grads), grads
+
+    rng = np.random.default_rng(1)
+    params = {name: rng.normal(size=(8, 8)).astype(np.float32) for name in layouts}
+    batch = {"h": rng.normal(size=(16, 8)).astype(np.float32)}
+    new, grads = sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), strict=True)(params, batch)
+    with jax.set_mesh(mesh):
+        placed = jax.device_put(params, {k: NamedSharding(mesh, s) for k, s in layouts.items()})
+        fed = jax.device_put(batch, {"h": NamedSharding(mesh, P("fsdp", None))})
+        want_new, want_grads = jax.jit(sgd)(placed, fed)
+    for name, spec in layouts.items():
+        assert grads[name].sharding.spec == want_grads[name].sharding.spec == spec, name
+        assert new[name].sharding.spec == spec, name
+        np.testing.assert_allclose(np.asarray(new[name]), np.asarray(want_new[name]), rtol=1e-4, atol=1e-4)

@@ -80,22 +80,26 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
         result = listed(bind(*invals))
         c.shadows.through(name, invals, eqn.params, result, sizes)
         return result
-    transposed = backward and name == "dot_general"  # a cotangent laid out as its primal (`_transpose`)
     if stated is not None:  # the model's code states the layout: kept, not inferred
         try:
             result = bind(*invals)
         except SHARDING_ERRORS as err:
-            if not transposed:
-                hint = "the layout is the one the model's code states (`reshard`, `out_sharding=`): check it"
-                raise _ambiguous(c, name, shown, operands, hint, err) from None
-            params["out_sharding"] = None  # JAX refuses its primal's layout here: inferred, as any other
+            hint = "the layout is the one the model's code states (`reshard`, `out_sharding=`): check it"
+            raise _ambiguous(c, name, shown, operands, hint, err) from None
+        if name in _RESHARDS and elsewhere(listed(result)[0], mesh):
+            c.shadows.entered(invals[0], listed(result)[0])  # entering a region on other axis types
+        elif not backward and axes_of(stated.spec):
+            record(spec_of(listed(result)[0]), "model")
+        return listed(result)
+    if at.primal is not None:  # an argument's cotangent: laid out as the argument (`_transpose`)
+        try:
+            result = bind(
+                *invals, out_sharding=jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), at.primal)
+            )
+        except SHARDING_ERRORS:
+            pass  # JAX refuses the argument's layout here: inferred, as any other
         else:
-            if name in _RESHARDS and elsewhere(listed(result)[0], mesh):
-                c.shadows.entered(invals[0], listed(result)[0])  # entering a region on other axis types
-            elif transposed:
-                record(spec_of(listed(result)[0]), "jax")  # JAX's transpose rule: the primal's layout
-            elif not backward and axes_of(stated.spec):
-                record(spec_of(listed(result)[0]), "model")
+            record(spec_of(listed(result)[0]), "jax")
             return listed(result)
 
     with_specs = [

@@ -72,14 +72,17 @@ class Where(NamedTuple):
     """Where an equation is evaluated: its scope path, whether it belongs to
     the gradient, what each of its results is aligned with, whether the
     forward pass uses each (the others are residuals: only the gradient uses
-    them), and which operands the function makes from constants alone (a
-    mask, a fill value: no argument reaches them)."""
+    them), which operands the function makes from constants alone (a
+    mask, a fill value: no argument reaches them), and for a gradient
+    contraction computing an argument's cotangent, the argument's layout in
+    its result's dimensions (`_transpose`)."""
 
     path: str
     backward: bool
     aligned: list[list[Aligned]]
     live: list[bool]
     made: tuple[bool, ...] = ()  # per operand: made by the trace from constants alone
+    primal: Any = None  # a gradient contraction's layout: its argument's, as JAX's transpose rule gives
 
 
 @dataclasses.dataclass

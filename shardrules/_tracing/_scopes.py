@@ -259,12 +259,13 @@ def interpret(
                 else:
                     results = interpret(c, inner, (), invals, path, back, aligned, used, consts)
             elif c.explicit:
-                at = Where(path, back, aligned, used, consts)
+                primal = None
                 if back and _transpose.is_transposed(eqn):  # an argument's cotangent: the argument's layout
-                    eqn = _transposed_like_primal(c, eqn, partners, read, arguments)
+                    primal = _transpose.primal_layout(eqn, partners, read, arguments)
                 elif name == "dot_general":
                     _transpose.remember(partners, eqn)
                 _transpose.passed_on(arguments, eqn)
+                at = Where(path, back, aligned, used, consts, primal)
                 results = _layouts.evaluate(c, eqn, invals, at, interpret)
             else:  # the gradient's sub-computations get no constraints
                 params = eqn.params if name in _OPAQUE or back else _rewrite_params(c, eqn.params, path, used)
@@ -278,19 +279,6 @@ def interpret(
                 x = c.constrain(found.names[(v, scope)], x)
             env[v] = x
     return [read(v) for v in jaxpr.outvars]
-
-
-def _transposed_like_primal(
-    c: Constrainer, eqn: Any, partners: _transpose.Partners, read: Any, arguments: set[Any]
-) -> Any:
-    """`eqn` (a gradient contraction) with the `out_sharding` JAX's transpose
-    rule gives it, its primal operand's layout, where `_transpose` finds it
-    and that operand is one of `arguments`."""
-    spec = _transpose.primal_layout(eqn, partners, read, arguments)
-    if spec is None or c.abstract_mesh is None or not hasattr(eqn, "replace"):
-        return eqn
-    sharding = jax.sharding.NamedSharding(c.abstract_mesh, spec)
-    return eqn.replace(params={**eqn.params, "out_sharding": sharding})
 
 
 def _context_mesh(mesh: Any, invals: Sequence[Any], outvars: Sequence[Any] = ()) -> Any:

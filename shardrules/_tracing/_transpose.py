@@ -34,6 +34,8 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from ._explicit import spec_of
+from ._layouts import source_line
+from ._outputs import forward_path
 from ._propagate import axes_of
 
 Partners = dict[Any, list[Any]]
@@ -77,8 +79,14 @@ def is_transposed(eqn: Any) -> bool:
 def primal_layout(eqn: Any, partners: Partners, read: Any, arguments: set[Any]) -> PartitionSpec | None:
     """The spec, in `eqn`'s result order, of the forward operand whose
     cotangent `eqn` computes (`read`: a variable's current value), where that
-    operand is one of `arguments` (a parameter, not an activation), or `None`."""
+    operand is one of `arguments` (a parameter, not an activation), or `None`.
+
+    Several forward contractions may fit (one input feeding `h @ wq` and
+    `h @ wk` of one shape): those made by the same line of the model's code,
+    in the same scope, as `eqn` are preferred; where the candidates left
+    give different layouts, `None` (inferred, as before)."""
     p, q = eqn.invars[:2]
+    found: list[tuple[bool, PartitionSpec]] = []
     for shared, ct, shared_is_p in ((p, q, True), (q, p, False)):
         for forward in partners.get(shared, ()):
             if forward is eqn or tuple(forward.outvars[0].aval.shape) != tuple(ct.aval.shape):
@@ -96,8 +104,17 @@ def primal_layout(eqn: Any, partners: Partners, read: Any, arguments: set[Any]) 
             if not hasattr(value, "shape"):
                 continue
             entries = tuple(spec_of(value))
-            return PartitionSpec(*(entries[d] for d in dims))
-    return None
+            found.append((_same_origin(eqn, forward), PartitionSpec(*(entries[d] for d in dims))))
+    if any(same for same, _ in found):
+        found = [f for f in found if f[0]]
+    specs = {spec for _, spec in found}
+    return specs.pop() if len(specs) == 1 else None
+
+
+def _same_origin(eqn: Any, forward: Any) -> bool:
+    """Whether `eqn` and `forward` come from one line of the model's code, in one scope."""
+    line = source_line(eqn)
+    return bool(line) and line == source_line(forward) and forward_path(eqn) == forward_path(forward)
 
 
 def _mapping(eqn: Any, forward: Any, shared: Any, shared_is_p: bool) -> list[int] | None:
