@@ -54,7 +54,7 @@ def findings(
 ) -> list[Diagnostic]:
     """SR122 / SR123 for a step over its budget (`max_peak`: bytes, or a size such as `"4GiB"`)."""
     from .._language._sizes import byte_size
-    from .._tracing._cost import flops_text
+    from .._planning._plan import format_flops
 
     found = []
     ratio = cost.ratio
@@ -72,7 +72,7 @@ def findings(
                 "error",
                 f"the step runs {ratio:.2f}x the ideal FLOPs per device (at most {max_ratio:g} allowed by "
                 f"{_origin(args, 'max_flops_ratio', '--max-flops-ratio')}): "
-                f"{flops_text(cost.flops_per_device)} per device against {flops_text(cost.ideal_flops_per_device)}, "
+                f"{format_flops(cost.flops_per_device)} per device against {format_flops(cost.ideal_flops_per_device)}, "
                 f"the one-device step's over {cost.devices} devices",
                 span,
                 None,

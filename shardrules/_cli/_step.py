@@ -257,7 +257,7 @@ def costs(spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None
 
 def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """`diff --step`'s table: each measure of the two sides' costs, and B over A."""
-    from .._tracing._cost import flops_text
+    from .._planning._plan import format_flops
 
     a, b = costs["a"], costs["b"]
 
@@ -269,7 +269,7 @@ def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:
 
     measures = [
         ("devices", str(a.devices), str(b.devices), ratio(a.devices, b.devices)),
-        ("FLOPs per device", flops_text(a.flops_per_device), flops_text(b.flops_per_device),
+        ("FLOPs per device", format_flops(a.flops_per_device), format_flops(b.flops_per_device),
          ratio(a.flops_per_device, b.flops_per_device)),
         ("against the ideal", "-" if a.ratio is None else f"{a.ratio:.2f}x",
          "-" if b.ratio is None else f"{b.ratio:.2f}x",

@@ -381,6 +381,13 @@ def plural(n: int, noun: str, nouns: str = "") -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {nouns or noun + 's'}"
 
 
+def format_flops(value: float | None) -> str:
+    """`2.5e9` → `"2.50 GFLOP"`, `512` → `"512 FLOP"`; `None` → `"-"`."""
+    units = (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3))
+    unit, size = next(((u, s) for u, s in units if value is not None and value >= s), ("FLOP", 0))
+    return "-" if value is None else f"{value / size:.2f} {unit}" if size else f"{value:.0f} FLOP"
+
+
 def format_bytes(n: float) -> str:
     """`1536` → `"1.5 KiB"`."""
     value = float(n)

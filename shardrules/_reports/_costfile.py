@@ -209,27 +209,20 @@ def _figure(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def _flops(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if value >= size:
-            return f"{value / size:.2f} {unit}"
-    return f"{value:.0f} FLOP"
-
-
 def cost_rows(cost: dict[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, str]]]:
     """The cost as a report shows it: (measure, value) rows, and a (kind,
     count, bytes per device, scopes) row per kind of collective."""
-    from .._planning._plan import format_bytes
+    from .._planning._plan import format_bytes, format_flops
 
     ratio = (
-        f" ({cost['ratio']:.2f}x the ideal {_flops(cost['ideal_flops_per_device'])})" if cost["ratio"] else ""
+        f" ({cost['ratio']:.2f}x the ideal {format_flops(cost['ideal_flops_per_device'])})"
+        if cost["ratio"]
+        else ""
     )
     measures = [
         ("step", cost["step"] or "-"),
         ("devices", str(cost["devices"])),
-        ("FLOPs per device", _flops(cost["flops_per_device"]) + ratio),
+        ("FLOPs per device", format_flops(cost["flops_per_device"]) + ratio),
         ("bytes accessed per device", format_bytes(int(cost["bytes_accessed_per_device"]))),
         ("peak memory per device", format_bytes(cost["peak_bytes_per_device"])),
         ("  arguments", format_bytes(cost["argument_bytes_per_device"])),

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._planning._plan import format_bytes
+from .._planning._plan import format_bytes, format_flops
 
 _KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<kind>" + "|".join(_KINDS) + r")(?P<start>-start)?\(")
@@ -101,13 +101,13 @@ class StepCost:
     def lines(self) -> list[str]:
         """The cost as lines of text (what `str` gives)."""
         ratio = (
-            f" ({self.ratio:.2f}x the ideal {flops_text(self.ideal_flops_per_device)})"
+            f" ({self.ratio:.2f}x the ideal {format_flops(self.ideal_flops_per_device)})"
             if self.ratio is not None
             else ""
         )
         out = [
             f"devices: {self.devices}",
-            f"FLOPs per device: {flops_text(self.flops_per_device)}{ratio}",
+            f"FLOPs per device: {format_flops(self.flops_per_device)}{ratio}",
             f"bytes accessed per device: {format_bytes(self.bytes_accessed_per_device)}",
             f"peak memory per device: {format_bytes(self.peak_bytes_per_device)} (arguments "
             f"{format_bytes(self.argument_bytes_per_device)}, outputs {format_bytes(self.output_bytes_per_device)}, "
@@ -136,15 +136,6 @@ def cost_from_json(data: dict[str, Any]) -> StepCost:
             for c in data["collectives"]
         ),
     )
-
-
-def flops_text(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if value >= size:
-            return f"{value / size:.2f} {unit}"
-    return f"{value:.0f} FLOP"
 
 
 def _size(shape: str) -> int:
