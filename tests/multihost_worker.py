@@ -275,10 +275,10 @@ def main() -> None:
     )
     result["reshard_spec"] = str(moved["attn"]["q"]["kernel"].sharding.spec)
     result["reshard_donated"] = all(x.is_deleted() for x in jax.tree.leaves(trained))
-    if PROCESSES > 1:  # onto the devices of process 0 only: refused on both, before anything moves
-        mine = [d for d in jax.devices() if d.process_index == 0]
+    if PROCESSES > 1:  # onto 2 devices of each process: refused on both, before anything moves
+        some = [d for q in range(PROCESSES) for d in [e for e in jax.devices() if e.process_index == q][:2]]
         half = jax.make_mesh(
-            (2, 2), ("replica", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=mine
+            (2, 2), ("replica", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=some
         )
         expect_error("reshard_other_devices", lambda: sr.reshard(params, rollout, half))
 
@@ -425,6 +425,7 @@ def main() -> None:
         unchecked = sr.apply(skewed, rules, mesh, verify="off")  # the check is what stops it
         result["unchecked_embed_shape"] = list(unchecked["embed"].shape)
         every_entry_point_meets(mesh, other_mesh, same_rules, other_rules, w)
+        mesh_without_a_process(mesh, same_rules, w)
         # After all that, the processes still agree and go on together.
         result["after_errors_total"] = total(sr.apply(host_params, rules, mesh))
     result["seconds"] = time.perf_counter() - started
@@ -508,6 +509,66 @@ def every_entry_point_meets(mesh, other_mesh, same_rules, other_rules, w) -> Non
 
     expect_any_error("shard_map_rules", lambda: mapped(other_rules, mesh)(placed))
     expect_any_error("shard_map_mesh", lambda: mapped(same_rules, other_mesh)(placed))
+
+
+def mesh_without_a_process(mesh, rules, w) -> None:
+    """Each entry point that places data, on a mesh over `jax.devices()[:4]`:
+    every device of process 0 and none of process 1. Every process must stop
+    with the same error, before anything moves; then, a mesh that only
+    process 1 builds that way: it stops with that error, process 0 with SR112
+    naming it."""
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    first = jax.make_mesh((2, 2), ("data", "model"), axis_types=auto, devices=jax.devices()[:4])
+    placed = sr.apply(w, rules, mesh)
+    ckpt_rules = sr.loads(
+        'mesh data, model\nrules params:\n  "sharded" -> (data, model)\n  default -> replicated\n'
+    )
+
+    def double(p):
+        return jax.tree.map(lambda x: x * 2, p)
+
+    cases = {
+        "apply": lambda: sr.apply(w, rules, first),
+        "apply_local": lambda: sr.apply(w, rules, first, process_local=True),
+        "apply_off": lambda: sr.apply(w, rules, first, verify="off"),
+        "init": lambda: sr.init(lambda key: {"w": jax.random.normal(key, (8, 8))}, rules, first)(
+            jax.random.key(0)
+        ),
+        "checkpoint": lambda: sr.load_checkpoint(OUT / "model.safetensors", ckpt_rules, first),
+        "orbax": lambda: sr.load_orbax(
+            OUT / "no-orbax-checkpoint", rules, first, target={"w": jax.ShapeDtypeStruct((8, 8), np.float32)}
+        ),
+        "reshard": lambda: sr.reshard(placed, rules, first),
+        "jit": lambda: sr.jit(double, rules, first, in_groups=("params",), out_groups="params")(placed),
+        "shard_map": lambda: sr.shard_map(
+            lambda p: p, rules, first, in_groups=("params",), out_groups="params"
+        )(placed),
+    }
+    # Count what would move data while these run: nothing may.
+    moves: list[str] = []
+    names = ("device_put", "make_array_from_callback", "make_array_from_process_local_data")
+    real = {name: getattr(jax, name) for name in names}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            moves.append(name)
+            return real[name](*args, **kwargs)
+
+        return call
+
+    for name in names:
+        setattr(jax, name, counting(name))
+    try:
+        for case, fn in cases.items():
+            expect_any_error(f"no_device_{case}", fn)
+    finally:
+        for name in names:
+            setattr(jax, name, real[name])
+    result["no_device_moves"] = moves
+    # Only process 1 builds its mesh that way: it stops on its own error, process 0 with SR112.
+    on_one = first if PROCESS == 1 else mesh
+    expect_any_error("no_device_on_one", lambda: sr.apply(w, rules, on_one))
+    result["no_device_after_total"] = total(sr.apply(w, rules, mesh))
 
 
 def dead_peer() -> None:

@@ -178,7 +178,7 @@ def test_reshard_across_processes(results):
         assert r["reshard_spec"] == single["reshard_spec"] == "P('replica', 'tensor')"
         assert r["reshard_matches"] is True and r["reshard_donated"] is True
         assert r["reshard_total"] == pytest.approx(single["reshard_total"], rel=1e-6)
-        # A target over one process's devices only: JAX cannot move global arrays there (SR106 on both).
+        # A target over 2 devices of each process: JAX cannot move global arrays there (SR106 on both).
         assert r["reshard_other_devices"]["code"] == "SR106"
 
 
@@ -390,6 +390,48 @@ def test_a_plan_that_fails_on_one_process_stops_every_process(results):
     for r in results["multi"]:
         assert r["init_after_total"] == pytest.approx(results["multi"][0]["init_after_total"])
         assert r["jit_after_total"] == 2 * sum(range(64))
+
+
+NO_DEVICE = {
+    "apply": "apply(group='params')",
+    "apply_local": "apply(group='params')",  # process_local=True
+    "apply_off": "apply(group='params')",  # verify="off"
+    "init": "init(group='params')",
+    "checkpoint": "load_checkpoint(",
+    "orbax": "load_orbax(",
+    "reshard": "reshard(group='params')",
+    "jit": "jit(",
+    "shard_map": "shard_map(",
+}
+
+
+@pytest.mark.slow
+def test_a_mesh_without_devices_of_a_process_stops_every_process_alike(results):
+    # A mesh over jax.devices()[:4]: all of process 0's devices, none of process 1's.
+    # Process 1 could not put its shards (JAX raises there) while process 0 would
+    # return its arrays: every entry point stops both, with the same error, at once.
+    first, second = results["multi"]
+    for case, what in NO_DEVICE.items():
+        mine, theirs = first[f"no_device_{case}"], second[f"no_device_{case}"]
+        for me, found in enumerate((mine, theirs)):
+            assert found is not None, f"{case}: process {me} went on with a mesh that leaves out process 1"
+            assert found["type"] == "ProcessMismatchError" and found["code"] == "SR112", (case, me, found)
+            assert found["message"].startswith(f"SR112 {what}"), (case, found["message"])
+            assert "the mesh holds no device of process 1, only devices of process 0" in found["message"]
+            assert f"(this is process {me} of 2)" in found["message"]
+            assert "nothing was moved" in found["message"] and "jax.devices()" in found["message"]  # the fix
+            assert found["seconds"] < 10, (case, me, found["seconds"])
+        # The same words on both processes, but for which process says them.
+        assert mine["message"].replace("process 0 of 2", "process 1 of 2") == theirs["message"], case
+    for r in results["multi"]:
+        assert r["no_device_moves"] == []  # no data moved on either process
+        assert r["no_device_after_total"] == 2016.0  # and they go on together
+    # A mesh only process 1 builds that way: its own error there, SR112 naming it on process 0.
+    mine, theirs = second["no_device_on_one"], first["no_device_on_one"]
+    assert mine["code"] == "SR112" and "the mesh holds no device of process 1" in mine["message"]
+    assert theirs["code"] == "SR112", theirs
+    assert "process 1 stopped on errors that this process (process 0 of 2) did not find" in theirs["message"]
+    assert mine["seconds"] < 10 and theirs["seconds"] < 10
 
 
 @pytest.mark.slow

@@ -252,6 +252,29 @@ def failed_elsewhere_error(
     )
 
 
+def no_device_error(
+    absent: Sequence[int], holders: Sequence[int], me: int, processes: int, what: str
+) -> ShardRulesError:
+    """The SR112 error of every process when the mesh holds no device of the
+    processes `absent` (`holders`: those whose devices it holds): the same
+    words on each, made from the mesh alone, before anything moves."""
+    return error_for(
+        [
+            Diagnostic(
+                "SR112",
+                "error",
+                f"{what}: the mesh holds no device of {_processes(absent)}, only devices of "
+                f"{_processes(holders)} (this is process {me} of {processes}); every process puts the "
+                "shards of its own devices, so each must hold some of the mesh's; nothing was moved",
+                hint="build the mesh over every process's devices: `jax.make_mesh(shape, names)` takes "
+                "`jax.devices()` (the devices of all processes), never a part of it such as "
+                "`jax.devices()[:4]` or `jax.local_devices()`; to use some hosts only, start only their "
+                "processes (`jax.distributed.initialize(num_processes=...)`)",
+            )
+        ]
+    )
+
+
 def did_not_join_error(
     missing: Sequence[int],
     me: int,

@@ -109,6 +109,7 @@ def apply(
             ruleset = as_rules(rules)
             resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="apply")
             assert isinstance(resolved, jax.sharding.Mesh)
+            _multihost.require_every_process(resolved, f"apply(group={group!r})")
             tree, restore = to_jax(tree, plain_torch="error", what="apply")
             budget = byte_size(device_memory) if device_memory is not None else None
             prepared = _multihost.prepare(

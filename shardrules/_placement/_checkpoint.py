@@ -22,6 +22,7 @@ from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._plan import format_bytes
 from .._planning._shapes import _SAFETENSORS_DTYPES, ShapeSourceError, index_files, read_header, shown
 from ._meeting import agree_on_shapes
+from ._multihost import require_every_process
 
 
 def _checkpoint_files(path: Path) -> dict[str, tuple[Path, dict[str, Any], int]]:
@@ -125,6 +126,7 @@ def load_checkpoint(
         ruleset = as_rules(rules)
         resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="load_checkpoint")
         assert isinstance(resolved, Mesh)
+        require_every_process(resolved, what)  # before any file is opened
         tensors: dict[str, tuple[Path, dict[str, Any], int]] = {}
         for name, entry in _checkpoint_files(Path(path)).items():
             key = rename(name) if rename is not None else name

@@ -32,7 +32,7 @@ from .._errors import ShardRulesError
 from .._planning._plan import Plan, spec_repr
 from . import _agree, _exchange
 from ._fingerprint import SPEC, fingerprint, mesh_fingerprint, spec_key, spec_words
-from ._multihost import joining_on_error
+from ._multihost import joining_on_error, require_every_process
 
 # One leaf of a plan as the processes compare it: its path, shape (None: not
 # known, as for a step's outputs), dtype, and planned spec (None: not placed;
@@ -106,6 +106,7 @@ def agree_on_step(what: str, planned: Callable[[], tuple[Mesh, list[Layout]]]) -
     with joining_on_error(True, what=what):
         _exchange.join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is this process's own error
         mesh, layouts = planned()
+        require_every_process(mesh, what)
     agree_on_layouts(
         what,
         mesh,

@@ -153,6 +153,22 @@ def _held(shape: tuple[int, ...], sharding: NamedSharding, processes: int) -> li
     return [frozenset(h) for h in held]
 
 
+def require_every_process(mesh: Mesh, what: str) -> None:
+    """In a multi-process run, SR112 unless the mesh holds devices of every
+    process: one with none of them could not put its shards (JAX raises there,
+    while the others would go on). Decided from the mesh alone, so every
+    process that has this mesh raises the same error; call it inside
+    `joining_on_error`, before anything moves (a process whose mesh differs
+    still meets the others, which then name it)."""
+    processes = jax.process_count()
+    if processes == 1:
+        return
+    held = {int(d.process_index) for d in mesh.devices.flat}
+    absent = [q for q in range(processes) if q not in held]
+    if absent:
+        raise _agree.no_device_error(absent, sorted(held), jax.process_index(), processes, what)
+
+
 @contextlib.contextmanager
 def joining_on_error(exchanging: bool, what: str) -> Iterator[None]:
     """Around what a process does on its own before the processes exchange

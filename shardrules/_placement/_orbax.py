@@ -23,7 +23,7 @@ from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._compile import compile_plan
 from ._exchange import join_timeout
 from ._meeting import CHECKPOINT_FIX, agree_on_layouts, plan_layouts
-from ._multihost import joining_on_error
+from ._multihost import joining_on_error, require_every_process
 
 EXTRA_HINT = 'pip install "shardrules[orbax]"'
 
@@ -90,6 +90,7 @@ def load_orbax(
         ruleset = as_rules(rules)
         resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="load_orbax")
         assert isinstance(resolved, Mesh)
+        require_every_process(resolved, what)
         checkpointer = ocp.StandardCheckpointer()
         path = os.path.abspath(os.fspath(path))  # Orbax wants absolute paths
         if target is None:

@@ -95,11 +95,11 @@ def reshard(
         with _multihost.joining_on_error(True, what=what):  # a process failing alone still meets the others
             _check_donate(donate)
             join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is this process's own error
-            the_plan, leaves, restore, ruleset, resolved, problems = _prepare(tree, rules, mesh, group)
+            the_plan, leaves, restore, ruleset, resolved, problems = _prepare(tree, rules, mesh, group, what)
         _agree(the_plan, leaves, resolved, problems, ruleset, what)
     else:
         _check_donate(donate)
-        the_plan, leaves, restore, ruleset, resolved, problems = _prepare(tree, rules, mesh, group)
+        the_plan, leaves, restore, ruleset, resolved, problems = _prepare(tree, rules, mesh, group, what)
         if problems:
             raise error_for(problems, ruleset.sources)
 
@@ -118,7 +118,7 @@ def _check_donate(donate: Any) -> None:
 
 
 def _prepare(
-    tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None, group: str
+    tree: Any, rules: RulesLike, mesh: jax.sharding.Mesh | None, group: str, what: str
 ) -> tuple[Plan, list[Any], Any, Any, jax.sharding.Mesh, list[Diagnostic]]:
     """Everything `reshard` checks on this process: the mesh, the plan on it,
     the inputs, the memory the devices report. Raises for a mesh or a group
@@ -126,6 +126,7 @@ def _prepare(
     ruleset = as_rules(rules)
     resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="reshard")
     assert isinstance(resolved, jax.sharding.Mesh)
+    _multihost.require_every_process(resolved, what)  # several processes: each holds some of the mesh
     tree, restore = to_jax(tree, plain_torch="error", what="reshard")
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     problems = list(the_plan.errors) or unconstrained_diagnostics(the_plan)  # SR120

@@ -20,7 +20,7 @@ from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._planning._compile import compile_plan
 from ._exchange import join_timeout
 from ._meeting import agree_on_layouts, plan_layouts
-from ._multihost import joining_on_error
+from ._multihost import joining_on_error, require_every_process
 
 
 def init(
@@ -87,6 +87,7 @@ def init(
         with joining_on_error(True, what=what):  # everything this process does on its own
             resolved = _mesh.resolve(mesh, ruleset, concrete=True, what="init")
             assert isinstance(resolved, Mesh)
+            require_every_process(resolved, what)  # before the initialiser is traced
             make, merge = init_fn, None
             made = _Split(make, static_argnums, args)
             if _nnx.is_module(made.abstract):  # an NNX model: create its state sharded, then merge it in
