@@ -13,6 +13,7 @@ from typing import Any
 
 from .._errors import Diagnostic, Span
 from .._planning._plan import format_bytes
+from .._pspec import entries
 from ._lint import UsageError
 
 
@@ -20,7 +21,7 @@ def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
     """The forward-pass scopes with the largest results laid out on no axis."""
     sizes: dict[str, int] = {}
     for d in decisions:
-        if d.scope.endswith("(backward)") or any(e is not None for e in d.spec):
+        if d.scope.endswith("(backward)") or any(e is not None for e in entries(d.spec)):
             continue
         if len(d.shape) == 0 or math.prod(d.shape) <= 1:
             continue

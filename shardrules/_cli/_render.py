@@ -18,6 +18,7 @@ from .._language._build import pattern_problem
 from .._planning._hosts import host_bytes, leaf_host_bytes
 from .._planning._mesh import axis_types_text
 from .._planning._plan import LeafPlan, Plan, format_bytes, plural, spec_str
+from .._pspec import entries
 from .._reports._picture import text_picture
 from ._lint import Result
 
@@ -228,7 +229,7 @@ def totals(plan: Plan, top: int = 5, hosts: int | None = None) -> list[str]:
         (
             leaf
             for leaf in arrays
-            if leaf.spec is not None and leaf.shape and all(e is None for e in leaf.spec)
+            if leaf.spec is not None and leaf.shape and all(e is None for e in entries(leaf.spec))
         ),
         key=lambda leaf: -leaf.nbytes,
     )[:top]

@@ -27,6 +27,7 @@ from .._errors import Diagnostic, ShardRulesError, ShardRulesWarning
 from .._language._rules import RuleSet
 from .._planning._plan import format_bytes, spec_str
 from .._planning._shapes import ShapeSourceError, import_callable
+from .._pspec import entries
 from . import _budget
 from ._lint import UsageError
 
@@ -122,7 +123,7 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[A
 
 def _entries(spec: Any) -> str:
     return ", ".join(
-        "_" if e is None else e if isinstance(e, str) else "(" + ", ".join(e) + ")" for e in spec
+        "_" if e is None else e if isinstance(e, str) else "(" + ", ".join(e) + ")" for e in entries(spec)
     )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._language._build import pattern_problem
+from .._pspec import entries as spec_entries
 from ._common import (
     Conversion,
     SourceError,
@@ -124,7 +125,7 @@ def _spec(spec: Any, what: str, where: str, notes: list[str], axes: dict[str, No
         extra = [f"{k}={v}" for k in ("unreduced", "reduced") if (v := getattr(spec, k, None))]
         if extra:
             notes.append(f"{what}: its spec's {', '.join(extra)} is not converted")
-        entries = list(spec)
+        entries = list(spec_entries(spec))
     elif isinstance(spec, (tuple, list)):
         entries = list(spec)
     else:

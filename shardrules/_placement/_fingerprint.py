@@ -21,6 +21,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .._interop._paths import is_key_dtype
+from .._pspec import entries as spec_entries
+from .._pspec import tags
 
 VERIFY_MODES = ("sample", "full", "off")
 SAMPLE_BYTES = 1 << 20  # leaves up to this size are hashed whole in "sample" mode
@@ -166,16 +168,13 @@ def spec_words(spec: PartitionSpec, rank: int | None) -> tuple[int, int]:
     """Two words hashing what `spec` means for an array of `rank` dimensions
     (`None`: not known): `P('data')` and `P('data', None)` (or
     `P(('data',), None)`) hash the same."""
-    entries = [tuple(e) if isinstance(e, tuple) else (() if e is None else (e,)) for e in spec]
+    entries = [tuple(e) if isinstance(e, tuple) else (() if e is None else (e,)) for e in spec_entries(spec)]
     if rank is None:  # the same without its trailing unsharded dimensions
         while entries and not entries[-1]:
             entries.pop()
     else:
         entries += [()] * (rank - len(entries))
-    extra = (
-        sorted(map(str, getattr(spec, "unreduced", ()) or ())),
-        sorted(map(str, getattr(spec, "reduced", ()) or ())),
-    )
+    extra = tuple(sorted(map(str, axes)) for axes in tags(spec))
     words = _words(hashlib.blake2b(repr((entries, extra)).encode(), digest_size=8).digest())
     return words if words != (0, 0) else (0, 1)
 

@@ -33,6 +33,8 @@ from .._planning import _check, _inputs, _mesh
 from .._planning._compile import compile_leaves
 from .._planning._concrete import is_concrete, unconstrained_diagnostics
 from .._planning._plan import LeafPlan, Plan, spec_repr
+from .._pspec import described
+from .._pspec import entry as spec_entry
 from . import _agree, _exchange, _fingerprint
 
 
@@ -64,7 +66,7 @@ def process_slices(mesh: Mesh, spec: PartitionSpec, rank: int, process: int) -> 
     coords = _coords(mesh, process)
     out = []
     for d in range(rank):
-        axes = _axes(spec[d]) if d < len(spec) else ()
+        axes = _axes(spec_entry(spec, d))
         sizes = [mesh.shape[a] for a in axes]
         if not axes:
             out.append((1, 1))
@@ -131,7 +133,7 @@ def _plan_local(
 
 
 def _spec_text(spec: PartitionSpec) -> str:
-    return "P(" + ", ".join(repr(e) for e in spec) + ")"
+    return described(spec)
 
 
 def _regions(lp: LeafPlan, mesh: Mesh, processes: int, cache: dict[Any, list[Any]]) -> list[Any]:

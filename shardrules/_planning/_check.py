@@ -24,6 +24,7 @@ import warnings
 from .._errors import Diagnostic, ShardRulesWarning, group
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
+from .._pspec import entries
 from . import _mesh
 from ._choice import alternative_warnings
 from ._match import by_key, search_all
@@ -158,7 +159,7 @@ def replicated_share(plan: Plan) -> tuple[float, int, int]:
             continue
         nbytes = math.prod(shape) * dtype.itemsize * count
         total += nbytes
-        if why not in ("size-1", "key") and all(entry is None for entry in spec):
+        if why not in ("size-1", "key") and all(entry is None for entry in entries(spec)):
             replicated += nbytes
     return (replicated / total if total else 0.0), replicated, total
 
@@ -185,7 +186,7 @@ def tolerance_diagnostics(
         (
             leaf
             for leaf in plan.leaves
-            if leaf.spec is not None and leaf.shape and all(e is None for e in leaf.spec)
+            if leaf.spec is not None and leaf.shape and all(e is None for e in entries(leaf.spec))
         ),
         key=lambda leaf: -leaf.nbytes,
     )[:3]
@@ -257,7 +258,7 @@ def replication_warnings(plan: Plan, threshold: int = DEFAULT_REPLICATED_THRESHO
     for leaf in plan.leaves:
         if leaf.spec is None or not leaf.shape or leaf.nbytes < threshold:
             continue
-        if all(entry is None for entry in leaf.spec):
+        if all(entry is None for entry in entries(leaf.spec)):
             rule = leaf.rule
             out.append(
                 Diagnostic(

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec
 
 from .._errors import Diagnostic, error_for
 from .._language._rules import Rule
+from .._pspec import entries as spec_entries
 from ._plan import LeafPlans, Plan
 
 _UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
@@ -24,7 +25,7 @@ _UNCONSTRAINED = PartitionSpec.UNCONSTRAINED
 
 def is_concrete(spec: PartitionSpec | None) -> bool:
     """Whether `spec` has no `PartitionSpec.UNCONSTRAINED` entry (`None`: yes)."""
-    return spec is None or all(entry is not _UNCONSTRAINED for entry in spec)
+    return spec is None or all(entry is not _UNCONSTRAINED for entry in spec_entries(spec))
 
 
 PLACING = "placing arrays needs a concrete layout"
@@ -64,7 +65,7 @@ def require_concrete(plan: Plan, why: str = PLACING) -> None:
 def _finding(
     path: str, shape: tuple[int, ...], dtype: Any, rule: Rule | None, spec: PartitionSpec, why: str
 ) -> Diagnostic:
-    dims = [d for d, entry in enumerate(spec) if entry is _UNCONSTRAINED]
+    dims = [d for d, entry in enumerate(spec_entries(spec)) if entry is _UNCONSTRAINED]
     which = f"dimension {dims[0]}" if len(dims) == 1 else "dimensions " + ", ".join(map(str, dims))
     verb = "is" if len(dims) == 1 else "are"
     tail = f"{verb} `unconstrained`, but {why}"

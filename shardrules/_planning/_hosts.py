@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from .._pspec import entries
 from ._blocks import block_index, device_coords, entry_axes
 from ._plan import Plan
 
@@ -63,7 +64,7 @@ def leaf_host_bytes(
 ) -> np.ndarray:
     """Distinct bytes of one array on each host."""
     names = tuple(sizes)
-    key = tuple(tuple(e) if isinstance(e, (tuple, list)) else e for e in spec)
+    key = tuple(tuple(e) if isinstance(e, (tuple, list)) else e for e in entries(spec))
     return bytes_per_device * _pieces(tuple(sizes[n] for n in names), names, key, hosts)
 
 

@@ -18,6 +18,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, PartitionSpec
 from .._errors import Diagnostic, error_for
 from .._language._rules import RuleSet
 from .._language._syntax import MeshDecl
+from .._pspec import entries, with_entries
 from ._blocks import entry_axes
 
 MeshLike = Mesh | AbstractMesh | Mapping[str, int]
@@ -237,9 +238,9 @@ def pin(value: Any, target: Any) -> Any:
     mesh = target.mesh if named else jax.sharding.get_abstract_mesh()
     explicit = set(getattr(mesh, "explicit_axes", ()) or ())
     spec = target.spec if named else target
-    used = {a for entry in spec for a in entry_axes(entry)}
+    used = {a for entry in entries(spec) for a in entry_axes(entry)}
     if explicit and (used & explicit or not used - explicit):
-        if any(entry is PartitionSpec.UNCONSTRAINED for entry in spec):
+        if any(entry is PartitionSpec.UNCONSTRAINED for entry in entries(spec)):
             spec = _kept(value, spec, used)
             target = jax.sharding.NamedSharding(mesh, spec) if named else spec
         return jax.sharding.reshard(value, target)
@@ -260,7 +261,7 @@ def sharding_for(mesh: Mesh | AbstractMesh, spec: PartitionSpec) -> jax.sharding
     """What `pin` takes to lay a value out as `spec` on `mesh`: the
     `NamedSharding`, or, for unconstrained dimensions on a mesh with no `Auto`
     axis (a `NamedSharding` JAX refuses), an `Unsettled` layout."""
-    unconstrained = any(entry is PartitionSpec.UNCONSTRAINED for entry in spec)
+    unconstrained = any(entry is PartitionSpec.UNCONSTRAINED for entry in entries(spec))
     if unconstrained and AxisType.Auto not in tuple(mesh.axis_types):
         return Unsettled(mesh, spec)
     return jax.sharding.NamedSharding(mesh, spec)
@@ -270,13 +271,14 @@ def _kept(value: Any, spec: PartitionSpec, used: set[str]) -> PartitionSpec:
     """`spec` with each unconstrained entry replaced by the value's current
     layout of that dimension, or unsharded where that uses axes `spec` uses."""
     try:
-        current = tuple(jax.typeof(value).sharding.spec)
+        current = entries(jax.typeof(value).sharding.spec)
     except (AttributeError, TypeError):  # no layout in its type: unsharded
         current = ()
-    current += (None,) * (len(spec) - len(current))
-    return PartitionSpec(
-        *(
+    current += (None,) * (len(entries(spec)) - len(current))
+    return with_entries(
+        spec,
+        (
             (None if set(entry_axes(now)) & used else now) if entry is PartitionSpec.UNCONSTRAINED else entry
-            for entry, now in zip(spec, current, strict=False)
-        )
+            for entry, now in zip(entries(spec), current, strict=False)
+        ),
     )

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._errors import Diagnostic, Span, error_for
 from .._gcpause import paused
 from .._language._rules import Rule, RuleSet
+from .._pspec import described
 from ._mesh import MeshLike, axis_types_text, sizes_of
 
 Why = Literal["rule", "default", "scalar", "size-1", "key", "not an array", "unmatched", "error"]
@@ -363,9 +364,7 @@ def spec_str(spec: PartitionSpec | None) -> str:
     """`P('fsdp', None)`; an unconstrained dimension as `unconstrained`, as rules write it."""
     if spec is None:
         return "-"
-    return (
-        "P(" + ", ".join("unconstrained" if e is PartitionSpec.UNCONSTRAINED else repr(e) for e in spec) + ")"
-    )
+    return described(spec, lambda e: "unconstrained" if e is PartitionSpec.UNCONSTRAINED else repr(e))
 
 
 def spec_repr(spec: Any) -> str:

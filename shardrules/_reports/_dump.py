@@ -28,6 +28,7 @@ from .._planning._blocks import UNCONSTRAINED
 from .._planning._dtypes import named_dtype
 from .._planning._mesh import sizes_of
 from .._planning._plan import LeafPlans, Plan
+from .._pspec import entries
 from ._costfile import cost_text
 
 FORMAT = "shardrules-plan"
@@ -98,7 +99,7 @@ def spec_entries(spec: PartitionSpec | None) -> tuple[Entry, ...] | None:
         else e
         if e is None or isinstance(e, str)
         else tuple(str(a) for a in e)
-        for e in spec
+        for e in entries(spec)
     )
 
 

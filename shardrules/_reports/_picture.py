@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .._planning._blocks import block_index, device_coords, entry_axes
+from .._pspec import entries as spec_entries
+from .._pspec import padded
 
 if TYPE_CHECKING:
     from .._planning._plan import LeafPlan
@@ -72,7 +74,7 @@ def grid_of(leaf: LeafPlan, sizes: dict[str, int]) -> Grid | None:
     spec, shape = leaf.spec, leaf.shape
     if spec is None or not shape:
         return None
-    entries = list(spec) + [None] * (len(shape) - len(spec))
+    entries = list(spec_entries(padded(spec, len(shape))))
     used = {a for e in entries for a in entry_axes(e)}
     copies = math.prod(n for a, n in sizes.items() if a not in used)
     leading_axes = [a for e in entries[:-2] for a in entry_axes(e)]

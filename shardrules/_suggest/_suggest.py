@@ -24,6 +24,7 @@ from .._planning._check import DEFAULT_REPLICATED_THRESHOLD
 from .._planning._mesh import sizes_of
 from .._planning._plan import format_bytes, spec_str
 from .._planning._spec import LeafError, leaf_spec, shard_bytes
+from .._pspec import entries
 from . import _roles as R
 from . import _text as T
 from ._draft import EMBEDDINGS, Draft, draft, embedding_layouts, replication_findings, say_whole
@@ -339,7 +340,7 @@ def _planned(
             raise AssertionError(f"{kind.example}: {err.message}") from None
         specs[i] = spec_str(spec)
         per_device[i] = shard_bytes(info, spec, sizes) * kind.count
-        if all(entry is None for entry in spec):
+        if all(entry is None for entry in entries(spec)):
             whole.add(i)
     return specs, per_device, whole
 

@@ -61,6 +61,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .._planning._blocks import entry_axes
+from .._pspec import entries, padded, with_entries
 from ._compat import DuplicateSpecError, ShapedArray, ShardingTypeError
 
 # What JAX raises for a result layout it cannot decide: JAX 0.10 raises a bare
@@ -116,8 +117,8 @@ def spec_of(value: Any) -> PartitionSpec:
     """The spec in the type of `value` (an array, a tracer or an abstract
     value), padded to its rank."""
     aval = value if isinstance(value, ShapedArray) else jax.typeof(value)
-    spec = tuple(getattr(getattr(aval, "sharding", None), "spec", ()) or ())
-    return PartitionSpec(*spec, *([None] * (len(aval.shape) - len(spec))))
+    spec = getattr(getattr(aval, "sharding", None), "spec", None)
+    return padded(spec if spec is not None else PartitionSpec(), len(aval.shape))
 
 
 def settled(spec: PartitionSpec, natural: PartitionSpec) -> PartitionSpec:
@@ -127,14 +128,15 @@ def settled(spec: PartitionSpec, natural: PartitionSpec) -> PartitionSpec:
     unsharded where that uses axes another entry of `spec` uses: JAX refuses
     `PartitionSpec.UNCONSTRAINED` in an `out_sharding` and on Explicit axes."""
     unconstrained = PartitionSpec.UNCONSTRAINED
-    used = {a for entry in spec if entry is not unconstrained for a in entry_axes(entry)}
-    padded = tuple(natural) + (None,) * (len(spec) - len(natural))
+    mine, theirs = entries(spec), entries(natural)
+    used = {a for entry in mine if entry is not unconstrained for a in entry_axes(entry)}
+    aligned = theirs + (None,) * (len(mine) - len(theirs))
     out = []
-    for entry, now in zip(spec, padded, strict=False):
+    for entry, now in zip(mine, aligned, strict=False):
         if entry is unconstrained:
             entry = None if set(entry_axes(now)) & used else now
         out.append(entry)
-    return PartitionSpec(*out)
+    return with_entries(spec, out)
 
 
 def lift_replicated(invals: Sequence[Any], made: Sequence[bool]) -> list[Any] | None:
@@ -158,14 +160,14 @@ def lift_replicated(invals: Sequence[Any], made: Sequence[bool]) -> list[Any] | 
     sharded: dict[tuple[int, ...], set[PartitionSpec]] = {}
     for x in filter(is_array, invals):
         spec = spec_of(x)
-        if any(entry_axes(e) for e in spec):
+        if any(entry_axes(e) for e in entries(spec)):
             sharded.setdefault(tuple(x.shape), set()).add(spec)
     if not sharded or any(len(specs) > 1 for specs in sharded.values()):
         return None
     out, changed = [], False
     for x, constant in zip(invals, made, strict=True):
         specs = sharded.get(tuple(x.shape), set()) if is_array(x) and constant else set()
-        if specs and not any(entry_axes(e) for e in spec_of(x)):
+        if specs and not any(entry_axes(e) for e in entries(spec_of(x))):
             x, changed = jax.sharding.reshard(x, next(iter(specs))), True
         out.append(x)
     return out if changed else None
@@ -180,11 +182,11 @@ def typed_aval(value: Any, drop_leading: bool = False) -> jax.ShapeDtypeStruct:
     weak = bool(getattr(aval, "weak_type", False))
     if sharding is None or not isinstance(sharding, NamedSharding):
         return jax.ShapeDtypeStruct(shape[1:] if drop_leading else shape, aval.dtype, weak_type=weak)
-    spec = tuple(spec_of(value))
+    spec = spec_of(value)
     if drop_leading:
-        shape, spec = shape[1:], spec[1:]
+        shape, spec = shape[1:], with_entries(spec, entries(spec)[1:])
     return jax.ShapeDtypeStruct(
-        shape, aval.dtype, sharding=NamedSharding(sharding.mesh, PartitionSpec(*spec)), weak_type=weak
+        shape, aval.dtype, sharding=NamedSharding(sharding.mesh, spec), weak_type=weak
     )
 
 
@@ -218,7 +220,7 @@ def match_types(values: Sequence[Any], like: Sequence[Any]) -> list[Any]:
 
 def _entries(spec: Any) -> str:
     return ", ".join(
-        "_" if e is None else e if isinstance(e, str) else "(" + ", ".join(e) + ")" for e in spec
+        "_" if e is None else e if isinstance(e, str) else "(" + ", ".join(e) + ")" for e in entries(spec)
     )
 
 
@@ -246,7 +248,7 @@ def suggestion(scope: str, spec: PartitionSpec, aligned: Sequence[Any] = ()) -> 
         )
     entry = inside[0]
     return (
-        f'add `"{re.escape(entry.name)}$" -> ({_entries(entry.output_spec(tuple(spec)))})` under '
+        f'add `"{re.escape(entry.name)}$" -> ({_entries(entry.output_spec(entries(spec)))})` under '
         "`rules activations:` (or pass strict=False to infer it)"
     )
 

@@ -33,6 +33,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from .._pspec import entries as spec_entries
 from ._compat import jcore
 
 # A scope JAX wraps around a remat's forward pass when the gradient computes it
@@ -56,7 +57,8 @@ class Aligned(NamedTuple):
 
     def spec_for(self, out_spec: Any) -> tuple[Any, ...]:
         """The value's spec from the output's."""
-        padded = list(out_spec) + [None] * (len(self.shape) - len(out_spec))
+        have = list(spec_entries(out_spec))
+        padded = have + [None] * (len(self.shape) - len(have))
         return tuple(padded[d] for d in self.dims)
 
     def output_spec(self, spec: Sequence[Any]) -> tuple[Any, ...]:

@@ -38,6 +38,8 @@ from typing import Any, NamedTuple
 from jax.sharding import PartitionSpec
 
 from .._planning._blocks import entry_axes
+from .._pspec import entries as spec_entries
+from .._pspec import entry as spec_entry
 
 Source = tuple[int, int]  # (operand index, operand dimension)
 
@@ -272,8 +274,8 @@ def propagate(
         carried: tuple[str, ...] = ()
         for i, k in found:
             spec = specs[i]
-            if spec is not None and k < len(spec) and entry_axes(spec[k]):
-                carried = tuple(entry_axes(spec[k]))
+            if spec is not None and entry_axes(spec_entry(spec, k)):
+                carried = tuple(entry_axes(spec_entry(spec, k)))
                 break
         kept: list[str] = []
         for axis in carried if out[d] > 1 else ():  # a size-1 dimension is split by no axis
@@ -292,4 +294,4 @@ def propagate(
 
 def axes_of(spec: Any) -> set[str]:
     """The mesh axes a spec names."""
-    return {a for entry in spec or () for a in entry_axes(entry)}
+    return {a for entry in (spec_entries(spec) if spec else ()) for a in entry_axes(entry)}

@@ -24,6 +24,7 @@ import jax
 from jax.core import Tracer
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._pspec import entries, with_entries
 from ._explicit import spec_of
 from ._propagate import axes_of, propagate
 
@@ -93,6 +94,6 @@ class Shadows:
         """The layout for `operand` leaving its region to no layout: its shadow's
         on `mesh`, or `None` where it has none."""
         spec = self.get(operand)
-        if spec is None or len(spec) != len(getattr(operand, "shape", ())):
+        if spec is None or len(entries(spec)) != len(getattr(operand, "shape", ())):
             return None
-        return NamedSharding(mesh, PartitionSpec(*spec))
+        return NamedSharding(mesh, with_entries(spec, entries(spec)))

@@ -42,6 +42,7 @@ from .._planning._blocks import entry_axes
 from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
+from .._pspec import entries
 from . import _compat, _explicit, _layouts, _transpose
 from ._compat import jcore
 from ._outputs import Aligned, Where, analyse, forward_path, join, scope_path, transposed, under
@@ -140,12 +141,12 @@ class Constrainer:
         if mesh is None:
             return
         types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
-        used = [a for entry in spec for a in entry_axes(entry)]
+        used = [a for entry in entries(spec) for a in entry_axes(entry)]
         explicit = [a for a in used if types.get(a) == AxisType.Explicit]
         auto = [a for a in used if types.get(a) == AxisType.Auto]
         if not (explicit and auto):
             return
-        kept = [[a for a in entry_axes(entry) if a not in auto] for entry in spec]
+        kept = [[a for a in entry_axes(entry) if a not in auto] for entry in entries(spec)]
         one = ", ".join("_" if not k else k[0] if len(k) == 1 else "(" + ", ".join(k) + ")" for k in kept)
         diag = Diagnostic(
             "SR207",

@@ -19,6 +19,7 @@ from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_specs
 from .._planning._blocks import entry_axes
 from .._planning._compile import compile_plan
+from .._pspec import entries, padded
 from . import _jit
 from . import _shard_map_errors as _errors
 from ._compat import explicit_mesh_context, trace_state_clean
@@ -105,9 +106,8 @@ def _specs_for(tree: Any, groups: Groups, rules: RuleSet, mesh: Mesh, what: str,
 
 
 def _blocks(spec: PartitionSpec, rank: int, sizes: dict[str, int]) -> list[int]:
-    entries = list(spec) + [None] * (rank - len(spec))
     out = []
-    for entry in entries:
+    for entry in entries(padded(spec, rank)):
         out.append(math.prod(sizes[a] for a in entry_axes(entry)))
     return out
 

@@ -18,6 +18,8 @@ from .._errors import Diagnostic, Shape, ShardRulesError, did_you_mean, error_fo
 from .._interop._paths import leaf_paths
 from .._planning._blocks import entry_axes
 from .._planning._plan import spec_repr
+from .._pspec import entries as spec_entries
+from .._pspec import tags
 
 Where = tuple[int, ...]  # positions in a tuple argument or output, one per nested sequence
 
@@ -97,8 +99,8 @@ def varying_axes(aval: Any) -> frozenset[str]:
 
 
 def _spec_axes(spec: PartitionSpec) -> set[str]:
-    axes = {a for entry in spec for a in entry_axes(entry)}
-    return axes | set(getattr(spec, "unreduced", ())) | set(getattr(spec, "reduced", ()))
+    unreduced, reduced = tags(spec)
+    return {a for entry in spec_entries(spec) for a in entry_axes(entry)} | unreduced | reduced
 
 
 def varying_outputs(
@@ -229,7 +231,8 @@ def _literal(
     spec: PartitionSpec, shape: Shape, sizes: dict[str, int], what: str, name: str, path: str, divide: bool
 ) -> list[Diagnostic]:
     entry = f"{spec_repr(spec)} (the {what} entry for {name})"
-    axes = [a for e in spec for a in entry_axes(e)]
+    dims = spec_entries(spec)
+    axes = [a for e in dims for a in entry_axes(e)]
     mesh = ", ".join(f"{k}={v}" for k, v in sizes.items())
     unknown = [a for a in axes if a not in sizes]
     if unknown:
@@ -248,13 +251,13 @@ def _literal(
     if twice:
         hint = "each mesh axis may split one dimension at most"
         return [_one("SR102", f"mesh axis `{twice[0]}` is used twice in {entry}", hint, path, shape, "")]
-    if len(spec) > len(shape):
-        dims = f"{len(shape)} dimension{'' if len(shape) == 1 else 's'}"
-        message = f"{entry} has {len(spec)} entries but the array has {dims} (shape {shape})"
+    if len(dims) > len(shape):
+        rank = f"{len(shape)} dimension{'' if len(shape) == 1 else 's'}"
+        message = f"{entry} has {len(dims)} entries but the array has {rank} (shape {shape})"
         hint = f"give at most {len(shape)} entries" if shape else "a scalar takes P()"
         return [_one("SR103", message, hint, path, shape, "")]
     found = []
-    for dim, (size, e) in enumerate(zip(shape, spec, strict=False)):
+    for dim, (size, e) in enumerate(zip(shape, dims, strict=False)):
         split = math.prod(sizes[a] for a in entry_axes(e))
         if divide and size % split:
             by = " × ".join(f"`{a}`={sizes[a]}" for a in entry_axes(e))

@@ -34,6 +34,7 @@ from .._language._rules import RuleSet
 from .._planning import _check
 from .._planning._api import placement_shardings
 from .._planning._compile import compile_plan
+from .._pspec import entries
 from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
 from ._explicit import closed_over_error, untyped
 from ._groups import for_groups, param_names
@@ -139,7 +140,9 @@ def warn_ungrouped(
             leaves = [lp for lp in plan.leaves if lp.is_array and lp.shape]
             if plan.errors or not leaves or any(lp.why != "rule" for lp in leaves):
                 continue
-            sharded = [lp for lp in leaves if lp.spec is not None and any(e is not None for e in lp.spec)]
+            sharded = [
+                lp for lp in leaves if lp.spec is not None and any(e is not None for e in entries(lp.spec))
+            ]
             if not sharded:
                 continue
             place = where("in_groups", i, names[i] if i < len(names) else "")

@@ -33,6 +33,7 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
+from .._pspec import cotangent, entries, with_entries
 from ._explicit import spec_of
 from ._layouts import source_line
 from ._outputs import forward_path
@@ -103,8 +104,10 @@ def primal_layout(eqn: Any, partners: Partners, read: Any, arguments: set[Any]) 
             value = read(other)
             if not hasattr(value, "shape"):
                 continue
-            entries = tuple(spec_of(value))
-            found.append((_same_origin(eqn, forward), PartitionSpec(*(entries[d] for d in dims))))
+            spec = spec_of(value)
+            have = entries(spec)
+            laid = cotangent(with_entries(spec, (have[d] for d in dims)))  # reduced: unreduced
+            found.append((_same_origin(eqn, forward), laid))
     if any(same for same, _ in found):
         found = [f for f in found if f[0]]
     specs = {spec for _, spec in found}
