@@ -91,7 +91,8 @@ def apply(
     mesh without devices; `ValueError` for another `verify` (or a bad
     `SHARDRULES_JOIN_TIMEOUT`); in a multi-process run,
     `ProcessMismatchError`: SR112 when the processes' meshes, specs or trees
-    differ or another process stopped on an error of its own, SR114 when
+    differ, the mesh holds no device of some process, or another process
+    stopped on an error of its own, SR114 when
     another process did not join in time. Nothing has moved.
 
     ```python
