@@ -171,7 +171,11 @@ class RuleJit:
         """`fn` with its activation constraints (and, on explicit axes, its
         result layouts) from the rules; what the trace finds goes to `record`."""
         if is_explicit(mesh) or self.activations is not None or record is not None:
-            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, record)
+
+            def origins(args: tuple[Any, ...]) -> list[tuple[str, Any]]:
+                return _slips.leaf_origins(self.fn, args, self._in_groups(len(args)), self.rules, mesh)
+
+            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, record, origins)
         return self.fn
 
     def _context(self, mesh: Mesh) -> contextlib.AbstractContextManager[Any]:

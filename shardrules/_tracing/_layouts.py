@@ -22,6 +22,7 @@ from ._explicit import (
     run_with_layout,
     settled,
     spec_of,
+    stacked_error,
     suggestion,
     typed_aval,
 )
@@ -278,6 +279,9 @@ def _params(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpret
     retrace = functools.partial(_retrace, interpret, c, at=at)
     if name == "scan":
         n, carry = scan_counts(params)
+        for i, x in enumerate(invals[n + carry :]):  # JAX slices each step out of dimension 0
+            if hasattr(x, "shape") and len(x.shape) and axes_of(spec_of(x)[:1]):
+                raise stacked_error(c.rules, at.path, source_line(eqn), i, x, c.origin_of(x))
         avals = typed[: n + carry] + [typed_aval(x, drop_leading=True) for x in invals[n + carry :]]
         # a stacked result's first dimension is the loop's; the body makes one slice
         seed = at.aligned[:carry] + [

@@ -66,6 +66,8 @@ class Constrainer:
     inserted: list[tuple[str, tuple[int, ...], Any]] = dataclasses.field(default_factory=list)
     decisions: list[_explicit.Decision] = dataclasses.field(default_factory=list)
     shadows: Shadows = dataclasses.field(default_factory=Shadows)  # explicit: see `_regions`
+    # which argument leaf a value is, and the rule that laid it out, for messages (`None`: not one)
+    origin: Callable[[Any], tuple[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.group is not None:
@@ -75,6 +77,11 @@ class Constrainer:
         self._default = self.rules.defaults.get(self.group) if self.group is not None else None
         self._warned: set[Any] = set()
         self.seen = Seen(self.rules, self._matcher)  # the scope outputs met: SR201, SR211, `scopes`
+
+    def origin_of(self, value: Any) -> tuple[str, Any] | None:
+        """Which argument leaf `value` is (`argument `params`, leaf `layers/w``)
+        and the rule that laid it out (or `None`), where it is one."""
+        return self.origin(value) if self.origin is not None else None
 
     def rule_for(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """The rule for a scope output matched as `path`, of `shape` and
