@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "shardrules"
 
 # Modules at the package's top level, outside every stage: below them all.
-BASE = {"_errors", "_version", "_gcpause", "_imports"}
+BASE = {"_errors", "_version", "_gcpause", "_imports", "_quiet"}
 BELOW_ALL = frozenset(BASE)
 LANGUAGE = BELOW_ALL | {"_language"}
 INTEROP = LANGUAGE | {"_interop"}
@@ -39,6 +39,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "_version": frozenset(),
     "_gcpause": frozenset(),
     "_imports": frozenset(),
+    "_quiet": frozenset(),
     "_language": LANGUAGE,
     "_interop": INTEROP,
     "_convert": LANGUAGE | {"_convert"},

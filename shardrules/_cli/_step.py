@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import Diagnostic, ShardRulesError, ShardRulesWarning
+from .._errors import Diagnostic, ShardRulesError
 from .._language._rules import RuleSet
 from .._planning._plan import format_bytes, spec_str
 from .._planning._shapes import ShapeSourceError, import_callable
+from .._quiet import quiet
 from . import _budget
 from ._lint import UsageError
 
@@ -111,8 +111,7 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[A
         )
     step, args = made
     try:
-        with warnings.catch_warnings():  # what the trace warns about comes back as findings
-            warnings.simplefilter("ignore", ShardRulesWarning)
+        with quiet():  # what the trace warns about comes back as findings
             return step, tuple(args), step.traced(*args)
     except ShardRulesError:
         raise

@@ -6,18 +6,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from .._errors import ShardRulesWarning
 from .._interop._paths import path_str
 from .._language._rules import RuleSet
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
+from .._quiet import quiet
 from . import _slips
 from ._compare import Comparison, compare_outputs
 from ._compat import trace_state_clean
@@ -352,8 +351,7 @@ class RuleJit:
         ```
         """
         entry = self._entry(args)
-        with warnings.catch_warnings():  # told once already, when the step was traced for its mesh
-            warnings.simplefilter("ignore", ShardRulesWarning)
+        with quiet():  # told once already, when the step was traced for its mesh
             compiled = self.lower(*shapes_only(args)).compile()
             ideal_flops = None
             if ideal:
@@ -375,8 +373,7 @@ class RuleJit:
         ```
         """
         mesh = self._entry(args).mesh
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ShardRulesWarning)
+        with quiet():  # told once already, when the step was traced for its mesh
             sharded = self._like(mesh)(*args)
             single = self._like(one_device_mesh(mesh))(*args)
         return compare_outputs(sharded, single, rtol, atol)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +41,7 @@ from .._planning._blocks import entry_axes
 from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
+from .._quiet import warn
 from . import _compat, _explicit, _layouts, _transpose
 from ._compat import jcore
 from ._outputs import Aligned, Where, analyse, forward_path, join, scope_path, transposed, under
@@ -195,9 +195,9 @@ class Constrainer:
         warning = ShardRulesWarning(diag, self.rules.sources)
         file, _, line = source.rpartition(":")
         if file and line.isdigit():  # shown at the model's line that made the operation
-            warnings.warn_explicit(warning, ShardRulesWarning, file, int(line))
+            warn(warning, at=(file, int(line)))
         else:
-            warnings.warn(warning, stacklevel=2)
+            warn(warning, stacklevel=2)
 
 
 def _dtype(dtype: Any) -> Any:

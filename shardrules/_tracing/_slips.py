@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ from .._language._rules import RuleSet
 from .._planning import _check
 from .._planning._api import placement_shardings
 from .._planning._compile import compile_plan
+from .._quiet import warn
 from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
 from ._explicit import closed_over_error, untyped
 from ._groups import for_groups, param_names
@@ -157,7 +157,7 @@ def warn_ungrouped(
                 "keep None only where its layout is meant to come from elsewhere",
             )
             if not rules.acknowledges(diag):
-                warnings.warn(ShardRulesWarning(diag, rules.sources), stacklevel=stacklevel + 1)
+                warn(ShardRulesWarning(diag, rules.sources), stacklevel=stacklevel + 1)
             break
 
 
