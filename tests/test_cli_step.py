@@ -509,3 +509,17 @@ def test_a_factory_or_shape_function_that_exits_is_a_usage_error(
     captured = capsys.readouterr()
     assert said in captured.err
     assert "printed at import" in captured.err and "printed at import" not in captured.out
+
+
+def test_what_a_convert_module_prints_goes_to_stderr(tmp_path, monkeypatch, capfd) -> None:
+    """`convert flax module:attr` runs the module's code too: its output, at
+    the Python and the file-descriptor level, is not the rule file."""
+    (tmp_path / "chatty_rules.py").write_text(
+        'import os\nprint("printed at import")\nos.write(1, b"written to fd 1 at import\\n")\n'
+        'RULES = [("batch", "data"), ("embed", None)]\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "flax", "chatty_rules:RULES"]) == 0
+    out, err = capfd.readouterr()
+    assert "printed at import" in err and "written to fd 1 at import" in err
+    assert "printed" not in out and "written" not in out and "alias batch = data" in out

@@ -1,5 +1,5 @@
 """User code that a command runs: a `--step` train step and its module, a
-`--shapes MODULE:FUNCTION` shape function.
+`--shapes MODULE:FUNCTION` shape function, `convert`'s `module:attr` source.
 
 What such code writes to standard output would be mixed into what the
 command writes there (`dump -o -`, every `--format json`), so while it runs,
