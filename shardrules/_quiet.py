@@ -30,11 +30,6 @@ def quiet() -> Iterator[None]:
         _quiet.reset(token)
 
 
-def is_quiet() -> bool:
-    """Whether the caller is inside `quiet()`."""
-    return _quiet.get()
-
-
 def warn(warning: Warning, stacklevel: int = 1, at: tuple[str, int] | None = None) -> None:
     """`warnings.warn(warning, stacklevel=...)`, `stacklevel` counted from
     the caller as there (`at`: shown at that file and line instead, with

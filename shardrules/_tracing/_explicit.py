@@ -63,14 +63,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .._planning._blocks import entry_axes
 from ._compat import DuplicateSpecError, ShapedArray, ShardingTypeError
 
+
+class LayoutRefused(Exception):
+    """A `ValueError` JAX raised binding one operation with its operands'
+    layouts: a result that keeps its operand's layout on a dimension it no
+    longer divides (`jnp.fft.rfft` along a sharded dimension: 16 over 2
+    devices, 9 results). The operation's shapes were accepted by the first
+    trace (without layouts), so what JAX refuses is the layout."""
+
+
 # What JAX raises for a result layout it cannot decide: JAX 0.10 raises a bare
 # AssertionError (listing the operands' types) for an element-wise operation on
-# operands laid out differently, and every version a ValueError for a result
-# that keeps its operand's layout on a dimension it no longer divides
-# (`jnp.fft.rfft` along a sharded dimension: 16 over 2 devices, 9 results). It
-# is only caught around one primitive's bind, whose shapes the first trace
-# (without layouts) accepted: what it refuses now is the layout.
-SHARDING_ERRORS = (ShardingTypeError, DuplicateSpecError, AssertionError, ValueError)
+# operands laid out differently, and every version a ValueError (`LayoutRefused`)
+# for a layout that does not divide; it is only caught around one primitive's bind.
+SHARDING_ERRORS = (ShardingTypeError, DuplicateSpecError, AssertionError, LayoutRefused)
 
 
 @dataclasses.dataclass(frozen=True)

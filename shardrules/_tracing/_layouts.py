@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from .._errors import Diagnostic, error_for
+from .._errors import Diagnostic, ShardRulesError, error_for
 from ._compat import jcore, rebind, scan_counts, while_counts
 from ._explicit import (
     SHARDING_ERRORS,
     Decision,
+    LayoutRefused,
     lift_replicated,
     match_types,
     run_with_layout,
@@ -53,7 +54,12 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     shown = f"{path} (backward)".strip() if backward else path  # rules describe the forward pass
 
     def bind(*values: Any, **extra: Any) -> Any:
-        return rebind(eqn.primitive, values, {**params, **extra})
+        try:
+            return rebind(eqn.primitive, values, {**params, **extra})
+        except ValueError as err:  # ours (a ShardRulesError) as it is; JAX's: the layout refused
+            if isinstance(err, ShardRulesError):
+                raise
+            raise LayoutRefused(str(err)) from err
 
     def listed(result: Any) -> list[Any]:
         return list(result) if multiple else [result]
