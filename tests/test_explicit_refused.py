@@ -5,6 +5,8 @@ never as a raw JAX error."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -131,7 +133,7 @@ def test_an_fft_along_a_sharded_dimension_is_laid_out_or_sr117_under_strict() ->
     assert "(8, 16) P('data', 'model')" in str(caught.value)
 
 
-def _cases() -> dict[str, object]:
+def _cases() -> dict[str, Callable[[jax.Array], jax.Array]]:
     lax = jax.lax
     return {
         "sort": lambda t: jnp.sort(t, axis=1),
