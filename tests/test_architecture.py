@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "shardrules"
 
 # Modules at the package's top level, outside every stage: below them all.
-BASE = {"_errors", "_version", "_gcpause", "_imports", "_pspec"}
+BASE = {"_errors", "_version", "_gcpause", "_imports", "_pspec", "_quiet"}
 BELOW_ALL = frozenset(BASE)
 LANGUAGE = BELOW_ALL | {"_language"}
 INTEROP = LANGUAGE | {"_interop"}
@@ -40,6 +40,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "_gcpause": frozenset(),
     "_imports": frozenset(),
     "_pspec": frozenset(),
+    "_quiet": frozenset(),
     "_language": LANGUAGE,
     "_interop": INTEROP,
     "_convert": LANGUAGE | {"_convert"},

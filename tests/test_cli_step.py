@@ -394,3 +394,132 @@ def test_a_step_module_that_is_not_found_says_where_it_was_looked_for(project, c
     err = capsys.readouterr().err
     assert "cannot import 'no_such_steps'" in err and "looked for in the current directory" in err
     assert "PYTHONPATH" in err
+
+
+NOISY = STEP.replace(
+    "import shardrules as sr\n",
+    'import os\nimport sys\n\nimport shardrules as sr\n\nprint("printed at import")\nos.write(1, b"written to fd 1 at import\\n")\n',
+).replace(
+    "def forward(params, x):\n",
+    'def forward(params, x):\n    print("printed while traced")\n    os.write(1, b"written to fd 1 while traced\\n")\n',
+) + textwrap.dedent(
+    """
+    def param_shapes():
+        print("printed by the shape function")
+        return shapes()[0]
+
+
+    def noisy_factory(rules, mesh):
+        print("printed by the factory")
+        return check_step(rules, mesh)
+
+
+    def exits(params, batch):
+        sys.exit(0)
+
+
+    def exiting_step(rules, mesh):
+        return sr.jit(exits, rules, mesh, in_groups=("params", "inputs")), shapes()
+
+
+    def exiting_factory(rules, mesh):
+        sys.exit(0)
+
+
+    def exiting_shapes():
+        sys.exit(0)
+    """
+)
+
+
+def _run(folder: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardrules", *argv],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def noisy(tmp_path: Path) -> Path:
+    (tmp_path / "tp.shard").write_text(RULES)
+    (tmp_path / "noisy.py").write_text(NOISY)
+    return tmp_path
+
+
+NOISES = [
+    "printed at import",
+    "written to fd 1 at import",
+    "printed by the factory",
+    "printed while traced",
+    "written to fd 1 while traced",
+]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dump", "tp.shard", "--shapes", "noisy:param_shapes", "--step", "noisy:noisy_factory", "-o", "-"],
+        ["explain", "tp.shard", "--step", "noisy:noisy_factory", "--cost", "--format", "json"],
+        ["lint", "tp.shard", "--step", "noisy:noisy_factory", "--format", "json"],
+    ],
+    ids=["dump", "explain-cost", "lint"],
+)
+def test_what_a_step_prints_goes_to_stderr_and_stdout_is_only_the_commands(noisy: Path, argv) -> None:
+    done = _run(noisy, *argv)
+    assert done.returncode == 0, done.stderr
+    json.loads(done.stdout)  # nothing but the command's JSON
+    for noise in NOISES + (["printed by the shape function"] if "--shapes" in argv else []):
+        assert noise not in done.stdout and noise in done.stderr
+
+
+def test_a_step_that_exits_while_traced_is_a_usage_error_naming_it(noisy: Path) -> None:
+    done = _run(
+        noisy, "dump", "tp.shard", "--shapes", "noisy:param_shapes", "--step", "noisy:exiting_step", "-o", "-"
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert (
+        "shardrules dump: --step noisy:exiting_step: the step exited (SystemExit: 0, as `sys.exit` raises) "
+        "while it was traced; a step must return its outputs" in done.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["lint", "tp.shard", "--step", "noisy:exiting_factory"],
+            "--step noisy:exiting_factory: calling it with (rules, mesh) exited (SystemExit: 0",
+        ),
+        (
+            ["lint", "tp.shard", "--shapes", "noisy:exiting_shapes"],
+            "--shapes: noisy:exiting_shapes exited (SystemExit: 0",
+        ),
+    ],
+    ids=["factory", "shapes"],
+)
+def test_a_factory_or_shape_function_that_exits_is_a_usage_error(
+    noisy, monkeypatch, capsys, argv, said
+) -> None:
+    monkeypatch.chdir(noisy)
+    monkeypatch.delitem(sys.modules, "noisy", raising=False)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert said in captured.err
+    assert "printed at import" in captured.err and "printed at import" not in captured.out
+
+
+def test_what_a_convert_module_prints_goes_to_stderr(tmp_path, monkeypatch, capfd) -> None:
+    """`convert flax module:attr` runs the module's code too: its output, at
+    the Python and the file-descriptor level, is not the rule file."""
+    (tmp_path / "chatty_rules.py").write_text(
+        'import os\nprint("printed at import")\nos.write(1, b"written to fd 1 at import\\n")\n'
+        'RULES = [("batch", "data"), ("embed", None)]\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "flax", "chatty_rules:RULES"]) == 0
+    out, err = capfd.readouterr()
+    assert "printed at import" in err and "written to fd 1 at import" in err
+    assert "printed" not in out and "written" not in out and "alias batch = data" in out

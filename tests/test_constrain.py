@@ -241,3 +241,33 @@ def test_a_lone_array_argument_is_matched_by_its_parameter_name(mesh42):
             .input_shardings[0][0]
             .is_equivalent_to(NamedSharding(mesh42, P("data", None)), 2)
         )
+
+
+@pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto])
+def test_sr_jit_without_a_mesh_follows_the_ambient_mesh_of_each_call(axis_type):
+    devices = jax.devices()
+    wide = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2, devices=devices)
+    tall = jax.make_mesh((2, 4), ("data", "model"), axis_types=(axis_type,) * 2, devices=devices[::-1])
+    params, x = jax.tree.map(np.asarray, make())
+    traces = []
+
+    def step(p, x):
+        traces.append(1)
+        return model(p, x)
+
+    f = sr.jit(step, RULES, in_groups=("params", "inputs"))
+    jitted, seen = {}, []
+    for mesh in (wide, tall, wide, tall):
+        with jax.set_mesh(mesh):
+            out = f(params, x)
+            expected = jax.jit(model)(params, x)  # plain jax.jit follows the ambient mesh
+            jitted.setdefault(mesh.devices.shape, []).append(f.jitted(params, x))
+            compiled = f.lower(params, x).compile()
+        assert out.sharding.mesh == expected.sharding.mesh == mesh  # this call's devices, in its order
+        w_up = compiled.input_shardings[0][0]["w_up"]
+        assert w_up.mesh == mesh and w_up.is_equivalent_to(NamedSharding(mesh, P(None, "model")), 2)
+        seen.append(len(traces))
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    # back on a mesh seen before: the step planned and compiled for it is reused
+    assert len(jitted) == 2 and all(first is again for first, again in jitted.values())
+    assert seen[1] > seen[0] > 0 and seen[3] == seen[2] == seen[1]  # traced once per mesh

@@ -13,6 +13,7 @@ a one-line message. Standard input is read like a source file: at most
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import Any
 
@@ -24,6 +25,7 @@ from .._convert._hf import from_document as hf_document
 from .._convert._maxtext import convert_maxtext
 from .._convert._maxtext import from_document as maxtext_document
 from .._convert._regex import convert_regex
+from ._guest import output_to_stderr
 from ._lint import UsageError, write_output
 
 FORMATS = {
@@ -62,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
     if args.axis is not None and args.format != "hf":
         raise UsageError(f"--axis is for the hf format, not {args.format}")
     try:
-        conversion = _convert(args)
+        # a module:attr source runs its code: what it prints is not the rule file (`_guest`)
+        with output_to_stderr() if args.format in _PYTHON_SOURCES else contextlib.nullcontext():
+            conversion = _convert(args)
     except UsageError:
         raise
     except (SourceError, ValueError) as err:

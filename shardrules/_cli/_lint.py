@@ -21,6 +21,7 @@ from .._planning._compile import compile_plan
 from .._planning._hosts import HostsError, check_hosts
 from .._planning._mesh import MAX_DEVICES, declared_sizes
 from .._planning._plan import Plan
+from ._guest import exited, output_to_stderr
 
 
 class UsageError(Exception):
@@ -29,11 +30,15 @@ class UsageError(Exception):
 
 def read_shapes(source: str, where: str = "--shapes") -> Any:
     """The tree of shapes `source` names (`load_shapes`); what cannot be read
-    is a `UsageError` naming `where` (the flag, or the setting it came from)."""
+    is a `UsageError` naming `where` (the flag, or the setting it came from).
+    A `module:function` source's output goes to standard error (`_guest`)."""
     from .._planning._shapes import ShapeSourceError, load_shapes
 
     try:
-        return load_shapes(source)
+        with output_to_stderr():
+            return load_shapes(source)
+    except SystemExit as err:
+        raise UsageError(f"{where}: {source} {exited(err)}; it must return a tree of shapes") from None
     except FileNotFoundError as err:
         missing = err.filename or source
         detail = "" if err.filename else f" ({err})"

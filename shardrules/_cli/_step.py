@@ -19,16 +19,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import Diagnostic, ShardRulesError, ShardRulesWarning
+from .._errors import Diagnostic, ShardRulesError
 from .._language._rules import RuleSet
 from .._planning._plan import format_bytes, spec_str
 from .._planning._shapes import ShapeSourceError, import_callable
 from .._pspec import entries
+from .._quiet import quiet
 from . import _budget
+from ._guest import exited, output_to_stderr
 from ._lint import UsageError
 
 _EXAMPLE = "train:check_step"
@@ -78,8 +79,16 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[A
     arguments, and one trace of it: its `Traced` (decisions, scope outputs,
     activation rules matching none).
 
+    What the step's code writes to standard output while it is imported,
+    called and traced goes to standard error (`_guest`).
+
     **Raises:** `UsageError` for a step that cannot be imported, called or
-    traced; `ShardRulesError` from the rules (SR117, SR103, ...)."""
+    traced, or that exits; `ShardRulesError` from the rules (SR117, SR103, ...)."""
+    with output_to_stderr():
+        return _trace(spec, rules, sizes)
+
+
+def _trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[Any, tuple[Any, ...], Any]:
     from .._tracing._jit import RuleJit
 
     try:
@@ -95,7 +104,12 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[A
         made = factory(rules, mesh)
     except ShardRulesError:
         raise
-    except (Exception, SystemExit) as err:
+    except SystemExit as err:
+        raise UsageError(
+            f"--step {spec}: calling it with (rules, mesh) {exited(err)}; it must return the step and "
+            "its example arguments"
+        ) from None
+    except Exception as err:
         raise UsageError(
             f"--step {spec}: calling it with (rules, mesh) raised {type(err).__name__}: {err}"
         ) from None
@@ -112,11 +126,15 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[A
         )
     step, args = made
     try:
-        with warnings.catch_warnings():  # what the trace warns about comes back as findings
-            warnings.simplefilter("ignore", ShardRulesWarning)
+        with quiet():  # what the trace warns about comes back as findings
             return step, tuple(args), step.traced(*args)
     except ShardRulesError:
         raise
+    except SystemExit as err:
+        raise UsageError(
+            f"--step {spec}: the step {exited(err)} while it was traced; a step must return its "
+            "outputs: nothing it runs may call sys.exit"
+        ) from None
     except Exception as err:
         raise UsageError(f"--step {spec}: tracing the step raised {type(err).__name__}: {err}") from None
 
@@ -202,11 +220,18 @@ def rows(decisions: Sequence[Any]) -> list[tuple[str, ...]]:
 
 
 def _cost(spec: str, step: Any, args: tuple[Any, ...]) -> Any:
-    """`step.cost(*args)`, a failure to compile said as a usage error."""
+    """`step.cost(*args)` (what the step writes to standard output sent to
+    standard error), a failure to compile said as a usage error."""
     try:
-        return step.cost(*args)
+        with output_to_stderr():
+            return step.cost(*args)
     except ShardRulesError:
         raise
+    except SystemExit as err:
+        raise UsageError(
+            f"--step {spec}: the step {exited(err)} while it was compiled for its cost; a step "
+            "must return its outputs: nothing it runs may call sys.exit"
+        ) from None
     except Exception as err:
         raise UsageError(
             f"--step {spec}: compiling the step for its cost raised {type(err).__name__}: {err}"

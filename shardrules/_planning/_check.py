@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 
 from .._errors import Diagnostic, ShardRulesWarning, group
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
 from .._pspec import entries
+from .._quiet import warn
 from . import _mesh
 from ._choice import alternative_warnings
 from ._match import by_key, search_all
@@ -229,7 +229,7 @@ def warn_about(
     for diagnostic in plan.rules.kept(found):
         if where:
             diagnostic = dataclasses.replace(diagnostic, message=f"{where}: {diagnostic.message}")
-        warnings.warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
+        warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
 
 
 UNSEEN_WARNINGS = ("SR213",)
@@ -241,7 +241,7 @@ def warn_unseen(plan: Plan, stacklevel: int = 3) -> None:
     that hide arrays and are passed over (SR213): what `specs` and
     `shardings` would otherwise leave `None` without a word."""
     for diagnostic in group(d for d in plan.rules.kept(plan.diagnostics) if d.code in UNSEEN_WARNINGS):
-        warnings.warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
+        warn(ShardRulesWarning(diagnostic, plan.rules.sources), stacklevel=stacklevel)
 
 
 def _group_rules(plan: Plan) -> list[Rule]:

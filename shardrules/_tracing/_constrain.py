@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -32,6 +32,32 @@ class Traced:
     decisions: list[Decision] = dataclasses.field(default_factory=list)
     scopes: list[ScopeOutput] = dataclasses.field(default_factory=list)
     unmatched: list[Diagnostic] = dataclasses.field(default_factory=list)
+
+
+# What each leaf of a call's positional arguments is, for messages: a label
+# (`argument `params`, leaf `layers/w``) and the rule that laid it out, or `None`.
+Origins = Callable[[tuple[Any, ...]], Sequence[tuple[str, Any]]]
+
+
+def _origin(
+    args: tuple[Any, ...], kwargs: dict[str, Any], index: dict[int, int], origins: Origins | None
+) -> Callable[[Any], tuple[str, Any] | None]:
+    """Which argument leaf a traced value is (`index`: a value's `id` to its
+    leaf's position among the leaves of `(args, kwargs)`), said by `origins`
+    or else by its position and path; `None` for any other value."""
+
+    def origin(value: Any) -> tuple[str, Any] | None:
+        k = index.get(id(value))
+        if k is None:
+            return None
+        if origins is not None and not kwargs:
+            return origins(args)[k]
+        keypath = jax.tree_util.tree_flatten_with_path((args, kwargs))[0][k][0]
+        inner = path_str(keypath[2:])
+        named = f"argument {path_str(keypath[1:2])}"
+        return (f"{named}, leaf `{inner}`" if inner else named), None
+
+    return origin
 
 
 def _resolved(mesh: Mesh | None, rules: Any, what: str) -> Mesh | AbstractMesh:
@@ -196,10 +222,12 @@ def constrained(
     group: str | None,
     strict: bool,
     record: Traced | None,
+    origins: Origins | None = None,
 ) -> Callable[..., Any]:
     """`auto_constrain`'s wrapper (`group=None`: no rules, for explicit axes'
     result layouts alone); what each call's trace finds is added to `record`
-    when given."""
+    when given; `origins` says what each leaf of the positional arguments is
+    (`sr.jit`: the argument, the leaf and its rule) where a message names one."""
     if group is not None:
         ruleset.group(group)
 
@@ -240,6 +268,7 @@ def constrained(
         constrainer = Constrainer(
             ruleset, group, sizes, sharding, explicit=explicit, strict=strict,
             abstract_mesh=abstract if explicit else None,
+            origin=_origin(args, kwargs, dict(zip(map(id, values), dynamic, strict=True)), origins),
         )  # fmt: skip
         results = interpret(constrainer, closed.jaxpr, closed.consts, values)
         if group is not None:

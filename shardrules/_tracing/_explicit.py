@@ -64,10 +64,20 @@ from .._planning._blocks import entry_axes
 from .._pspec import entries, padded, with_entries
 from ._compat import DuplicateSpecError, ShapedArray, ShardingTypeError
 
+
+class LayoutRefused(Exception):
+    """A `ValueError` JAX raised binding one operation with its operands'
+    layouts: a result that keeps its operand's layout on a dimension it no
+    longer divides (`jnp.fft.rfft` along a sharded dimension: 16 over 2
+    devices, 9 results). The operation's shapes were accepted by the first
+    trace (without layouts), so what JAX refuses is the layout."""
+
+
 # What JAX raises for a result layout it cannot decide: JAX 0.10 raises a bare
 # AssertionError (listing the operands' types) for an element-wise operation on
-# operands laid out differently; it is only caught around one primitive's bind.
-SHARDING_ERRORS = (ShardingTypeError, DuplicateSpecError, AssertionError)
+# operands laid out differently, and every version a ValueError (`LayoutRefused`)
+# for a layout that does not divide; it is only caught around one primitive's bind.
+SHARDING_ERRORS = (ShardingTypeError, DuplicateSpecError, AssertionError, LayoutRefused)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +283,50 @@ def closed_over_error(fn: Any, err: Exception, rules: Any) -> Exception:
         "their layouts come from the rules; give the operation that JAX refuses its layout in the code "
         "(`out_sharding=P(...)`), or give layouts with `activations` rules rather than constrain calls",
         cause="closed-over array on Explicit axes",
+    )
+    return error_for([diag], getattr(rules, "sources", None))
+
+
+def stacked_error(
+    rules: Any,
+    path: str,
+    source: str,
+    index: int,
+    value: Any,
+    origin: tuple[str, Any] | None,
+) -> Exception:
+    """SR117 for a `scan` over a dimension its operand's layout splits across
+    devices (JAX cannot slice one step of it), naming the operand, the
+    argument leaf it is and the rule that sharded it where known (`origin`:
+    its label and rule), and the fix."""
+    from .._errors import Diagnostic, error_for
+    from .._planning._plan import spec_str
+
+    spec = spec_of(value)
+    axes = ", ".join(f"`{a}`" for a in entry_axes(spec[0]))
+    label, rule = origin if origin is not None else ("", None)
+    where = f"in scope `{path}`" if path else "outside every named scope"
+    at = f" at {source}" if source else ""
+    which = f" ({label})" if label else ""
+    rest = (None, *tuple(spec)[1:])
+    if rule is not None:
+        first = (
+            f"leave the stacked dimension unsharded in the rule that shards it: `_` for it, e.g. "
+            f'`"{rule.pattern}" -> ({_entries(rest)})`, or a spec beginning with `...`'
+        )
+    else:
+        first = f"leave the stacked dimension unsharded where its layout comes from (`({_entries(rest)})`)"
+    diag = Diagnostic(
+        "SR117",
+        "error",
+        f"`scan` {where}{at} loops over dimension 0 of its scanned operand {index}, "
+        f"{tuple(value.shape)} {spec_str(spec)}{which}, which is sharded over {axes}: on this mesh's "
+        "Explicit axes JAX cannot slice one step out of a dimension split across devices",
+        rule.span if rule is not None else None,
+        path or None,
+        f"{first}; or reshard it before the loop (`jax.sharding.reshard(x, "
+        f"P({', '.join(repr(e) for e in rest)}))`), or loop over a dimension that is not sharded",
+        cause="scan over a sharded dimension",
     )
     return error_for([diag], getattr(rules, "sources", None))
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from jax.core import Tracer
 
 
@@ -90,6 +91,20 @@ def moved(arg: Any, shardings: Any, traced: Callable[[Any, Any], Any] | None = N
     return jax.tree.map(
         lambda s, a: jax.tree.map(lambda leaf: one(s, leaf), a), shardings, arg, is_leaf=_is_leaf
     )
+
+
+def typed(arg: Any, shardings: Any) -> Any:
+    """`arg`'s array leaves as `ShapeDtypeStruct`s with their shardings from
+    `shardings` (where given), for tracing without moving anything."""
+    if shardings is None:
+        return arg
+
+    def one(sharding: Any, leaf: Any) -> Any:
+        if sharding is None or not hasattr(leaf, "shape"):
+            return leaf
+        return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
+
+    return jax.tree.map(one, shardings, arg, is_leaf=lambda x: x is None)
 
 
 def _is_leaf(x: Any) -> bool:

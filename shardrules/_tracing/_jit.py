@@ -6,26 +6,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from .._errors import ShardRulesWarning
 from .._interop._paths import path_str
 from .._language._rules import RuleSet
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
+from .._quiet import quiet
 from . import _slips
 from ._compare import Comparison, compare_outputs
 from ._compat import trace_state_clean
 from ._constrain import Traced, constrained
 from ._cost import StepCost, cost_of, one_device_mesh, shapes_only
 from ._explicit import Decision, is_explicit
-from ._groups import for_groups, moved, param_names, signature
+from ._groups import for_groups, moved, param_names, signature, typed
 from ._seen import ScopeOutput
 
 Groups = str | None | Sequence["Groups"]
@@ -77,8 +75,10 @@ def jit(
 
     - `fn`: the function; its positional arguments are pytrees of arrays.
     - `rules`: a `RuleSet`, or the path of a rule file.
-    - `mesh`: a `jax.sharding.Mesh`; by default the ambient mesh, else the rule
-      file's `mesh` line over `jax.devices()`.
+    - `mesh`: a `jax.sharding.Mesh`; by default the mesh ambient at each call
+      (`jax.set_mesh`; planned and compiled once per argument shapes and
+      mesh, as `jax.jit` follows the ambient mesh), else the rule file's
+      `mesh` line over `jax.devices()`.
     - `in_groups`: one entry per positional argument: a group name (its
       leaves get that group's shardings; a lone array is matched as its
       parameter's name, e.g. `x`), `None` (JAX decides), or a sequence for an
@@ -118,20 +118,6 @@ def _is_top_level() -> bool:
     return trace_state_clean()
 
 
-def _typed(arg: Any, shardings: Any) -> Any:
-    """`arg`'s array leaves as `ShapeDtypeStruct`s with their shardings from
-    `shardings` (where given), for tracing without moving anything."""
-    if shardings is None:
-        return arg
-
-    def one(sharding: Any, leaf: Any) -> Any:
-        if sharding is None or not hasattr(leaf, "shape"):
-            return leaf
-        return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype, sharding=sharding)
-
-    return jax.tree.map(one, shardings, arg, is_leaf=lambda x: x is None)
-
-
 class _Entry(NamedTuple):
     jitted: Any
     in_shardings: tuple[Any, ...] | None
@@ -160,8 +146,8 @@ class RuleJit:
             activations if activations is not None and activations in rules.group_names else None
         )
         self.strict = strict
-        self._compiled: dict[Any, _Entry] = {}  # per argument signature
-        self._agreed: set[Any] = set()  # the signatures every process has planned alike
+        self._compiled: dict[Any, _Entry] = {}  # per argument signature and ambient mesh (`_key`)
+        self._agreed: set[Any] = set()  # the keys every process has planned alike
         functools.update_wrapper(self, fn)
 
     def _mesh(self) -> Mesh:
@@ -171,11 +157,24 @@ class RuleJit:
         assert isinstance(mesh, Mesh)
         return mesh
 
+    def _key(self, args: tuple[Any, ...]) -> Any:
+        """What selects the planned and compiled step for a call: the arguments'
+        signature and, without a `mesh` of its own, the ambient mesh of this
+        call (each call runs on the mesh it is made under, as `jax.jit`'s do)."""
+        if self.mesh is not None:
+            return signature(args), None
+        ambient = _mesh.ambient_mesh()
+        return signature(args), ambient if isinstance(ambient, Mesh) else None
+
     def _body(self, mesh: Mesh, record: Traced | None = None) -> Callable[..., Any]:
         """`fn` with its activation constraints (and, on explicit axes, its
         result layouts) from the rules; what the trace finds goes to `record`."""
         if is_explicit(mesh) or self.activations is not None or record is not None:
-            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, record)
+
+            def origins(args: tuple[Any, ...]) -> list[tuple[str, Any]]:
+                return _slips.leaf_origins(self.fn, args, self._in_groups(len(args)), self.rules, mesh)
+
+            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, record, origins)
         return self.fn
 
     def _context(self, mesh: Mesh) -> contextlib.AbstractContextManager[Any]:
@@ -195,7 +194,7 @@ class RuleJit:
         scope, the operation, its operands' shapes and specs, the result's
         spec, and `by` ("rule" with the rule's location, "model", "jax",
         "inferred" or "auto_axes"). Empty on a mesh with `Auto` axes."""
-        cached = self._compiled.get(signature(args))
+        cached = self._compiled.get(self._key(args))
         if not is_explicit(cached.mesh if cached is not None else self._mesh()):
             self._entry(args)  # what is wrong with the groups, said as a call says it
             return []
@@ -225,7 +224,7 @@ class RuleJit:
     def _traced(self, args: tuple[Any, ...]) -> Traced:
         """`traced`, `decisions` and `scopes`' trace, warnings shown where they are called."""
         found = Traced()
-        key = signature(args)
+        key = self._key(args)
         entry = self._compiled.get(key)
         if entry is not None or self.out_groups is None:
             entry = entry or self._entry(args, stacklevel=4)
@@ -249,7 +248,7 @@ class RuleJit:
         """Trace the step into `found` (on Explicit axes, its arguments typed
         with the layouts it runs with); the output's shapes."""
         if in_shardings is not None and is_explicit(mesh):
-            args = tuple(_typed(a, s) for a, s in zip(args, in_shardings, strict=True))
+            args = tuple(typed(a, s) for a, s in zip(args, in_shardings, strict=True))
         with self._context(mesh):
             return jax.make_jaxpr(self._body(mesh, found), return_shape=True)(*args)[1]
 
@@ -300,9 +299,9 @@ class RuleJit:
 
     def _entry(self, args: tuple[Any, ...], stacklevel: int = 3) -> _Entry:
         """The compiled function, argument shardings and mesh for arguments
-        shaped like `args`, made on the first call with their signature (what
-        it warns about shown `stacklevel` frames up)."""
-        key = signature(args)
+        shaped like `args`, made on the first call with their signature under
+        each ambient mesh (what it warns about shown `stacklevel` frames up)."""
+        key = self._key(args)
         found = self._compiled.get(key)
         if found is not None:
             return found
@@ -327,9 +326,9 @@ class RuleJit:
         return entry.mesh, [*layouts, (f"rules {group}" if group else "activation rules", None, None, rules)]
 
     def __call__(self, *args: Any) -> Any:
-        if _agreement is not None and jax.process_count() > 1 and signature(args) not in self._agreed:
+        if _agreement is not None and jax.process_count() > 1 and self._key(args) not in self._agreed:
             _agreement(f"jit({_name(self.fn)})", lambda: self._layouts(args))
-            self._agreed.add(signature(args))
+            self._agreed.add(self._key(args))
         entry = self._entry(args)
         if entry.in_shardings is not None and is_explicit(entry.mesh):
             # On Explicit axes the layout is the arguments' type: one not yet laid out
@@ -352,8 +351,7 @@ class RuleJit:
         ```
         """
         entry = self._entry(args)
-        with warnings.catch_warnings():  # told once already, when the step was traced for its mesh
-            warnings.simplefilter("ignore", ShardRulesWarning)
+        with quiet():  # told once already, when the step was traced for its mesh
             compiled = self.lower(*shapes_only(args)).compile()
             ideal_flops = None
             if ideal:
@@ -375,8 +373,7 @@ class RuleJit:
         ```
         """
         mesh = self._entry(args).mesh
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ShardRulesWarning)
+        with quiet():  # told once already, when the step was traced for its mesh
             sharded = self._like(mesh)(*args)
             single = self._like(one_device_mesh(mesh))(*args)
         return compare_outputs(sharded, single, rtol, atol)
@@ -394,6 +391,6 @@ class RuleJit:
         entry = self._entry(args)
         if entry.in_shardings is not None and is_explicit(entry.mesh):
             # on Explicit axes a layout is part of the type: lowered as a call moves them
-            args = tuple(_typed(a, s) for a, s in zip(shapes_only(args), entry.in_shardings, strict=True))
+            args = tuple(typed(a, s) for a, s in zip(shapes_only(args), entry.in_shardings, strict=True))
         with self._context(entry.mesh):
             return entry.jitted.lower(*args)

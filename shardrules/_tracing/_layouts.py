@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from .._errors import Diagnostic, error_for
+from .._errors import Diagnostic, ShardRulesError, error_for
 from ._compat import jcore, rebind, scan_counts, while_counts
 from ._explicit import (
     SHARDING_ERRORS,
     Decision,
+    LayoutRefused,
     lift_replicated,
     match_types,
     run_with_layout,
     settled,
     spec_of,
+    stacked_error,
     suggestion,
     typed_aval,
 )
@@ -52,7 +54,12 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     shown = f"{path} (backward)".strip() if backward else path  # rules describe the forward pass
 
     def bind(*values: Any, **extra: Any) -> Any:
-        return rebind(eqn.primitive, values, {**params, **extra})
+        try:
+            return rebind(eqn.primitive, values, {**params, **extra})
+        except ValueError as err:  # ours (a ShardRulesError) as it is; JAX's: the layout refused
+            if isinstance(err, ShardRulesError):
+                raise
+            raise LayoutRefused(str(err)) from err
 
     def listed(result: Any) -> list[Any]:
         return list(result) if multiple else [result]
@@ -278,6 +285,9 @@ def _params(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpret
     retrace = functools.partial(_retrace, interpret, c, at=at)
     if name == "scan":
         n, carry = scan_counts(params)
+        for i, x in enumerate(invals[n + carry :]):  # JAX slices each step out of dimension 0
+            if hasattr(x, "shape") and len(x.shape) and axes_of(spec_of(x)[:1]):
+                raise stacked_error(c.rules, at.path, source_line(eqn), i, x, c.origin_of(x))
         avals = typed[: n + carry] + [typed_aval(x, drop_leading=True) for x in invals[n + carry :]]
         # a stacked result's first dimension is the loop's; the body makes one slice
         seed = at.aligned[:carry] + [

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +42,7 @@ from .._planning._match import Matcher
 from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
 from .._pspec import entries
+from .._quiet import warn
 from . import _compat, _explicit, _layouts, _transpose
 from ._compat import jcore
 from ._outputs import Aligned, Where, analyse, forward_path, join, scope_path, transposed, under
@@ -67,6 +67,8 @@ class Constrainer:
     inserted: list[tuple[str, tuple[int, ...], Any]] = dataclasses.field(default_factory=list)
     decisions: list[_explicit.Decision] = dataclasses.field(default_factory=list)
     shadows: Shadows = dataclasses.field(default_factory=Shadows)  # explicit: see `_regions`
+    # which argument leaf a value is, and the rule that laid it out, for messages (`None`: not one)
+    origin: Callable[[Any], tuple[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.group is not None:
@@ -76,6 +78,11 @@ class Constrainer:
         self._default = self.rules.defaults.get(self.group) if self.group is not None else None
         self._warned: set[Any] = set()
         self.seen = Seen(self.rules, self._matcher)  # the scope outputs met: SR201, SR211, `scopes`
+
+    def origin_of(self, value: Any) -> tuple[str, Any] | None:
+        """Which argument leaf `value` is (`argument `params`, leaf `layers/w``)
+        and the rule that laid it out (or `None`), where it is one."""
+        return self.origin(value) if self.origin is not None else None
 
     def rule_for(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """The rule for a scope output matched as `path`, of `shape` and
@@ -189,9 +196,9 @@ class Constrainer:
         warning = ShardRulesWarning(diag, self.rules.sources)
         file, _, line = source.rpartition(":")
         if file and line.isdigit():  # shown at the model's line that made the operation
-            warnings.warn_explicit(warning, ShardRulesWarning, file, int(line))
+            warn(warning, at=(file, int(line)))
         else:
-            warnings.warn(warning, stacklevel=2)
+            warn(warning, stacklevel=2)
 
 
 def _dtype(dtype: Any) -> Any:

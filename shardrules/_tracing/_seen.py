@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import Diagnostic, ShardRulesWarning
 from .._language._rules import RuleSet
 from .._planning._match import Matcher, by_key, search_all
+from .._quiet import warn
 
 if TYPE_CHECKING:
     from ._outputs import Outputs
@@ -101,9 +101,9 @@ class Seen:
                 continue
             warning = ShardRulesWarning(diag, self.rules.sources)
             if diag.span is not None:  # shown at the rule's line (the trace's frames are JAX's)
-                warnings.warn_explicit(warning, ShardRulesWarning, diag.span.file, diag.span.line)
+                warn(warning, at=(diag.span.file, diag.span.line))
             else:
-                warnings.warn(warning, stacklevel=3)
+                warn(warning, stacklevel=3)
 
     def _check_numbered(self, found: Outputs) -> None:
         """SR201 (a `ShardRulesWarning`): a rule matches the path of a scope
@@ -129,7 +129,7 @@ class Seen:
                 "each layer apart",
             )
             if not self.rules.acknowledges(diag):
-                warnings.warn(ShardRulesWarning(diag, self.rules.sources), stacklevel=2)
+                warn(ShardRulesWarning(diag, self.rules.sources), stacklevel=2)
 
 
 def _counted(n: int, what: str) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,11 +29,13 @@ import jax
 import numpy as np
 
 from .._errors import Diagnostic, PlanError, ShardRulesWarning, error_for
+from .._interop._paths import path_str
 from .._language._rules import RuleSet
 from .._planning import _check
 from .._planning._api import placement_shardings
 from .._planning._compile import compile_plan
 from .._pspec import entries
+from .._quiet import warn
 from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
 from ._explicit import closed_over_error, untyped
 from ._groups import for_groups, param_names
@@ -159,7 +160,7 @@ def warn_ungrouped(
                 "keep None only where its layout is meant to come from elsewhere",
             )
             if not rules.acknowledges(diag):
-                warnings.warn(ShardRulesWarning(diag, rules.sources), stacklevel=stacklevel + 1)
+                warn(ShardRulesWarning(diag, rules.sources), stacklevel=stacklevel + 1)
             break
 
 
@@ -180,6 +181,51 @@ def warn_about_groups(
         if isinstance(group, str) and not (len(leaves) == 1 and leaves[0] is arg):
             place = where("in_groups", i, names[i]) + f" in group `{group}`"
             _check.warn_about(compile_plan(arg, rules, mesh, group), stacklevel=stacklevel + 2, where=place)
+
+
+def leaf_origins(
+    fn: Callable[..., Any], args: Sequence[Any], groups: Sequence[Any] | None, rules: RuleSet, mesh: Any
+) -> list[tuple[str, Any]]:
+    """What each leaf of `fn`'s positional `args` is, for a message: its label
+    (`argument `params`, leaf `layers/w``) and the rule of its group (`groups`:
+    one per argument, a sequence for a tuple argument) that lays it out, or
+    `None` where it has no group or no rule lays it out."""
+    names = param_names(fn, len(args))
+    found: list[tuple[str, Any]] = []
+    for i, arg in enumerate(args):
+        group = groups[i] if groups is not None and i < len(groups) else None
+        found.extend(_origins(arg, group, names[i] or str(i), rules, mesh, ""))
+    return found
+
+
+def _origins(
+    tree: Any, group: Any, name: str, rules: RuleSet, mesh: Any, prefix: str
+) -> list[tuple[str, Any]]:
+    if isinstance(group, (tuple, list)) and isinstance(tree, (tuple, list)) and len(group) == len(tree):
+        return [
+            found
+            for k, (part, inner) in enumerate(zip(tree, group, strict=True))
+            for found in _origins(part, inner, name, rules, mesh, f"{prefix}{k}/")
+        ]
+    keyed = jax.tree_util.tree_flatten_with_path(tree)[0]
+    lone = len(keyed) == 1 and keyed[0][1] is tree and not prefix
+    planned: dict[str, Any] = {}
+    if isinstance(group, str):
+        try:
+            plan = compile_plan({name: tree} if lone else tree, rules, mesh, group)
+            planned = {lp.path: lp.rule for lp in plan.leaves}
+        except Exception:  # a tree its group cannot plan: its leaves are named without a rule
+            pass
+    found = []
+    for keypath, _ in keyed:
+        path = name if lone else path_str(keypath)
+        label = (
+            f"argument `{name}`"
+            if lone
+            else f"argument `{name}`, leaf `{prefix}{path}`".replace(", leaf ``", "")
+        )
+        found.append((label, planned.get(path)))
+    return found
 
 
 def out_shardings(
