@@ -72,7 +72,7 @@ def include_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # Words (keywords, names, numbers, patterns) get a leading space, mostly, so
 # that adjacent words stay apart and the text means something; sometimes none,
 # which gives syntax errors (and tests that they are `ShardRulesError`s).
-_SPACE = st.sampled_from(["", " ", " ", " ", " ", "  ", "\t", "\x0c", " \t"])
+_SPACE = st.sampled_from(["", " ", " ", " ", " ", "  ", "\t", " \t"])  # the grammar's `%ignore`
 
 
 def _word(strategy: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
@@ -105,11 +105,12 @@ _NUMBERS = st.one_of(
     st.from_regex(r"[0-9]{1,12}(\.[0-9]{1,3})?[A-Za-z]{0,3}", fullmatch=True),
 )
 # The text between the quotes of a STRING: any character but `"`, `\` and a
-# line feed, or a backslash and any character but a line feed.
+# line break, or a backslash and any character but a line break.
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _STRING_BODY = st.lists(
     st.one_of(
-        st.characters(exclude_characters='"\\\n'),
-        st.characters(exclude_characters="\n").map(lambda c: "\\" + c),
+        st.characters(exclude_characters='"\\' + _BREAKS),
+        st.characters(exclude_characters=_BREAKS).map(lambda c: "\\" + c),
     ),
     max_size=12,
 ).map("".join)
@@ -141,7 +142,8 @@ _STRINGS = st.one_of(
     ),
     _STRING_BODY,
 ).map(lambda body: f'"{body}"')
-_COMMENTS = st.text(st.characters(exclude_characters="\n"), max_size=12).map(lambda s: "#" + s)
+# The grammar's COMMENT: no line break of `str.splitlines` (tests/test_line_ends.py has those).
+_COMMENTS = st.text(st.characters(exclude_characters=_BREAKS), max_size=12).map(lambda s: "#" + s)
 
 _LARK = _grammar.parser()
 _TERMINALS = {
