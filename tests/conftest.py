@@ -1,4 +1,7 @@
-"""Every test runs with 8 simulated CPU devices (set before JAX starts)."""
+"""Every test runs with 8 simulated CPU devices (set before JAX starts).
+
+Hypothesis runs the `ci` profile (100 examples a property, derandomized);
+`HYPOTHESIS_PROFILE=deep` runs 2,000 a property, from fresh random seeds."""
 
 from __future__ import annotations
 

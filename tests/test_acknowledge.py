@@ -269,3 +269,154 @@ def test_sr204_says_how_to_acknowledge_a_rule_meant_to_replicate() -> None:
     text = 'mesh model\nrules params:\n  "layers" -> (_, _, model)\n  default -> replicated\n'
     whole = [d for d in sr.check(TREE, sr.loads(text), {"model": 8}) if d.code == "SR204"]
     assert whole and all("noqa" not in d.hint for d in whole)
+
+
+# ------------------------------------------------------------------ files that share a name
+
+
+def _two_commons(root: Path) -> None:
+    """`common.shard` twice: at the top, and in `deep/`, which `main.shard`
+    reaches as `link/../common.shard` (`link` a symbolic link to `deep/dir`):
+    shown joined and normalised, both paths are `common.shard`. The top one
+    draws SR204 on its line 2 and acknowledges nothing; the other acknowledges
+    SR204 on its own line 2."""
+    (root / "deep" / "dir").mkdir(parents=True)
+    (root / "link").symlink_to(root / "deep" / "dir", target_is_directory=True)
+    (root / "common.shard").write_text('rules params:\n  "embed" -> replicated\n')
+    (root / "deep" / "common.shard").write_text('rules params:\n  "lm_head" -> replicated  # noqa: SR204\n')
+    (root / "deep" / "dir" / "inner.shard").write_text('include "../common.shard"\n')
+    (root / "main.shard").write_text(
+        'mesh model\ninclude "common.shard"\ninclude "link/inner.shard"\nrules params:\n  default -> (model, _)\n'
+    )
+
+
+def test_a_noqa_acknowledges_only_its_own_file_when_another_is_shown_under_its_name(tmp_path) -> None:
+    _two_commons(tmp_path)
+    rules = sr.load(tmp_path / "main.shard")
+    whole = {"embed": S((32000, 4096), F16), "lm_head": S((32000, 4096), F16), "w": S((1 << 18, 4096), F16)}
+    found = sr.check(whole, rules, {"model": 8})
+    assert [(d.code, d.path) for d in found] == [("SR204", "embed")]
+    (warning,) = found
+    assert warning.span is not None and warning.span.line == 2
+    # each file read has a name of its own: its text, not the other's, is shown under the warning
+    other = str((tmp_path / "deep" / "common.shard").resolve())
+    assert rules.files == (str(tmp_path / "main.shard"), str(tmp_path / "common.shard"),
+                           str(tmp_path / "link" / "inner.shard"), other)  # fmt: skip
+    assert '  2 |   "embed" -> replicated' in warning.render(rules.sources)
+    assert rules.acknowledged == {(other, 2): frozenset({"SR204"})}
+    assert dict(rules.real_file_items)[warning.span.file] == str((tmp_path / "common.shard").resolve())
+    # as the CLI sees it, from the rule file's folder
+    plan = sr.plan(whole, rules, {"model": 8})
+    assert [(d.code, d.path) for d in plan.diagnostics] == [("SR204", "embed")]
+
+
+def test_lint_reports_the_warning_of_the_file_that_does_not_acknowledge_it(tmp_path, capsys) -> None:
+    _two_commons(tmp_path)
+    shapes = tmp_path / "shapes.json"
+    whole = [[32000, 4096], "float16"]
+    shapes.write_text(json.dumps({"embed": whole, "lm_head": whole, "w": [[1 << 18, 4096], "float16"]}))
+    code = main(["lint", str(tmp_path / "main.shard"), "--shapes", str(shapes), "--mesh", "model=8"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count(": SR204 ") == 1 and "Found 0 errors and 1 warning." in out
+    assert f"{tmp_path / 'common.shard'}:2:14: SR204 `embed`" in out
+
+
+def test_text_loaded_under_the_name_of_a_file_it_includes_keeps_its_own_noqa(tmp_path) -> None:
+    """`loads(text, name="common.shard")` including the file `common.shard`:
+    two files, one name as given; the file is shown by its resolved path."""
+    (tmp_path / "common.shard").write_text('rules params:\n  "embed" -> replicated\n')
+    text = 'mesh model\nrules params:\n  "lm_head" -> replicated  # noqa: SR204\ninclude "common.shard"\n'
+    rules = sr.loads(text, name="common.shard", include_root=tmp_path)
+    tree = {"embed": S((32000, 4096), F16), "lm_head": S((32000, 4096), F16)}
+    found = sr.check(tree, rules, {"model": 8})
+    assert [(d.code, d.path, d.span and d.span.file) for d in found if d.code == "SR204"] == [
+        ("SR204", "embed", str((tmp_path / "common.shard").resolve()))
+    ]
+    assert rules.acknowledged == {("common.shard", 3): frozenset({"SR204"})}
+
+
+# A campaign: include trees whose files are all named `common.shard`, in
+# different folders, reached directly or through symbolic links whose `..`
+# makes their joined names collide; each file draws SR204 (a whole array) and
+# SR201 (a rule that matches nothing) on the same lines as the others, and
+# acknowledges a random few of them.
+
+_WHOLE = S((32000, 4096), F16)
+
+
+@st.composite
+def _include_trees(draw) -> tuple[int, list[tuple[int, str]], dict[tuple[int, str], str]]:
+    """(how many `common.shard` files, the includes of `main.shard` as
+    (file, way), the `noqa` comment ending each acknowledged (file, code))."""
+    count = draw(st.integers(1, 4))
+    ways = st.sampled_from(["direct", "link", "hop"])
+    includes = draw(st.lists(st.tuples(st.integers(0, count - 1), ways), min_size=1, max_size=6))
+    spellings = st.sampled_from(["# noqa: {}", "# NOQA:{}", "# kept; noqa: {}", "# noqa: SR202, {}"])
+    acknowledged = draw(
+        st.dictionaries(st.tuples(st.integers(0, count - 1), st.sampled_from(["SR204", "SR201"])), spellings)
+    )
+    return count, includes, {k: v.format(k[1]) for k, v in acknowledged.items()}
+
+
+def _write_tree(root: Path, count: int, includes: list[tuple[int, str]], noqa: dict) -> dict[int, Path]:
+    """File `k` is `d{k}/common.shard` (file 0: `common.shard` at the top);
+    `l{k}` links to `d{k}/in` (file 0: to `d0/in`, whose `..` is `d0`, so file
+    0 then stands for `d0/common.shard`... which is file 0's twin, written too)."""
+    files = {}
+    for k in range(count):
+        folder = root / f"d{k}"
+        (folder / "in").mkdir(parents=True)
+        (root / f"l{k}").symlink_to(folder / "in", target_is_directory=True)
+        (folder / "in" / "hop.shard").write_text('include "../common.shard"\n')
+        lines = ["rules params:", f'  "whole{k}" -> replicated', f'  "nothing{k}" -> (model)']
+        for code, at in (("SR204", 1), ("SR201", 2)):
+            if (k, code) in noqa:
+                lines[at] += "  " + noqa[(k, code)]
+        (folder / "common.shard").write_text("\n".join(lines) + "\n")
+        files[k] = (folder / "common.shard").resolve()
+    # at the top, drawn too and never acknowledged
+    (root / "common.shard").write_text('rules params:\n  "whole_top" -> replicated\n')
+    way_text = {"direct": "d{}/common.shard", "link": "l{}/../common.shard", "hop": "l{}/hop.shard"}
+    main_lines = ["mesh model", 'include "common.shard"']
+    main_lines += [f'include "{way_text[way].format(k)}"' for k, way in includes]
+    main_lines += ["rules params:", "  default -> (model, _)"]
+    (root / "main.shard").write_text("\n".join(main_lines) + "\n")
+    return files
+
+
+@settings(deadline=None)
+@given(tree=_include_trees())
+def test_exactly_the_acknowledged_warnings_go_per_real_file_and_line(tree) -> None:
+    import tempfile
+
+    count, includes, noqa = tree
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder).resolve()
+        files = _write_tree(root, count, includes, noqa)
+        rules = sr.load(root / "main.shard")
+        reached = sorted({k for k, _ in includes})
+        shapes = {f"whole{k}": _WHOLE for k in range(count)}
+        shapes |= {"whole_top": _WHOLE, "w": S((1 << 22, 4096), F16)}
+        found = sr.check(shapes, rules, {"model": 8})
+        expected = {("SR204", "whole_top")} | {
+            (code, f"whole{k}" if code == "SR204" else f"nothing{k}")
+            for k in reached
+            for code in ("SR204", "SR201")
+            if (k, code) not in noqa
+        }
+        got = set()
+        for d in found:
+            assert d.code in ("SR204", "SR201") and d.span is not None, d
+            named = re.search(r"rule `(\w+)`", d.message)
+            rule = d.path if d.code == "SR204" else named and named.group(1)
+            assert rule is not None, d
+            got.add((d.code, rule))
+            # the warning's file and line: the line of that rule in the file it names
+            real = Path(dict(rules.real_file_items)[d.span.file])
+            k = None if rule == "whole_top" else int(rule.removeprefix("whole").removeprefix("nothing"))
+            assert real == (root / "common.shard" if k is None else files[k])
+            assert f'"{rule}"' in rules.sources[d.span.file].split("\n")[d.span.line - 1]
+            assert f'"{rule}"' in real.read_text().split("\n")[d.span.line - 1]
+        assert got == expected
+        # one name per file read, and every file of the tree by its own
+        assert len(rules.files) == len(set(rules.files)) == len(set(dict(rules.real_file_items).values()))

@@ -188,17 +188,32 @@ def test_diff_marks_a_missing_final_newline(workdir: Path, capsys: pytest.Captur
     )
 
 
-def test_diff_splits_lines_at_newlines_only(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # \f and \u2028 are line breaks to str.splitlines, but inside a comment
-    # they are part of the comment's line.
-    write("sharding/x.shard", "mesh a,b  # one\x0ctwo\u2028three\n")
-    assert main(["fmt", "--diff", "sharding/x.shard"]) == 1
-    assert capsys.readouterr().out.split("\n")[2:] == [
-        "@@ -1 +1 @@",
-        "-mesh a,b  # one\x0ctwo\u2028three",
-        "+mesh a, b  # one\x0ctwo\u2028three",
-        "",
-    ]
+@pytest.mark.parametrize("flag", [[], ["--check"], ["--diff"]])
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        # a lone `\r` in a comment: to an editor, a rule on a line of its own
+        ('mesh a, b\nrules p:\n  "x" -> replicated  # reviewed\r  "y" -> (a)\n', "3:32"),
+        ('mesh a, b\r\nrules p:\r\n  "x"->replicated # ok\r\r\n  "y" -> (a)\r\n', "3:23"),
+        ("mesh a,b  # one\x0ctwo\u2028three\n", "1:16"),  # \f and \u2028: line breaks to str.splitlines
+        ('rules p:\n  "x\u2029y" -> replicated\n', "2:5"),
+    ],
+)
+def test_fmt_refuses_line_breaks_that_end_no_line(
+    workdir: Path, capsys: pytest.CaptureFixture[str], text: str, where: str, flag: list[str]
+) -> None:
+    """fmt reads a file as `load` does: a line break other than `\\n` and `\\r\\n`
+    is SR001 at its place and the file is left as it was (formatting it would
+    keep text that a reader takes for a line of its own and the parser does not)."""
+    path = write("sharding/x.shard", text)
+    assert main(["fmt", *flag, "sharding/x.shard"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"sharding/x.shard:{where}: SR001 ") and "line of a rule file ends only at" in err
+    assert path.read_bytes() == text.encode("utf-8")
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.load(path)
+    assert str(info.value) in err
 
 
 def test_cli_docs_example_matches(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:

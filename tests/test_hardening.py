@@ -70,8 +70,15 @@ def test_hostile_text_raises_only_our_errors(name):
 
 
 def test_error_excerpts_count_lines_as_the_parser_does():
+    # A form feed or U+2028 in a comment ends no line: it is refused where it stands,
+    # the line shown is the line named, the caret under the character.
     with pytest.raises(sr.RuleSyntaxError) as info:
         sr.loads('# a\x0c comment\u2028 still the comment\nrules p:\n  "x" -> (\n')
+    assert info.value.span is not None and (info.value.span.line, info.value.span.col) == (1, 4)
+    assert "  1 | # a\ufffd comment\ufffd still the comment\n    |    ^\n" in str(info.value)
+    # `\r\n` ends lines: the error on the third line is shown there
+    with pytest.raises(sr.RuleSyntaxError) as info:
+        sr.loads('# a comment\r\nrules p:\r\n  "x" -> (\r\n')
     assert info.value.span is not None and info.value.span.line == 3
     assert '  3 |   "x" -> (' in str(info.value)
 

@@ -5,8 +5,9 @@
    survives `format_text` unchanged in meaning, and formatting is idempotent.
 2. `loads` of arbitrary text or bytes succeeds or raises `ShardRulesError`.
 3. The rule `plan` picks for each leaf is the first rule (in file order,
-   `default` last) whose regex `re.search`es the leaf's path, and paths render
-   keys as the docs say.
+   `default` last) whose regex `re.search`es the leaf's path, read as the docs
+   say a pattern reads (ASCII classes, Unicode case folding, `$` the end of the
+   path: `_as_documented`), and paths render keys as the docs say.
 4. `apply` keeps values, dtypes and tree structure, and places every leaf as
    the plan says; `specs`/`shardings` have the input's structure.
 5. `constrain` inside `jax.jit` gives the shardings `apply` gives.
@@ -72,7 +73,7 @@ def include_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # Words (keywords, names, numbers, patterns) get a leading space, mostly, so
 # that adjacent words stay apart and the text means something; sometimes none,
 # which gives syntax errors (and tests that they are `ShardRulesError`s).
-_SPACE = st.sampled_from(["", " ", " ", " ", " ", "  ", "\t", "\x0c", " \t"])
+_SPACE = st.sampled_from(["", " ", " ", " ", " ", "  ", "\t", " \t"])  # the grammar's `%ignore`
 
 
 def _word(strategy: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
@@ -105,11 +106,12 @@ _NUMBERS = st.one_of(
     st.from_regex(r"[0-9]{1,12}(\.[0-9]{1,3})?[A-Za-z]{0,3}", fullmatch=True),
 )
 # The text between the quotes of a STRING: any character but `"`, `\` and a
-# line feed, or a backslash and any character but a line feed.
+# line break, or a backslash and any character but a line break.
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _STRING_BODY = st.lists(
     st.one_of(
-        st.characters(exclude_characters='"\\\n'),
-        st.characters(exclude_characters="\n").map(lambda c: "\\" + c),
+        st.characters(exclude_characters='"\\' + _BREAKS),
+        st.characters(exclude_characters=_BREAKS).map(lambda c: "\\" + c),
     ),
     max_size=12,
 ).map("".join)
@@ -141,7 +143,8 @@ _STRINGS = st.one_of(
     ),
     _STRING_BODY,
 ).map(lambda body: f'"{body}"')
-_COMMENTS = st.text(st.characters(exclude_characters="\n"), max_size=12).map(lambda s: "#" + s)
+# The grammar's COMMENT: no line break of `str.splitlines` (tests/test_line_ends.py has those).
+_COMMENTS = st.text(st.characters(exclude_characters=_BREAKS), max_size=12).map(lambda s: "#" + s)
 
 _LARK = _grammar.parser()
 _TERMINALS = {
@@ -375,13 +378,95 @@ def _rule_text(lines: list[str | None], spec: str = "replicated") -> str:
     return "rules params:\n" + "".join(f"  {head} -> {spec}\n" for head in heads)
 
 
+_WORD = "0-9A-Za-z_"
+_ASCII_CLASSES = {"d": "0-9", "w": _WORD, "s": " \\t\\n\\r\\f\\v"}
+_BOUNDARY = f"(?-i:(?<=[{_WORD}])(?![{_WORD}])|(?<![{_WORD}])(?=[{_WORD}]))"
+
+
+def _as_documented(pattern: str) -> str:
+    """`pattern` written for Python's (Unicode) `re` to read it as docs/language.md
+    says a rule pattern reads: `\\d`, `\\w`, `\\s`, `\\b` and their negations
+    ASCII, `(?i)` folding case by Unicode's rules, `$` the end of the path.
+    (`re.ASCII` would make the classes ASCII but fold only ASCII letters; plain
+    `re` has Unicode classes and lets `$` match before a final newline.)"""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            escaped = pattern[i + 1]
+            i += 2
+            if escaped.lower() in _ASCII_CLASSES:
+                body = _ASCII_CLASSES[escaped.lower()]
+                if in_class:
+                    assert escaped.islower(), f"{pattern!r}: a negated class in a set; extend _as_documented"
+                    out.append(body)
+                else:
+                    out.append(f"[{'^' if escaped.isupper() else ''}{body}]")
+            elif escaped == "b" and not in_class:
+                out.append(_BOUNDARY)
+            else:
+                out.append("\\" + escaped)
+            continue
+        i += 1
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            for lead in ("^", "]"):  # `[^]...]`, `[]...]`: a leading `]` is a character
+                if pattern.startswith(lead, i):
+                    char += lead
+                    i += 1
+        elif char == "$":
+            char = r"\Z"
+        out.append(char)
+    return "".join(out)
+
+
 def _reference(lines: list[str | None], path: str) -> int | None:
     """The index of the rule that should decide `path`: the first pattern that
-    `re.search`es it, else the `default` line, else none."""
+    `re.search`es it, read as documented (`_as_documented`), else the `default`
+    line, else none."""
     for i, p in enumerate(lines):
-        if p is not None and re.search(p, path):
+        if p is not None and re.search(_as_documented(p), path):
             return i
     return lines.index(None) if None in lines else None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "matches"),
+    [
+        (r"\d", "\u0663", False),  # an Arabic-Indic digit: `\d` is [0-9]
+        (r"\w", "é", False),
+        (r"\W", "é", True),
+        (r"\s", "\x1c", False),  # a file separator: whitespace to Unicode `\s`, not to ASCII's
+        (r"\bx", "éx", True),  # `é` is no word character to `\b`
+        (r"[\d]", "\u0663", False),
+        ("(?i)é", "É", True),  # case folds by Unicode's rules, as `re.ASCII` would not
+        ("(?i)Σ", "ς", True),
+        (r"(?i)\w", "\u212a", True),  # the Kelvin sign folds to `k`
+        (r"(?i)\W", "\u212a", False),
+        ("(?i)[a-z]", "\u017f", True),  # the long s folds to `s`
+        ("x$", "x\n", False),  # `$` is the end of the path, not before a final newline
+    ],
+)
+def test_the_reference_reads_patterns_as_documented(pattern: str, path: str, matches: bool) -> None:
+    """The oracle of the matching properties below agrees with `plan` (and the
+    docs) where Python's `re`, with `re.ASCII` or without, reads a pattern
+    otherwise: each case is one where one of the two gets it wrong."""
+    assert (re.search(pattern, path) is not None, re.search(pattern, path, re.ASCII) is not None) != (
+        matches,
+        matches,
+    )
+    assert (_reference([pattern], path) == 0) == matches
+    rules = sr.loads(f'rules params:\n  "{pattern}" -> (data)\n  default -> replicated\n')
+    leaf = jax.ShapeDtypeStruct((2,), jnp.float32)
+    (planned,) = sr.plan({path: leaf}, rules, {"data": 2}).leaves
+    assert planned.rule is not None and (planned.rule.index == 0) == matches
+
+
+def test_the_reference_keeps_what_it_does_not_translate() -> None:
+    assert _as_documented(r"x$|a\$|[$\]]|[]\d$]|\\d|\.") == r"x\Z|a\$|[$\]]|[]0-9$]|\\d|\."
 
 
 @jax.tree_util.register_dataclass

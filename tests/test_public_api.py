@@ -45,6 +45,7 @@ STORAGE_FIELDS = {
         "alternative_items",
         "alternative_decls",
         "acknowledged_items",
+        "real_file_items",
     }
 }
 

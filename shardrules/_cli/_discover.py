@@ -89,7 +89,7 @@ def includes(path: Path) -> list[Path]:
         mode = path.stat().st_mode
         if not stat.S_ISREG(mode) or path.stat().st_size > MAX_FILE_BYTES:
             return []
-        rule_file = parse(path.read_text(encoding="utf-8").removeprefix("\ufeff"), str(path))
+        rule_file = parse(path.read_bytes().decode("utf-8").removeprefix("\ufeff"), str(path))
     except (OSError, UnicodeDecodeError, ShardRulesError):
         return []
     return [

@@ -186,8 +186,9 @@ def _shard_files(
 
 
 def _lines(text: str) -> list[str]:
-    """The lines of `text`, each with its newline, split at `\\n` only:
-    `str.splitlines` would also split a comment at `\\f` or `\\u2028`."""
+    """The lines of `text`, each with its newline, split at `\\n`, where the
+    parser ends lines (`str.splitlines` also splits at `\\f` or `\\u2028`,
+    which no file that formats holds)."""
     lines = text.split("\n")
     return [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
 
@@ -201,7 +202,8 @@ def _fmt(args: argparse.Namespace) -> int:
                 raise OSError("not a regular file (a FIFO, a device or a socket)")
             if path.stat().st_size > MAX_FILE_BYTES:
                 raise OSError(f"larger than {MAX_FILE_BYTES >> 20} MiB; rule files are small text files")
-            text = path.read_text(encoding="utf-8")
+            # As `load` reads it, line ends as they are: the parser refuses a lone `\r` as `load` does.
+            text = path.read_bytes().decode("utf-8")
         except (OSError, UnicodeDecodeError) as err:
             print(f"{path}: cannot read: {err}", file=sys.stderr)
             errors += 1
@@ -212,6 +214,8 @@ def _fmt(args: argparse.Namespace) -> int:
             print(err, file=sys.stderr)
             errors += 1
             continue
+        # It parsed, so each `\r` ends a `\r\n`: a file that differs by those alone is formatted.
+        text = text.replace("\r\n", "\n")
         if formatted == text:
             continue
         changed += 1

@@ -109,19 +109,32 @@ def pattern_literal(regex: str) -> str:
     a bare `"` becomes `\\"`, a line break, tab or other control character its
     escape (`\\n`, `\\x0b`: no raw control character reaches the file; the
     literal's text is taken verbatim, backslashes included, so an escaped quote
-    is a quote)."""
+    is a quote). U+2028 and U+2029, line breaks a rule file may not hold and
+    that no escape writes alike for Python and RE2, become `\\S` (in both, any
+    character but ASCII whitespace; in a set too), which matches them."""
     out: list[str] = []
     i = 0
     while i < len(regex):
         c = regex[i]
         if c == "\\" and i + 1 < len(regex):
             nxt = regex[i + 1]
-            out.append(_escape(nxt) if _is_control(nxt) else "\\" + nxt)  # `\<tab>` is a tab: `\t`
+            out.append(_escape(nxt) if _is_control(nxt) else _BREAKS.get(nxt, "\\" + nxt))  # `\<tab>`: `\t`
             i += 2
             continue
-        out.append('\\"' if c == '"' else "\\\\" if c == "\\" else _escape(c) if _is_control(c) else c)
+        out.append(
+            '\\"' if c == '"' else "\\\\" if c == "\\" else _escape(c) if _is_control(c) else _plain(c)
+        )
         i += 1
     return '"' + "".join(out) + '"'
+
+
+_BREAKS = {"\u2028": "\\S", "\u2029": "\\S"}
+"""Line breaks above U+00FF (no `\\xHH` escape), and what matches them."""
+
+
+def _plain(c: str) -> str:
+    """A character that is not a control character, as the pattern writes it."""
+    return _BREAKS.get(c, c)
 
 
 def _is_control(c: str) -> bool:

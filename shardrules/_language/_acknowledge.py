@@ -56,18 +56,21 @@ _LIST_GOES_ON = re.compile(r"\s*[,\-+/&]|\s+[A-Za-z]+[0-9]+(?![A-Za-z0-9_])")
 """After the codes: a separator or another code, a list written other than `SR204, SR205`."""
 
 Acknowledged = dict[tuple[str, int], frozenset[str]]
-"""(file, line) → the warning codes acknowledged there."""
+"""(file, line) → the warning codes acknowledged there; the file is named by
+its resolved path, not by the name errors show for it: two files shown under
+one name (reached through a symbolic link, or by `..`) never share a `noqa`."""
 
 
-def read(items: Iterable[Item], name: str, into: Acknowledged, errors: Findings) -> None:
-    """Add the `noqa` comments of one file's `items` (as parsed) to `into`;
-    what is wrong with them to `errors` (SR020)."""
+def read(items: Iterable[Item], name: str, real: str, into: Acknowledged, errors: Findings) -> None:
+    """Add the `noqa` comments of one file's `items` (as parsed) to `into`, under
+    the file's resolved path `real`; what is wrong with them to `errors` (SR020),
+    at spans in the file `name`."""
     for item in items:
         if isinstance(item, Comment) and item.span is not None:
             for found in _NOQA.finditer(item.text):
                 named = _directive(item, found, name, errors)
                 if named:
-                    key = (name, item.span.line)
+                    key = (real, item.span.line)
                     into[key] = into.get(key, frozenset()) | named
 
 
@@ -146,8 +149,13 @@ def _directive(item: Comment, found: re.Match[str], name: str, errors: Findings)
     return frozenset(named)
 
 
-def acknowledges(acknowledged: Mapping[tuple[str, int], frozenset[str]], diagnostic: Diagnostic) -> bool:
-    """Whether `diagnostic` is a warning that a `noqa` comment on its line names."""
+def acknowledges(
+    acknowledged: Mapping[tuple[str, int], frozenset[str]], files: Mapping[str, str], diagnostic: Diagnostic
+) -> bool:
+    """Whether `diagnostic` is a warning that a `noqa` comment on its line names;
+    `files` maps each file's name, as spans give it, to its resolved path (the
+    key of `acknowledged`). A span in a file not in `files` is acknowledged by none."""
     if diagnostic.severity != "warning" or diagnostic.span is None:
         return False
-    return diagnostic.code in acknowledged.get((diagnostic.span.file, diagnostic.span.line), ())
+    real = files.get(diagnostic.span.file)
+    return real is not None and diagnostic.code in acknowledged.get((real, diagnostic.span.line), ())

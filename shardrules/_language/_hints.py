@@ -35,6 +35,51 @@ def show_char(char: str) -> str:
     return f"{shown}({code}{' ' + name if name else ''})"
 
 
+# The line breaks of `str.splitlines` that do not end a line of a rule file
+# (only `\n` and `\r\n` do: grammar/shardrules.lark), by name.
+_BREAK_NAMES = {
+    "\r": "a carriage return (`\\r`) without `\\n` after it",
+    "\x0b": "a vertical tab (`\\v`, U+000B)",
+    "\x0c": "a form feed (`\\f`, U+000C)",
+    "\x1c": "a file separator (U+001C)",
+    "\x1d": "a group separator (U+001D)",
+    "\x1e": "a record separator (U+001E)",
+    "\x85": "a next-line character (U+0085)",
+    "\u2028": "a line separator (U+2028)",
+    "\u2029": "a paragraph separator (U+2029)",
+}
+
+
+def is_line_break(char: str) -> bool:
+    """Whether `char` is a line break to `str.splitlines` (and so to some
+    editors and viewers) other than `\n`: none may stand in a rule file."""
+    return len(char) == 1 and char != "\n" and len(f"a{char}a".splitlines()) > 1
+
+
+def line_break_at(line: str, col: int) -> int:
+    """The column of the first line break (`is_line_break`) in `line` (a line
+    of the file, split at `\n`) at or after `col`, or 0; the `\r` of a
+    closing `\r\n` is a line end, not a break."""
+    body = line.removesuffix("\r")
+    for i in range(col - 1, len(body)):
+        if is_line_break(body[i]):
+            return i + 1
+    return 0
+
+
+def line_break_error(char: str, whole_file_has_no_newline: bool) -> tuple[str, str]:
+    """The message and hint of SR001 for a line break that does not end a line."""
+    name = _BREAK_NAMES.get(char, show_char(char))
+    message = f"{name}: a line of a rule file ends only at `\\n` or `\\r\\n`"
+    if char == "\r" and whole_file_has_no_newline:
+        return message, "this file has lone `\\r` line ends (old Mac line ends); save it with `\\n` line ends"
+    return message, (
+        "editors and Python's `str.splitlines` may show the text after it as a line of its own, "
+        "which the parser would not: where a line should end, write a newline (`\\n`); "
+        "anywhere else, delete the character"
+    )
+
+
 _KEYWORDS = ("mesh", "include", "alias", "rules", "default", "replicated", "auto", "logical")
 
 
@@ -112,8 +157,6 @@ def layout_hint(before: str, rest: str, expected: set[str]) -> str:
         return "separate the entries with commas, e.g. (fsdp, model)"
     if rest.startswith("->"):
         return 'a rule starts with its quoted pattern, e.g. "attn/kernel" -> (fsdp, model)'
-    if char == "\r":
-        return "this line ends in a lone `\\r` (old Mac line ends); save the file with `\\n` line ends"
     if char == "\x00":
         return "rule files are UTF-8 text; this one holds a NUL character (is it a binary file?)"
     if not char.isascii():

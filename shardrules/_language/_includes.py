@@ -34,13 +34,17 @@ MAX_LINES = 50_000
 class Statements:
     """What a rule file and its includes say, sorted by kind, in file order.
 
-    `sources` maps each file's name (as errors show it) to its text;
+    `sources` maps each file's name (as errors show it) to its text, and
+    `files` to its resolved path: one name per file, so that two files shown
+    under one name (`link/../common.shard` and `common.shard` where `link` is
+    a symbolic link to a folder) do not share a name, a source or a `noqa`;
     `rule_lines` pairs each rule with its group; `headers` holds every
     `rules GROUP:` header's first place; `errors` what could not be read;
     `acknowledged` the warnings `# noqa: CODE` comments acknowledge, by line.
     """
 
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    files: dict[str, Path] = dataclasses.field(default_factory=dict)
     meshes: list[MeshDecl] = dataclasses.field(default_factory=list)
     alias_decls: list[Alias] = dataclasses.field(default_factory=list)
     rule_lines: list[tuple[str, RuleLine]] = dataclasses.field(default_factory=list)
@@ -106,12 +110,13 @@ class _Reader:
         text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the rules
         self.count(text, name, span)
         self.found.sources[name] = text
+        self.found.files[name] = real
         if self.before_parse is not None:
             self.before_parse(text, name, self.found.sources)
         from ._parse import parse  # Lark loads with the first file parsed, not with the package
 
         rule_file = parse(text, name)
-        _acknowledge.read(rule_file.items, name, self.found.acknowledged, self.found.errors)
+        _acknowledge.read(rule_file.items, name, str(real), self.found.acknowledged, self.found.errors)
         self.done.add(real)
         self.stack.append((real, name))
         group: str | None = None
@@ -182,8 +187,19 @@ class _Reader:
                 "include the shared files from one top-level file instead of chaining them",
             )
             return
+        display = self.unique(display, real)
         text = read_rule_file(real, display, stmt.span, self.found.sources, limit=self.bytes_left())
         self.visit(text, display, real, stmt.span)
+
+    def unique(self, display: str, real: Path) -> str:
+        """`display`, or, where another file of this load is shown under it (the
+        name is made by joining paths, and `link/..` is not the folder `link` is
+        in when `link` is a symbolic link), the file's resolved path."""
+        name, n = display, 1
+        while self.found.files.get(name, real) != real:
+            n += 1
+            name = str(real) if n == 2 else f"{real} ({n - 1})"
+        return name
 
     def bytes_left(self) -> int:
         return max(0, min(MAX_FILE_BYTES, MAX_TOTAL_BYTES - self.bytes))

@@ -156,6 +156,7 @@ def _ruleset(
         alternative_items=tuple(alternatives.items()),
         alternative_decls=tuple(first[n] for n in alternatives),
         acknowledged_items=tuple(found.acknowledged.items()),
+        real_file_items=tuple((name, str(real)) for name, real in found.files.items()),
     )
 
 

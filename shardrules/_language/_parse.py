@@ -63,12 +63,14 @@ def parse(text: str, name: str = "<string>") -> RuleFile:
     """
     if not isinstance(text, str):
         raise TypeError(f"rule text must be str, not {type(text).__name__}")
-    source = text if text.endswith("\n") else text + "\n"
+    # A newline ends the last line; after a lone `\r` it comes as `\r\n`, so that it does not make
+    # that `\r` a line end: the lexer stops at it, as at any lone `\r`.
+    source = text if text.endswith("\n") else text + ("\r\n" if text.endswith("\r") else "\n")
     with paused():  # a parse makes many objects and no cycles: see `_gcpause`
         try:
             tree = _grammar.parser().parse(source)
         except lark.exceptions.UnexpectedInput as err:
-            raise _syntax_error(err, text, name) from None
+            raise _syntax_error(err, source, text, name) from None
         return RuleFile(tuple(_Builder(name, text).items(tree)), name=name, source=text)
 
 
@@ -92,7 +94,8 @@ def _expected(names: Iterable[str]) -> str:
     return ", ".join(shown[:-1]) + " or " + shown[-1]
 
 
-def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) -> RuleSyntaxError:
+def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, text: str, name: str) -> RuleSyntaxError:
+    """SR001 for Lark's `err`, raised on `source` (`text` with its last line ended)."""
     line, col = max(err.line, 1), max(err.column, 1)
     hint = ""
     expected: set[str]
@@ -108,6 +111,10 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
         width = max(1, len(str(token.value))) if token.type not in ("_NL", "$END") else 1
         hint = _hints.hint_for(token.type, str(token.value), expected)
     elif isinstance(err, lark.exceptions.UnexpectedCharacters):
+        if err.char == '"' or _hints.is_line_break(err.char):  # a line break, or quoted text holding one
+            at = _hints.line_break_at(source.split("\n")[line - 1], col)
+            if at:
+                return _line_break(source.split("\n")[line - 1][at - 1], text, name, line, at)
         expected = set(err.allowed or ())
         found = _hints.show_char(err.char)
         width = 1
@@ -148,6 +155,15 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, text: str, name: str) ->
         hint = _hints.expected_hint(expected)
     message = f"unexpected {found}; expected {_expected(expected)}"
     span = Span(name, line, col, line, col + width)
+    return RuleSyntaxError(Diagnostic("SR001", "error", message, span, hint=hint), {name: text})
+
+
+def _line_break(char: str, text: str, name: str, line: int, col: int) -> RuleSyntaxError:
+    """SR001 for `char`, a line break other than `\\n` and `\\r\\n`, at `line`,
+    `col` (grammar/shardrules.lark: a rule file holds none, so that the lines a
+    reader sees are the lines the parser reads)."""
+    message, hint = _hints.line_break_error(char, "\n" not in text)
+    span = Span(name, line, col, line, col + 1)
     return RuleSyntaxError(Diagnostic("SR001", "error", message, span, hint=hint), {name: text})
 
 

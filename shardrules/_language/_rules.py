@@ -265,6 +265,7 @@ class RuleSet:
     acknowledged_items: tuple[tuple[tuple[str, int], frozenset[str]], ...] = dataclasses.field(
         default=(), compare=False, repr=False
     )
+    real_file_items: tuple[tuple[str, str], ...] = dataclasses.field(default=(), compare=False, repr=False)
     _plan_cache: PlanCache = dataclasses.field(
         default_factory=lambda: PlanCache(), init=False, compare=False, repr=False
     )
@@ -295,12 +296,16 @@ class RuleSet:
     @property
     def acknowledged(self) -> Mapping[tuple[str, int], frozenset[str]]:
         """`(file, line)` → the warning codes a `# noqa: CODE` comment on that
-        line acknowledges (see `kept`)."""
-        return dict(self.acknowledged_items)
+        line acknowledges (see `kept`); `file` as errors show it, one name per
+        file read (the acknowledgements are kept by each file's resolved path)."""
+        names = {real: name for name, real in self.real_file_items}
+        return {(names[real], line): codes for (real, line), codes in self.acknowledged_items}
 
     def acknowledges(self, diagnostic: Diagnostic) -> bool:
         """Whether `diagnostic` is a warning this file acknowledges (`kept` leaves it out)."""
-        return bool(self.acknowledged_items) and acknowledges(self.acknowledged, diagnostic)
+        if not self.acknowledged_items:
+            return False
+        return acknowledges(dict(self.acknowledged_items), dict(self.real_file_items), diagnostic)
 
     def kept(self, diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
         """`diagnostics` less the warnings this file acknowledges: those whose
@@ -314,8 +319,8 @@ class RuleSet:
         """
         if not self.acknowledged_items:
             return list(diagnostics)
-        table = self.acknowledged
-        return [d for d in diagnostics if not acknowledges(table, d)]
+        table, files = dict(self.acknowledged_items), dict(self.real_file_items)
+        return [d for d in diagnostics if not acknowledges(table, files, d)]
 
     @property
     def sources(self) -> Mapping[str, str]:
