@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from _suggest_trees import check_draft
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
@@ -610,3 +611,50 @@ def test_a_1t_parameter_moe_header_is_drafted_in_under_5_seconds() -> None:
     elapsed = time.perf_counter() - start
     assert elapsed < 5.0, elapsed
     assert '"experts\\.\\d+\\.(gate|up)_proj\\.weight$" -> (mlp, embed)' in re.sub(" +", " ", text), text
+
+
+# ---------------------------------------------------------------- patterns for names of any kind
+
+
+def _lines_with_rules(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "->" in line and not line.lstrip().startswith("#")]
+
+
+def test_patterns_match_their_own_leaves_as_rules_match(tmp_path: Path) -> None:
+    # A `*` key beside numbered experts (once read as a number), a norm whose name goes on in a
+    # letter above U+007F (`\w` is ASCII in rule patterns), layers numbered in Arabic-Indic
+    # digits (`\d` does not match them) and names in CJK letters.
+    expert = lambda: {"up_proj": {"weight": S(1024, 256)}, "down_proj": {"weight": S(256, 1024)}}  # noqa: E731
+    trees = [
+        {
+            "dense": {"mlp": expert()},
+            "moe": {"mlp": {"experts": {"0": expert(), "1": expert(), "*": expert()}}},
+        },
+        {
+            "blocks": {
+                str(i): {"normé": {"scale": S(256)}, "up_proj": {"kernel": S(256, 1024)}} for i in range(2)
+            }
+        }
+        | {"x": {"normx": {"scale": S(256)}}},
+        {"layers": {chr(0x660 + i): {"mlp": {"up_proj": {"kernel": S(256, 1024)}}} for i in range(3)}},
+        {
+            "层": {
+                str(i): {"注意": {"q_proj": {"weight": S(256, 256)}}, "ñorm": {"scale": S(256)}}
+                for i in range(3)
+            }
+        },
+    ]
+    for tree in trees:
+        text = sr.suggest(tree, {"fsdp": 4}, "fsdp")
+        check_draft(text, tree, {"fsdp": 4}, tmp_path)
+    assert '"experts/(\\d+|\\*)/up_proj/weight$"' in sr.suggest(trees[0], {"fsdp": 4}, "fsdp")
+
+
+def test_names_numbered_by_their_module_get_one_short_pattern() -> None:
+    # 3,000 modules `layer0` ... `layer2999`, each named apart: `layer\d+`, not an alternation of them all.
+    layers = {f"layer{i}": {"up_proj": S(64, 256), "down_proj": S(256, 64)} for i in range(3000)}
+    tree: dict[str, Any] = {"model": layers, "norm": {"scale": S(64)}}
+    text = sr.suggest(tree, {"fsdp": 4}, "fsdp")
+    rules = _lines_with_rules(text)
+    assert max(len(line) for line in text.splitlines()) <= 100, rules
+    assert any(line.lstrip().startswith('"layer\\d+/up_proj$"') for line in rules), rules
