@@ -658,3 +658,40 @@ def test_names_numbered_by_their_module_get_one_short_pattern() -> None:
     rules = _lines_with_rules(text)
     assert max(len(line) for line in text.splitlines()) <= 100, rules
     assert any(line.lstrip().startswith('"layer\\d+/up_proj$"') for line in rules), rules
+
+
+# ---------------------------------------------------------------- shapes the mesh does not divide
+
+
+def llama32_1b(layers: int = 16) -> dict[str, Any]:
+    """Llama-3.2-1B's shapes (its public config: hidden 2048, 32 heads of 64, 8 key/value
+    heads, MLP 8192, vocabulary 128256, 16 layers, tied embedding)."""
+    d, heads, kv, head, ff, vocab = 2048, 32, 8, 64, 8192, 128256
+    bf16 = jnp.bfloat16
+    tree = {"model.embed_tokens.weight": S(vocab, d, dtype=bf16), "model.norm.weight": S(d, dtype=bf16)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tree |= {
+            p + "input_layernorm.weight": S(d, dtype=bf16),
+            p + "post_attention_layernorm.weight": S(d, dtype=bf16),
+            p + "self_attn.q_proj.weight": S(heads * head, d, dtype=bf16),
+            p + "self_attn.k_proj.weight": S(kv * head, d, dtype=bf16),
+            p + "self_attn.v_proj.weight": S(kv * head, d, dtype=bf16),
+            p + "self_attn.o_proj.weight": S(d, heads * head, dtype=bf16),
+            p + "mlp.gate_proj.weight": S(ff, d, dtype=bf16),
+            p + "mlp.up_proj.weight": S(ff, d, dtype=bf16),
+            p + "mlp.down_proj.weight": S(d, ff, dtype=bf16),
+        }
+    return tree
+
+
+def test_fsdp_axes_whose_product_does_not_divide_the_hidden_size_split_it_over_fewer(tmp_path: Path) -> None:
+    # fsdp=256 × sequence=16 = 4096 does not divide 2048; fsdp alone does (not every weight whole).
+    tree, mesh = llama32_1b(), {"fsdp": 256, "sequence": 16}
+    text = sr.suggest(tree, mesh)
+    check_draft(text, tree, mesh, tmp_path)
+    flat = re.sub(r"\s+", " ", re.sub(r"\n# ", " ", text))
+    assert "alias embed = fsdp #" in flat, text
+    assert "The hidden size 2048 does not divide by (fsdp, sequence) = 4096" in flat, text
+    assert "sequence=16 holds whole copies of the weights" in flat, text
+    assert "default -> auto(fsdp, min_bytes=1MiB)" in flat, text

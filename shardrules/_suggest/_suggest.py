@@ -170,8 +170,12 @@ def drafted(
     maxtext = any(_MAXTEXT & set(k.lower) or any(t.startswith("moeblock") for t in k.lower) for k in kinds)
     experts = [r for r in facts.roles if r is not None and r.name in (R.EXPERT_IN, R.EXPERT_OUT)]
     total = sum(k.nbytes for k in kinds)
-    options = {"total_bytes": total, "stacked_experts": any(not r.per_expert for r in experts)}
+    options: dict[str, Any] = {
+        "total_bytes": total,
+        "stacked_experts": any(not r.per_expert for r in experts),
+    }
     options["any_experts"] = bool(experts)
+    options["hidden"] = facts.hidden
     first = choose(strategy, sizes, **options)
     settings = (maxtext, min_bytes, max_bytes_per_device, embedding)
     best = _write(kinds, facts, first, sizes, *settings)
@@ -372,6 +376,8 @@ def _header(
         for a in alt
     }
     copies = [f"{a}={s}" for a, s in sizes.items() if s > 1 and a not in split]
+    if layout.narrowed:
+        lines += T.comment_lines(layout.narrowed[0].upper() + layout.narrowed[1:] + ".")
     if copies and layout.strategy != "dp":
         lines += T.comment_lines(
             f"{', '.join(copies)} {'holds' if len(copies) == 1 else 'hold'} whole copies of the weights "
