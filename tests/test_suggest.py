@@ -695,3 +695,22 @@ def test_fsdp_axes_whose_product_does_not_divide_the_hidden_size_split_it_over_f
     assert "The hidden size 2048 does not divide by (fsdp, sequence) = 4096" in flat, text
     assert "sequence=16 holds whole copies of the weights" in flat, text
     assert "default -> auto(fsdp, min_bytes=1MiB)" in flat, text
+
+
+def test_a_head_width_is_assumed_only_where_the_shapes_allow_it(tmp_path: Path) -> None:
+    # Queries 64 wide and keys/values 32 wide cannot hold 128-wide heads: 32-wide heads, so
+    # one key/value head, which two devices cannot split.
+    tree = {"model.norm.weight": S(256)}
+    for i in range(2):
+        p = f"model.layers.{i}.self_attn."
+        tree |= {p + "q_proj.weight": S(64, 256), p + "k_proj.weight": S(32, 256)}
+        tree |= {p + "v_proj.weight": S(32, 256), p + "o_proj.weight": S(256, 64)}
+    text = sr.suggest(tree, {"model": 2}, "tp")
+    check_draft(text, tree, {"model": 2}, tmp_path)
+    flat = re.sub(r"\s+", " ", re.sub(r"\n *# ", " ", text))
+    assert "heads 32 wide (assumed: the widest up to 128 that divides the attention projections;" in flat
+    assert "1 key/value head does not divide by model=2: kept whole on every device" in flat, text
+    # Where 128 divides every projection, it is still what is assumed (Llama-3.2-1B's 2048 and 512).
+    assert "heads 128 wide (assumed; set head_dim to change)" in re.sub(
+        r"\s+", " ", re.sub(r"\n# ", " ", sr.suggest(llama32_1b(2), {"model": 2}, "tp"))
+    )

@@ -251,7 +251,7 @@ def _entries(
                 if split > 1 and dims.heads % split:
                     what = "key/value" if logical == "kv_heads" else "query"
                     note = (
-                        f"{plural(dims.heads, f'{what} head')} do not divide by "
+                        f"{plural(dims.heads, f'{what} head')} {'does' if dims.heads == 1 else 'do'} not divide by "
                         f"{_axes_text(layout.axes('heads'), sizes)}: kept whole on every device (`_`); "
                         "splitting a head's width would make each device gather its heads anyway"
                     )

@@ -103,7 +103,8 @@ def suggest(
       is met, and if not which arrays take the most.
     - `head_dim`: the width of an attention head, to count the heads of a
       `(heads × head_dim, hidden)` weight (default: read from the shapes where
-      they show it, else 128).
+      they show it, else 128 where that divides the attention projections'
+      widths, else the widest under 128 that does).
     - `min_bytes`: arrays smaller than this that `default` lays out stay whole.
     - `embedding`: the token embedding's vocabulary, where the strategy splits
       the vocabulary (`"tp"`, `"fsdp+tp"`, `"ep"` on a mesh with a
@@ -390,9 +391,9 @@ def _header(
     if facts.experts:
         read.append(f"{facts.experts} experts")
     if any(r is not None and r.name in (R.Q, R.KV, R.QKV) for r in facts.roles):
-        source = (
-            "assumed; set head_dim to change" if facts.head_dim_source == "assumed" else facts.head_dim_source
-        )
+        source = facts.head_dim_source
+        if source.startswith("assumed"):
+            source += "; set head_dim to change"
         read.append(f"heads {facts.head_dim} wide ({source})")
     lines += T.comment_lines("Read from the paths and shapes: " + "; ".join(read) + ".")
     if budget is not None:
