@@ -714,3 +714,76 @@ def test_a_head_width_is_assumed_only_where_the_shapes_allow_it(tmp_path: Path) 
     assert "heads 128 wide (assumed; set head_dim to change)" in re.sub(
         r"\s+", " ", re.sub(r"\n# ", " ", sr.suggest(llama32_1b(2), {"model": 2}, "tp"))
     )
+
+
+def gpt_oss_like(layers: int = 2) -> dict[str, Any]:
+    """gpt-oss-120b's shapes (its public config: hidden 2880, 64 query heads and 8 key/value
+    heads of 64, 128 experts of 2880 stacked per layer with biases, vocabulary 201088), in
+    transformers' names."""
+    d, experts, ff, heads, kv, head, vocab = 2880, 128, 2880, 64, 8, 64, 201088
+    bf16 = jnp.bfloat16
+    tree = {
+        "model.embed_tokens.weight": S(vocab, d, dtype=bf16),
+        "lm_head.weight": S(vocab, d, dtype=bf16),
+        "model.norm.weight": S(d, dtype=bf16),
+    }
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tree |= {
+            p + "input_layernorm.weight": S(d, dtype=bf16),
+            p + "post_attention_layernorm.weight": S(d, dtype=bf16),
+            p + "self_attn.q_proj.weight": S(heads * head, d, dtype=bf16),
+            p + "self_attn.k_proj.weight": S(kv * head, d, dtype=bf16),
+            p + "self_attn.v_proj.weight": S(kv * head, d, dtype=bf16),
+            p + "self_attn.o_proj.weight": S(d, heads * head, dtype=bf16),
+            p + "self_attn.sinks": S(heads, dtype=bf16),
+            p + "mlp.router.weight": S(experts, d, dtype=bf16),
+            p + "mlp.router.bias": S(experts, dtype=bf16),
+            p + "mlp.experts.gate_up_proj": S(experts, d, 2 * ff, dtype=bf16),
+            p + "mlp.experts.gate_up_proj_bias": S(experts, 2 * ff, dtype=bf16),
+            p + "mlp.experts.down_proj": S(experts, ff, d, dtype=bf16),
+            p + "mlp.experts.down_proj_bias": S(experts, d, dtype=bf16),
+        }
+    return tree
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        {"expert": 128},
+        {"zz": 2, "expert": 256},
+        {"fsdp": 2, "expert": 128},
+        {"fsdp": 8, "expert": 128, "model": 8},
+    ],
+    ids=str,
+)
+def test_a_moe_whose_hidden_size_does_not_divide_by_the_expert_axis_is_drafted(
+    mesh: dict[str, int], tmp_path: Path
+) -> None:
+    tree = gpt_oss_like()
+    for strategy in ("auto", "ep", "fsdp"):
+        check_draft(sr.suggest(tree, mesh, strategy), tree, mesh, tmp_path)
+
+
+def test_an_entry_left_whole_frees_its_axes_for_an_alias_with_alternatives() -> None:
+    # 128 experts do not divide by expert=256, so the experts' entry is `_`, and `embed =
+    # (zz, expert) | zz` then takes (zz, expert) = 512 on the experts' weights, which does not
+    # divide 2880: the draft must see that (once, it planned `zz` and the file did not plan).
+    from shardrules._suggest._draft import draft
+    from shardrules._suggest._facts import facts_of
+    from shardrules._suggest._leaves import kinds_of
+    from shardrules._suggest._strategy import choose
+
+    kinds = kinds_of(gpt_oss_like())
+    facts = facts_of(kinds)
+    sizes = {"zz": 2, "expert": 256}
+    layout = choose(
+        "ep", sizes, total_bytes=1 << 34, stacked_experts=True, any_experts=True
+    )  # hidden unknown
+    assert layout.targets["embed"] == (("zz", "expert"), ("zz",))
+    rules, _ = draft(kinds, facts, layout, sizes, maxtext=False)
+    down = next(rule for rule in rules if rule.family == "expert_out")
+    assert down.spec_text() == "(_, mlp, _)", down
+    assert any(
+        "`embed` ((zz=2, expert=256) = 512) divides no (128, 2880, 2880) array" in n for n in down.notes
+    )
