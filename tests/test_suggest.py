@@ -787,3 +787,60 @@ def test_an_entry_left_whole_frees_its_axes_for_an_alias_with_alternatives() -> 
     assert any(
         "`embed` ((zz=2, expert=256) = 512) divides no (128, 2880, 2880) array" in n for n in down.notes
     )
+
+
+# ---------------------------------------------------------------- drafts lint clean
+
+
+def resnet_like(width: int = 2048) -> dict[str, Any]:
+    """Convolutions, batch norms and a classifier (ResNet-50's last stage's widths)."""
+    tree: dict[str, Any] = {
+        "stem": {"conv": {"kernel": S(7, 7, 3, 64)}, "bn": {"scale": S(64), "bias": S(64)}}
+    }
+    cin = 64
+    for b in range(3):
+        tree[f"stage3_block{b}"] = {
+            "conv1": {"kernel": S(1, 1, cin, width // 4)},
+            "bn1": {"scale": S(width // 4), "bias": S(width // 4)},
+            "conv2": {"kernel": S(3, 3, width // 4, width // 4)},
+            "conv3": {"kernel": S(1, 1, width // 4, width)},
+            "bn3": {"scale": S(width), "bias": S(width)},
+        }
+        cin = width
+    tree["classifier"] = {"kernel": S(cin, 1000), "bias": S(1000)}
+    return tree
+
+
+def test_an_axis_no_weight_is_split_over_splits_the_batch(tmp_path: Path) -> None:
+    # Convolutions take `embed` (fsdp), so `model` splits no weight: it splits the batch, as
+    # the header says, rather than lint warning that no rule uses it (SR205).
+    tree, mesh = resnet_like(), {"fsdp": 4, "model": 2}
+    text = sr.suggest(tree, mesh, "fsdp+tp")
+    check_draft(text, tree, mesh, tmp_path)
+    assert "alias batch = (fsdp, model)" in re.sub(" +", " ", text), text
+    assert "# model=2 holds whole copies of the weights (data parallelism): it splits the batch only." in text
+
+
+def test_dp_acknowledges_the_whole_arrays_it_means(tmp_path: Path) -> None:
+    tree, mesh = llama32_1b(2), {"data": 8}
+    text = sr.suggest(tree, mesh, "dp")
+    check_draft(text, tree, mesh, tmp_path)
+    flat = re.sub(r"\s+", " ", re.sub(r"\n *# ", " ", text))
+    assert "Every device holds 1 array of 64 MiB or more whole here (501.0 MiB), as strategy dp means" in flat
+    assert (
+        '"embed_tokens\\.weight$" -> (vocab, embed) # token embedding: 1 array, 501.0 MiB; noqa: SR204'
+        in (re.sub(" +", " ", text))
+    ), text
+
+
+def test_a_mesh_that_divides_too_little_is_data_parallel_or_refused(tmp_path: Path) -> None:
+    # Axes of 3 divide none of the widths: fsdp would leave every weight whole (lint's SR116,
+    # an error no line can acknowledge). `auto` says so and drafts dp; `fsdp` is refused.
+    tree, mesh = resnet_like(4096), {"context": 3, "sequence": 3}
+    text = sr.suggest(tree, mesh)
+    check_draft(text, tree, mesh, tmp_path)
+    assert "strategy dp (auto: fsdp would leave 100% of the weights" in re.sub(r"\s*\n# ", " ", text), text
+    with pytest.raises(
+        ValueError, match=r"strategy fsdp on context=3, sequence=3 would leave 100% of the weights"
+    ):
+        sr.suggest(tree, mesh, "fsdp")
