@@ -844,3 +844,22 @@ def test_a_mesh_that_divides_too_little_is_data_parallel_or_refused(tmp_path: Pa
         ValueError, match=r"strategy fsdp on context=3, sequence=3 would leave 100% of the weights"
     ):
         sr.suggest(tree, mesh, "fsdp")
+
+
+def test_a_group_no_pattern_small_enough_tells_apart_is_none() -> None:
+    # 2,000 modules with made-up names whose leaves must be told from 2,000 others' with the
+    # same tail: only an alternation of the names would do, over RE2's budget. No pattern: the
+    # draft lays such leaves out by shape rather than write a rule file that does not load.
+    import random
+    import string
+
+    from shardrules._language._regex import MAX_PROGRAM, compiled_size
+    from shardrules._suggest._leaves import kinds_of
+    from shardrules._suggest._patterns import patterns
+
+    rng = random.Random(0)
+    words = sorted({"".join(rng.choices(string.ascii_lowercase, k=8)) for _ in range(4000)})
+    kinds = kinds_of({w: {"up_proj": {"weight": S(8, 8)}} for w in words})
+    assert patterns([kinds[::2]], kinds[1::2]) == [None]
+    small = patterns([kinds[:3]], kinds[3:])[0]
+    assert small is not None and 0 < compiled_size(small) <= MAX_PROGRAM

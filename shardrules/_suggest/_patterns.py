@@ -42,8 +42,11 @@ def sample(kind: Kind) -> str:
     return kind.example
 
 
-def patterns(groups: Sequence[Sequence[Kind]], rest: Sequence[Kind] = ()) -> list[str]:
-    """A pattern per group (in file order); `rest`: leaves no group takes."""
+def patterns(groups: Sequence[Sequence[Kind]], rest: Sequence[Kind] = ()) -> list[str | None]:
+    """A pattern per group (in file order); `rest`: leaves no group takes.
+    `None` for a group no rule pattern tells apart (even an alternation of
+    its whole paths is too large for RE2's budget): its leaves are for
+    `default`."""
     later: list[list[str]] = []
     tail: list[str] = [sample(k) for k in rest]
     for group in reversed(groups):
@@ -53,7 +56,7 @@ def patterns(groups: Sequence[Sequence[Kind]], rest: Sequence[Kind] = ()) -> lis
     return [_pattern(group, others) for group, others in zip(groups, later, strict=True)]
 
 
-def _pattern(group: Sequence[Kind], others: list[str]) -> str:
+def _pattern(group: Sequence[Kind], others: list[str]) -> str | None:
     mine = [sample(k) for k in group]
     longest = max(len(k.tokens) for k in group)
     depths = [*range(min(2, longest), longest + 1)]
@@ -68,7 +71,8 @@ def _pattern(group: Sequence[Kind], others: list[str]) -> str:
                 tried.append(candidate)
                 if _selects(candidate, mine, others):
                     return candidate
-    return "^(" + "|".join(sorted({_whole(k) for k in group})) + ")$"
+    whole = "^(" + "|".join(sorted({_whole(k) for k in group})) + ")$"
+    return whole if _selects(whole, mine, others) else None
 
 
 def _selects(candidate: str, mine: list[str], others: list[str]) -> bool:

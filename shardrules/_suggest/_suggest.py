@@ -258,7 +258,12 @@ def _write(
         if clash:  # no pattern can tell them apart: each layer's leaves by their own shape
             moved |= {i: "a path it shares with leaves of another layout" for i in clash}
             continue
-        regexes = patterns([[kinds[i] for i in r.kinds] for r in rules], [kinds[i] for i in fallback])
+        found_patterns = patterns([[kinds[i] for i in r.kinds] for r in rules], [kinds[i] for i in fallback])
+        missing = {i for r, p in zip(rules, found_patterns, strict=True) if p is None for i in r.kinds}
+        if missing:  # no pattern small enough tells them apart: by their shape
+            moved |= {i: "no rule pattern small enough tells its paths from the others'" for i in missing}
+            continue
+        regexes = [p for p in found_patterns if p is not None]
         body = _body(kinds, rules, regexes, layout, sizes, default, [])
         loaded = loads("\n".join(body) + "\n", name="<suggest>")
         specs, per_device, kept_whole = _planned(kinds, rules, fallback, loaded, sizes)
