@@ -29,6 +29,8 @@ _COMPACT = 160
 _GENERIC = frozenset({"weight", "weights", "kernel", "bias", "scale", "w", "b", "embedding", "value"})
 """Parameter names too common to be a pattern on their own."""
 _DIGITS = re.compile(r"[0-9]+")
+_MANY = 4
+"""More names than this at one place in the paths, differing in their numbers, are written `\\d+`."""
 _FIRST = ("q", "k", "v", "query", "key", "value", "gate", "up", "w1", "w3", "wi_0", "wi_1")
 """Alternatives written in this order (then alphabetically): `(q|k|v)_proj`."""
 
@@ -97,8 +99,16 @@ def _candidates(group: Sequence[Kind], depth: int) -> list[str]:
     varying = [i for i, column in enumerate(columns) if len(column) > 1]
     out = []
     general = [sorted({_general(t) for t in column}) for column in columns]
-    if any(len(g) < len(c) for g, c in zip(general, columns, strict=True)):  # `layer\d+` for `layer0`, ...
-        out.append(_join([g[0] if len(g) == 1 else "(" + "|".join(g) + ")" for g in general], seps) + "$")
+    if any(len(c) > _MANY and len(g) < len(c) for g, c in zip(general, columns, strict=True)):
+        parts = [  # `layer\d+` for `layer0` ... `layer2999`; a few names (`wi_0`, `wi_1`) as they are
+            _alternatives(c)
+            if len(c) <= _MANY or len(g) == len(c)
+            else g[0]
+            if len(g) == 1
+            else f"({'|'.join(g)})"
+            for g, c in zip(general, columns, strict=True)
+        ]
+        out.append(_join(parts, seps) + "$")
     if not varying or varying == [0]:
         first = columns[0]
         rest = _join([_token(c[0]) for c in columns[1:]], seps[1:]) if depth > 1 else ""
