@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _suggest_trees import check_draft, draft, meshes, models, strategies
+from _suggest_trees import check_draft, draft, meshes, models, options, strategies
 from hypothesis import HealthCheck, given, note, settings
 
 import shardrules as sr
@@ -33,12 +33,16 @@ EXAMPLES = settings().max_examples
     max_examples=EXAMPLES,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
-@given(tree=models, mesh=meshes(), strategy=strategies)
+@given(tree=models, mesh=meshes(), strategy=strategies, chosen=options)
 def test_every_draft_loads_lints_clean_and_says_what_the_plan_does(
-    tree: Any, mesh: dict[str, int], strategy: str, tmp_path_factory: pytest.TempPathFactory
+    tree: Any,
+    mesh: dict[str, int],
+    strategy: str,
+    chosen: dict[str, Any],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    note(f"mesh {mesh}, strategy {strategy}")
-    text = draft(tree, mesh, strategy)
+    note(f"mesh {mesh}, strategy {strategy}, options {chosen}")
+    text = draft(tree, mesh, strategy, **chosen)
     if text is None:
         return
     note(text)
