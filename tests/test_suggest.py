@@ -863,3 +863,18 @@ def test_a_group_no_pattern_small_enough_tells_apart_is_none() -> None:
     assert patterns([kinds[::2]], kinds[1::2]) == [None]
     small = patterns([kinds[:3]], kinds[3:])[0]
     assert small is not None and 0 < compiled_size(small) <= MAX_PROGRAM
+
+
+def test_an_array_no_dimension_of_which_divides_is_acknowledged_where_default_keeps_it(
+    tmp_path: Path,
+) -> None:
+    tree, mesh = llama32_1b(2), {"fsdp": 4}
+    tree["odd_table"] = S(3, 7, 11, 145275, dtype=jnp.bfloat16)  # 64.0 MiB, every dimension odd
+    text = sr.suggest(tree, mesh, "fsdp")
+    check_draft(text, tree, mesh, tmp_path)
+    flat = re.sub(r"\s+", " ", re.sub(r"\n *# ", " ", text))
+    assert (
+        "Every device holds 1 array of 64 MiB or more whole here (64.0 MiB), as none of its dimensions "
+        "divides by the axes that would split it: lint's SR204, acknowledged (`noqa`) as meant."
+    ) in flat, text
+    assert "default -> auto(fsdp, min_bytes=1MiB) # noqa: SR204" in flat, text

@@ -43,23 +43,25 @@ def acknowledge_whole(
     if math.prod(sizes.values()) <= 1:
         return []
     large = {i for i in whole if kinds[i].leaf_bytes >= DEFAULT_REPLICATED_THRESHOLD}
-    why = (
-        "as strategy dp means"
-        if layout.strategy == "dp"
-        else f"no dimension of {'it' if len(large) == 1 else 'them'} divides by the axes that would split it"
-    )
     for rule in rules:
         mine = [i for i in rule.kinds if i in large]
         if mine and "SR204" not in rule.acknowledged:
             rule.acknowledged.add("SR204")
-            rule.notes.append(_note(mine, kinds, why))
+            rule.notes.append(_note(mine, kinds, layout))
     rest = [i for i in fallback if i in large]
-    return [_note(rest, kinds, why)] if rest else []
+    return [_note(rest, kinds, layout)] if rest else []
 
 
-def _note(indices: list[int], kinds: list[Kind], why: str) -> str:
+def _note(indices: list[int], kinds: list[Kind], layout: Layout) -> str:
     count = sum(kinds[i].count for i in indices)
     size = format_bytes(sum(kinds[i].nbytes for i in indices))
+    one = count == 1
+    why = (
+        "as strategy dp means"
+        if layout.strategy == "dp"
+        else f"as none of {'its' if one else 'their'} dimensions divides by the axes that would split "
+        + ("it" if one else "them")
+    )
     return (
         f"Every device holds {counted(count, 'array')} of 64 MiB or more whole here ({size}), {why}: "
         "lint's SR204, acknowledged (`noqa`) as meant."
