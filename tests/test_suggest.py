@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from _suggest_trees import check_draft
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
@@ -610,3 +611,270 @@ def test_a_1t_parameter_moe_header_is_drafted_in_under_5_seconds() -> None:
     elapsed = time.perf_counter() - start
     assert elapsed < 5.0, elapsed
     assert '"experts\\.\\d+\\.(gate|up)_proj\\.weight$" -> (mlp, embed)' in re.sub(" +", " ", text), text
+
+
+# ---------------------------------------------------------------- patterns for names of any kind
+
+
+def _lines_with_rules(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "->" in line and not line.lstrip().startswith("#")]
+
+
+def test_patterns_match_their_own_leaves_as_rules_match(tmp_path: Path) -> None:
+    # A `*` key beside numbered experts (once read as a number), a norm whose name goes on in a
+    # letter above U+007F (`\w` is ASCII in rule patterns), layers numbered in Arabic-Indic
+    # digits (`\d` does not match them) and names in CJK letters.
+    expert = lambda: {"up_proj": {"weight": S(1024, 256)}, "down_proj": {"weight": S(256, 1024)}}  # noqa: E731
+    trees = [
+        {
+            "dense": {"mlp": expert()},
+            "moe": {"mlp": {"experts": {"0": expert(), "1": expert(), "*": expert()}}},
+        },
+        {
+            "blocks": {
+                str(i): {"normé": {"scale": S(256)}, "up_proj": {"kernel": S(256, 1024)}} for i in range(2)
+            }
+        }
+        | {"x": {"normx": {"scale": S(256)}}},
+        {"layers": {chr(0x660 + i): {"mlp": {"up_proj": {"kernel": S(256, 1024)}}} for i in range(3)}},
+        {
+            "层": {
+                str(i): {"注意": {"q_proj": {"weight": S(256, 256)}}, "ñorm": {"scale": S(256)}}
+                for i in range(3)
+            }
+        },
+    ]
+    for tree in trees:
+        text = sr.suggest(tree, {"fsdp": 4}, "fsdp")
+        check_draft(text, tree, {"fsdp": 4}, tmp_path)
+    assert '"experts/(\\d+|\\*)/up_proj/weight$"' in sr.suggest(trees[0], {"fsdp": 4}, "fsdp")
+
+
+def test_names_numbered_by_their_module_get_one_short_pattern() -> None:
+    # 3,000 modules `layer0` ... `layer2999`, each named apart: `layer\d+`, not an alternation of them all.
+    layers = {f"layer{i}": {"up_proj": S(64, 256), "down_proj": S(256, 64)} for i in range(3000)}
+    tree: dict[str, Any] = {"model": layers, "norm": {"scale": S(64)}}
+    text = sr.suggest(tree, {"fsdp": 4}, "fsdp")
+    rules = _lines_with_rules(text)
+    assert max(len(line) for line in text.splitlines()) <= 100, rules
+    assert any(line.lstrip().startswith('"layer\\d+/up_proj$"') for line in rules), rules
+
+
+# ---------------------------------------------------------------- shapes the mesh does not divide
+
+
+def llama32_1b(layers: int = 16) -> dict[str, Any]:
+    """Llama-3.2-1B's shapes (its public config: hidden 2048, 32 heads of 64, 8 key/value
+    heads, MLP 8192, vocabulary 128256, 16 layers, tied embedding)."""
+    d, heads, kv, head, ff, vocab = 2048, 32, 8, 64, 8192, 128256
+    bf16 = jnp.bfloat16
+    tree = {"model.embed_tokens.weight": S(vocab, d, dtype=bf16), "model.norm.weight": S(d, dtype=bf16)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tree |= {
+            p + "input_layernorm.weight": S(d, dtype=bf16),
+            p + "post_attention_layernorm.weight": S(d, dtype=bf16),
+            p + "self_attn.q_proj.weight": S(heads * head, d, dtype=bf16),
+            p + "self_attn.k_proj.weight": S(kv * head, d, dtype=bf16),
+            p + "self_attn.v_proj.weight": S(kv * head, d, dtype=bf16),
+            p + "self_attn.o_proj.weight": S(d, heads * head, dtype=bf16),
+            p + "mlp.gate_proj.weight": S(ff, d, dtype=bf16),
+            p + "mlp.up_proj.weight": S(ff, d, dtype=bf16),
+            p + "mlp.down_proj.weight": S(d, ff, dtype=bf16),
+        }
+    return tree
+
+
+def test_fsdp_axes_whose_product_does_not_divide_the_hidden_size_split_it_over_fewer(tmp_path: Path) -> None:
+    # fsdp=256 × sequence=16 = 4096 does not divide 2048; fsdp alone does (not every weight whole).
+    tree, mesh = llama32_1b(), {"fsdp": 256, "sequence": 16}
+    text = sr.suggest(tree, mesh)
+    check_draft(text, tree, mesh, tmp_path)
+    flat = re.sub(r"\s+", " ", re.sub(r"\n# ", " ", text))
+    assert "alias embed = fsdp #" in flat, text
+    assert "The hidden size 2048 does not divide by (fsdp, sequence) = 4096" in flat, text
+    assert "sequence=16 holds whole copies of the weights" in flat, text
+    assert "default -> auto(fsdp, min_bytes=1MiB)" in flat, text
+
+
+def test_a_head_width_is_assumed_only_where_the_shapes_allow_it(tmp_path: Path) -> None:
+    # Queries 64 wide and keys/values 32 wide cannot hold 128-wide heads: 32-wide heads, so
+    # one key/value head, which two devices cannot split.
+    tree = {"model.norm.weight": S(256)}
+    for i in range(2):
+        p = f"model.layers.{i}.self_attn."
+        tree |= {p + "q_proj.weight": S(64, 256), p + "k_proj.weight": S(32, 256)}
+        tree |= {p + "v_proj.weight": S(32, 256), p + "o_proj.weight": S(256, 64)}
+    text = sr.suggest(tree, {"model": 2}, "tp")
+    check_draft(text, tree, {"model": 2}, tmp_path)
+    flat = re.sub(r"\s+", " ", re.sub(r"\n *# ", " ", text))
+    assert "heads 32 wide (assumed: the widest up to 128 that divides the attention projections;" in flat
+    assert "1 key/value head does not divide by model=2: kept whole on every device" in flat, text
+    # Where 128 divides every projection, it is still what is assumed (Llama-3.2-1B's 2048 and 512).
+    assert "heads 128 wide (assumed; set head_dim to change)" in re.sub(
+        r"\s+", " ", re.sub(r"\n# ", " ", sr.suggest(llama32_1b(2), {"model": 2}, "tp"))
+    )
+
+
+def gpt_oss_like(layers: int = 2) -> dict[str, Any]:
+    """gpt-oss-120b's shapes (its public config: hidden 2880, 64 query heads and 8 key/value
+    heads of 64, 128 experts of 2880 stacked per layer with biases, vocabulary 201088), in
+    transformers' names."""
+    d, experts, ff, heads, kv, head, vocab = 2880, 128, 2880, 64, 8, 64, 201088
+    bf16 = jnp.bfloat16
+    tree = {
+        "model.embed_tokens.weight": S(vocab, d, dtype=bf16),
+        "lm_head.weight": S(vocab, d, dtype=bf16),
+        "model.norm.weight": S(d, dtype=bf16),
+    }
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tree |= {
+            p + "input_layernorm.weight": S(d, dtype=bf16),
+            p + "post_attention_layernorm.weight": S(d, dtype=bf16),
+            p + "self_attn.q_proj.weight": S(heads * head, d, dtype=bf16),
+            p + "self_attn.k_proj.weight": S(kv * head, d, dtype=bf16),
+            p + "self_attn.v_proj.weight": S(kv * head, d, dtype=bf16),
+            p + "self_attn.o_proj.weight": S(d, heads * head, dtype=bf16),
+            p + "self_attn.sinks": S(heads, dtype=bf16),
+            p + "mlp.router.weight": S(experts, d, dtype=bf16),
+            p + "mlp.router.bias": S(experts, dtype=bf16),
+            p + "mlp.experts.gate_up_proj": S(experts, d, 2 * ff, dtype=bf16),
+            p + "mlp.experts.gate_up_proj_bias": S(experts, 2 * ff, dtype=bf16),
+            p + "mlp.experts.down_proj": S(experts, ff, d, dtype=bf16),
+            p + "mlp.experts.down_proj_bias": S(experts, d, dtype=bf16),
+        }
+    return tree
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        {"expert": 128},
+        {"zz": 2, "expert": 256},
+        {"fsdp": 2, "expert": 128},
+        {"fsdp": 8, "expert": 128, "model": 8},
+    ],
+    ids=str,
+)
+def test_a_moe_whose_hidden_size_does_not_divide_by_the_expert_axis_is_drafted(
+    mesh: dict[str, int], tmp_path: Path
+) -> None:
+    tree = gpt_oss_like()
+    for strategy in ("auto", "ep", "fsdp"):
+        check_draft(sr.suggest(tree, mesh, strategy), tree, mesh, tmp_path)
+
+
+def test_an_entry_left_whole_frees_its_axes_for_an_alias_with_alternatives() -> None:
+    # 128 experts do not divide by expert=256, so the experts' entry is `_`, and `embed =
+    # (zz, expert) | zz` then takes (zz, expert) = 512 on the experts' weights, which does not
+    # divide 2880: the draft must see that (once, it planned `zz` and the file did not plan).
+    from shardrules._suggest._draft import draft
+    from shardrules._suggest._facts import facts_of
+    from shardrules._suggest._leaves import kinds_of
+    from shardrules._suggest._strategy import choose
+
+    kinds = kinds_of(gpt_oss_like())
+    facts = facts_of(kinds)
+    sizes = {"zz": 2, "expert": 256}
+    layout = choose(
+        "ep", sizes, total_bytes=1 << 34, stacked_experts=True, any_experts=True
+    )  # hidden unknown
+    assert layout.targets["embed"] == (("zz", "expert"), ("zz",))
+    rules, _ = draft(kinds, facts, layout, sizes, maxtext=False)
+    down = next(rule for rule in rules if rule.family == "expert_out")
+    assert down.spec_text() == "(_, mlp, _)", down
+    assert any(
+        "`embed` ((zz=2, expert=256) = 512) divides no (128, 2880, 2880) array" in n for n in down.notes
+    )
+
+
+# ---------------------------------------------------------------- drafts lint clean
+
+
+def resnet_like(width: int = 2048) -> dict[str, Any]:
+    """Convolutions, batch norms and a classifier (ResNet-50's last stage's widths)."""
+    tree: dict[str, Any] = {
+        "stem": {"conv": {"kernel": S(7, 7, 3, 64)}, "bn": {"scale": S(64), "bias": S(64)}}
+    }
+    cin = 64
+    for b in range(3):
+        tree[f"stage3_block{b}"] = {
+            "conv1": {"kernel": S(1, 1, cin, width // 4)},
+            "bn1": {"scale": S(width // 4), "bias": S(width // 4)},
+            "conv2": {"kernel": S(3, 3, width // 4, width // 4)},
+            "conv3": {"kernel": S(1, 1, width // 4, width)},
+            "bn3": {"scale": S(width), "bias": S(width)},
+        }
+        cin = width
+    tree["classifier"] = {"kernel": S(cin, 1000), "bias": S(1000)}
+    return tree
+
+
+def test_an_axis_no_weight_is_split_over_splits_the_batch(tmp_path: Path) -> None:
+    # Convolutions take `embed` (fsdp), so `model` splits no weight: it splits the batch, as
+    # the header says, rather than lint warning that no rule uses it (SR205).
+    tree, mesh = resnet_like(), {"fsdp": 4, "model": 2}
+    text = sr.suggest(tree, mesh, "fsdp+tp")
+    check_draft(text, tree, mesh, tmp_path)
+    assert "alias batch = (fsdp, model)" in re.sub(" +", " ", text), text
+    assert "# model=2 holds whole copies of the weights (data parallelism): it splits the batch only." in text
+
+
+def test_dp_acknowledges_the_whole_arrays_it_means(tmp_path: Path) -> None:
+    tree, mesh = llama32_1b(2), {"data": 8}
+    text = sr.suggest(tree, mesh, "dp")
+    check_draft(text, tree, mesh, tmp_path)
+    flat = re.sub(r"\s+", " ", re.sub(r"\n *# ", " ", text))
+    assert "Every device holds 1 array of 64 MiB or more whole here (501.0 MiB), as strategy dp means" in flat
+    assert (
+        '"embed_tokens\\.weight$" -> (vocab, embed) # token embedding: 1 array, 501.0 MiB; noqa: SR204'
+        in (re.sub(" +", " ", text))
+    ), text
+
+
+def test_a_mesh_that_divides_too_little_is_data_parallel_or_refused(tmp_path: Path) -> None:
+    # Axes of 3 divide none of the widths: fsdp would leave every weight whole (lint's SR116,
+    # an error no line can acknowledge). `auto` says so and drafts dp; `fsdp` is refused.
+    tree, mesh = resnet_like(4096), {"context": 3, "sequence": 3}
+    text = sr.suggest(tree, mesh)
+    check_draft(text, tree, mesh, tmp_path)
+    assert "strategy dp (auto: fsdp would leave 100% of the weights" in re.sub(r"\s*\n# ", " ", text), text
+    with pytest.raises(
+        ValueError, match=r"strategy fsdp on context=3, sequence=3 would leave 100% of the weights"
+    ):
+        sr.suggest(tree, mesh, "fsdp")
+
+
+def test_a_group_no_pattern_small_enough_tells_apart_is_none() -> None:
+    # 2,000 modules with made-up names whose leaves must be told from 2,000 others' with the
+    # same tail: only an alternation of the names would do, over RE2's budget. No pattern: the
+    # draft lays such leaves out by shape rather than write a rule file that does not load.
+    import random
+    import string
+
+    from shardrules._language._regex import MAX_PROGRAM, compiled_size
+    from shardrules._suggest._leaves import kinds_of
+    from shardrules._suggest._patterns import patterns
+
+    rng = random.Random(0)
+    words = sorted({"".join(rng.choices(string.ascii_lowercase, k=8)) for _ in range(4000)})
+    kinds = kinds_of({w: {"up_proj": {"weight": S(8, 8)}} for w in words})
+    assert patterns([kinds[::2]], kinds[1::2]) == [None]
+    small = patterns([kinds[:3]], kinds[3:])[0]
+    assert small is not None and 0 < compiled_size(small) <= MAX_PROGRAM
+
+
+def test_an_array_no_dimension_of_which_divides_is_acknowledged_where_default_keeps_it(
+    tmp_path: Path,
+) -> None:
+    tree, mesh = llama32_1b(2), {"fsdp": 4}
+    tree["odd_table"] = S(3, 7, 11, 145275, dtype=jnp.bfloat16)  # 64.0 MiB, every dimension odd
+    text = sr.suggest(tree, mesh, "fsdp")
+    check_draft(text, tree, mesh, tmp_path)
+    flat = re.sub(r"\s+", " ", re.sub(r"\n *# ", " ", text))
+    assert (
+        "Every device holds 1 array of 64 MiB or more whole here (64.0 MiB), as none of its dimensions "
+        "divides by the axes that would split it: lint's SR204, acknowledged (`noqa`) as meant."
+    ) in flat, text
+    assert "default -> auto(fsdp, min_bytes=1MiB) # noqa: SR204" in flat, text

@@ -106,7 +106,7 @@ def _heads(size: int, separate: bool, feature: str, facts: Facts) -> int | None:
     heads, where too few of them to split is likely)."""
     if separate:
         return size
-    known = facts.head_dim_source != "assumed"
+    known = not facts.head_dim_source.startswith("assumed")
     grouped = feature == "kv_heads" and 0 < size < facts.q_width
     if (known or grouped) and size % facts.head_dim == 0:
         return size // facts.head_dim

@@ -251,7 +251,7 @@ def _entries(
                 if split > 1 and dims.heads % split:
                     what = "key/value" if logical == "kv_heads" else "query"
                     note = (
-                        f"{plural(dims.heads, f'{what} head')} do not divide by "
+                        f"{plural(dims.heads, f'{what} head')} {'does' if dims.heads == 1 else 'do'} not divide by "
                         f"{_axes_text(layout.axes('heads'), sizes)}: kept whole on every device (`_`); "
                         "splitting a head's width would make each device gather its heads anyway"
                     )
@@ -273,37 +273,44 @@ def _entries(
 
 def _optional(rule: Draft, kinds: list[Kind], layout: Layout, sizes: dict[str, int]) -> None:
     """Mark with `?` the entries that do not divide every kind's dimension, or
-    write `_` for those that divide none; say which in a note."""
+    write `_` for those that divide none; say which in a note. An entry
+    written `_` frees its axes for an alias with alternatives (`embed =
+    (fsdp, expert) | fsdp` takes `expert` where the experts' entry does not),
+    so the entries are gone over again until none changes."""
     if rule.entries is None:
         return
-    entries = list(rule.entries)
-    for j, entry in enumerate(entries):
-        role = _role_of_alias(entry, layout)
-        if role is None:
-            continue
-        bad: list[Kind] = []
-        for index in rule.kinds:
-            kind = kinds[index]
-            axes = _chosen(rule, j, kind, layout)
-            split = math.prod(sizes[a] for a in axes)
-            if split > 1 and kind.shape[rule.dim_of(j, kind.rank)] % split:
-                bad.append(kind)
-        if not bad:
-            continue
-        shapes = ", ".join(sorted({str(k.shape) for k in bad})[:3])
-        axes = _axes_text(layout.axes(role), sizes)
-        if len(bad) == len(rule.kinds):
-            entries[j] = "_"
-            rule.notes.append(
-                f"`{entry}` ({axes}) divides no {shapes} array here: that dimension is not split"
-            )
-        else:
-            rule.optional.add(j)
-            rule.notes.append(
-                f"`{entry}?`: {axes} does not divide {plural(len(bad), 'kind')} of these arrays ({shapes}), "
-                "left unsharded there"
-            )
-    rule.entries = tuple(entries)
+    done: set[int] = set()
+    while True:
+        changed = False
+        for j, entry in enumerate(rule.entries):
+            role = _role_of_alias(entry, layout)
+            if role is None or j in done:
+                continue
+            bad: list[Kind] = []
+            for index in rule.kinds:
+                kind = kinds[index]
+                split = math.prod(sizes[a] for a in _chosen(rule, j, layout))
+                if split > 1 and kind.shape[rule.dim_of(j, kind.rank)] % split:
+                    bad.append(kind)
+            if not bad:
+                continue
+            done.add(j)
+            shapes = ", ".join(sorted({str(k.shape) for k in bad})[:3])
+            axes = _axes_text(_chosen(rule, j, layout), sizes)
+            if len(bad) == len(rule.kinds):
+                rule.entries = tuple("_" if k == j else e for k, e in enumerate(rule.entries))
+                rule.notes.append(
+                    f"`{entry}` ({axes}) divides no {shapes} array here: that dimension is not split"
+                )
+                changed = True
+            else:
+                rule.optional.add(j)
+                rule.notes.append(
+                    f"`{entry}?`: {axes} does not divide {plural(len(bad), 'kind')} of these arrays ({shapes}), "
+                    "left unsharded there"
+                )
+        if not changed:
+            return
 
 
 def _role_of_alias(entry: str, layout: Layout) -> str | None:
@@ -313,7 +320,7 @@ def _role_of_alias(entry: str, layout: Layout) -> str | None:
     return None
 
 
-def _chosen(rule: Draft, j: int, kind: Kind, layout: Layout) -> Axes:
+def _chosen(rule: Draft, j: int, layout: Layout) -> Axes:
     """The axes entry `j` stands for in `kind`'s spec: an alias's first
     alternative whose axes no other entry of the spec uses."""
     assert rule.entries is not None

@@ -16,13 +16,16 @@ dimensions are stacked layers, how many experts, how wide a head is.
 - **Head width** (to count the heads of a `(heads × head_dim, hidden)` weight,
   for grouped-query attention): given, else the size of a per-head norm
   (`q_norm`) or of a weight's separate head dimension, else 128 (assumed, and
-  the rule file says so).
+  the rule file says so) where it divides the attention projections' widths,
+  else the widest under 128 that does (a 64-wide query projection cannot
+  hold 128-wide heads).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 from . import _roles as R
 from ._leaves import Kind
@@ -38,7 +41,7 @@ class Facts:
     stacks: dict[int, tuple[int, ...]]  # kind index → its stacked (layer) dimensions
     layers: int | None  # how many layers are stacked or numbered
     head_dim: int
-    head_dim_source: str  # "given", "from q_norm", "from a head dimension", "assumed"
+    head_dim_source: str  # "given", "from q_norm", "from a head dimension", "assumed..."
     experts: int | None
     roles: list[R.Role | None]
     q_width: int = 0  # the widest query projection's output (to see grouped-query keys/values)
@@ -176,4 +179,27 @@ def _head_dim(
             rest = [s for s in core if s != hidden]
             if rest:
                 return rest[-1], "from a head dimension"
-    return DEFAULT_HEAD_DIM, "assumed"
+    widths = _projection_widths(kinds, roles, hidden, stacks)
+    if all(w % DEFAULT_HEAD_DIM == 0 for w in widths):
+        return DEFAULT_HEAD_DIM, "assumed"
+    common = math.gcd(*widths)
+    width = max(w for w in range(1, DEFAULT_HEAD_DIM + 1) if common % w == 0)
+    return width, f"assumed: the widest up to {DEFAULT_HEAD_DIM} that divides the attention projections"
+
+
+def _projection_widths(
+    kinds: list[Kind], roles: list[R.Role | None], hidden: int | None, stacks: dict[int, tuple[int, ...]]
+) -> list[int]:
+    """The heads-times-head-width sizes of the attention projections whose
+    heads and head width are one dimension (`(heads × head_dim, hidden)`)."""
+    out = []
+    for index, (kind, role) in enumerate(zip(kinds, roles, strict=True)):
+        if role is None or role.name not in (R.Q, R.KV, R.QKV, R.OUT):
+            continue
+        core = [s for i, s in enumerate(kind.shape) if i not in stacks.get(index, ())]
+        if len(core) != 2:
+            continue
+        rest = [s for s in core if s != hidden]
+        if len(rest) <= 1:
+            out.append(rest[0] if rest else core[0])
+    return out

@@ -5,7 +5,10 @@ same shape and dtype, are one kind: a 61-layer, 384-expert model's 70,000
 expert matrices are three kinds. A number is read as an index where it is a
 whole path segment (`layers.3`, `experts/17`) or follows a layer-container word
 (`layers_3`, `decoder_block_0`, `block_2`); numbers that are part of a name
-(`fc1`, `wi_0`, `Dense_1`) tell different layers apart and are kept.
+(`fc1`, `wi_0`, `Dense_1`) tell different layers apart and are kept. Only ASCII
+digits are numbers, as rule patterns' `\\d` matches them alone (`layers.٣` is a
+name). A `*` or `\\` of the path itself is written `\\*`, `\\\\` in a kind's key,
+so that `*` always stands for an index.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ CONTAINERS = (
     "layers?|blocks?|block|h|decoder_block|encoder_block|decoder_layer|encoder_layer|transformer_block"
     "|res_block|blk|stage|experts?|expert|layer_block|resblocks?"
 )
-_NUMBERS = re.compile(rf"(?:(?<=^)|(?<=[./]))(?:((?:{CONTAINERS})_)?)\d+(?=[./]|$)", re.I)
+_NUMBERS = re.compile(rf"(?:(?<=^)|(?<=[./]))(?:((?:{CONTAINERS})_)?)[0-9]+(?=[./]|$)", re.I | re.ASCII)
 _SPLIT = re.compile(r"([./])")
 
 
@@ -70,18 +73,50 @@ class Kind:
     @property
     def indexed(self) -> bool:
         """Whether its paths hold layer or expert numbers (each leaf is one layer's)."""
-        return any(t == INDEX or t.endswith("_" + INDEX) for t in self.tokens)
+        return any(has_index(t) for t in self.tokens)
 
 
 def normalised(path: str) -> str:
-    """`path` with its layer and expert numbers written `*`."""
-    return _NUMBERS.sub(lambda m: (m.group(1) or "") + INDEX, path)
+    """`path` with its layer and expert numbers written `*` (and its own `*`
+    and `\\` escaped with a `\\`)."""
+    escaped = path.replace("\\", "\\\\").replace(INDEX, "\\" + INDEX)
+    return _NUMBERS.sub(lambda m: (m.group(1) or "") + INDEX, escaped)
+
+
+def parts(token: str) -> list[str | None]:
+    """A token of a key as its literal text and its indices (`None`):
+    `layers_*` → `["layers_", None]`, `a\\*b` → `["a*b"]`."""
+    out: list[str | None] = []
+    text = ""
+    i = 0
+    while i < len(token):
+        char = token[i]
+        if char == "\\" and i + 1 < len(token):
+            text += token[i + 1]
+            i += 2
+            continue
+        if char == INDEX:
+            if text:
+                out.append(text)
+            out.append(None)
+            text = ""
+        else:
+            text += char
+        i += 1
+    if text:
+        out.append(text)
+    return out
+
+
+def has_index(token: str) -> bool:
+    """Whether a token of a key holds an index."""
+    return None in parts(token)
 
 
 def split(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`key`'s tokens and the separators between them."""
-    parts = _SPLIT.split(key)
-    return tuple(parts[0::2]), tuple(parts[1::2])
+    pieces = _SPLIT.split(key)
+    return tuple(pieces[0::2]), tuple(pieces[1::2])
 
 
 def kinds_of(tree: Any) -> list[Kind]:

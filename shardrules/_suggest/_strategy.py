@@ -21,6 +21,12 @@ Each strategy says what the aliases stand for:
 | `fsdp+tp` | FSDP (and expert) axes, else data axes | tensor axes | `_` |
 | `ep` | FSDP and expert axes, else FSDP axes (else `_`) | tensor axes | expert axes |
 
+Where the product of the axes `embed` stands for does not divide the
+model's hidden size but some of them do (`fsdp=256, sequence=16` and a
+hidden size of 2048), `embed` (and `default`'s `auto`) takes the largest
+product of those axes that divides it (`fsdp`): the others hold copies of
+the weights and split the batch, rather than every weight being left whole.
+
 `batch` (the inputs' leading dimension) is every axis the parameters' own
 dimensions are not split over for good: data axes, and FSDP and expert axes
 (as MaxText's `data_sharding`). `auto` takes `ep` for a model with stacked
@@ -32,6 +38,8 @@ axis, and `fsdp` otherwise.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import re
 
 STRATEGIES = ("auto", "dp", "fsdp", "tp", "fsdp+tp", "ep")
@@ -77,6 +85,7 @@ class Layout:
     targets: dict[str, tuple[Axes, ...]]
     names: dict[str, str]
     fallback: Axes
+    narrowed: str = ""  # why `embed` takes fewer axes than the strategy's (the hidden size)
 
     def axes(self, role: str) -> Axes:
         """The axes of the alias's first alternative."""
@@ -102,10 +111,17 @@ def kinds_of_axes(sizes: dict[str, int]) -> dict[str, list[str]]:
 
 
 def choose(
-    strategy: str, sizes: dict[str, int], *, total_bytes: int, stacked_experts: bool, any_experts: bool
+    strategy: str,
+    sizes: dict[str, int],
+    *,
+    total_bytes: int,
+    stacked_experts: bool,
+    any_experts: bool,
+    hidden: int | None = None,
 ) -> Layout:
     """The layout `strategy` gives on a mesh of `sizes`, for a model of
-    `total_bytes` (with experts stacked in one array per layer, or any)."""
+    `total_bytes` (with experts stacked in one array per layer, or any) and
+    hidden size `hidden` (`None`: unknown)."""
     if strategy not in STRATEGIES:
         raise StrategyError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     axes = kinds_of_axes(sizes)
@@ -160,8 +176,38 @@ def choose(
     targets["mlp"] = targets["vocab"] = targets["heads"]
     targets["norm"] = targets["heads"]
     targets["batch"] = (batch,)
+    narrowed = ""
+    if strategy in ("fsdp", "fsdp+tp", "ep") and hidden:
+        embed = tuple(dividing(alt, sizes, hidden) for alt in targets["embed"])
+        embed = tuple(dict.fromkeys(embed))  # `(fsdp, expert) | fsdp` may come to `fsdp | fsdp`
+        if embed != targets["embed"]:
+            first, now = targets["embed"][0], embed[0]
+            narrowed = (
+                f"the hidden size {hidden} does not divide by {_one(first)} = "
+                f"{math.prod(sizes[a] for a in first)}: the weights' hidden size is split over "
+                f"{_one(now)} = {math.prod(sizes[a] for a in now)}, the largest product of those axes "
+                "that divides it"
+            )
+            if fallback == first:
+                fallback = now
+            targets["embed"] = embed
     names = {role: _name(role, sizes) for role in ROLE_ALIASES}
-    return Layout(strategy, why, targets, names, fallback)
+    return Layout(strategy, why, targets, names, fallback, narrowed)
+
+
+def dividing(axes: Axes, sizes: dict[str, int], size: int) -> Axes:
+    """`axes` if their product divides `size`; else those of them (in order)
+    whose product is the largest that divides it (of equal products, the
+    fewest axes); `axes` again when none of them divides it."""
+    if not axes or size % math.prod(sizes[a] for a in axes) == 0:
+        return axes
+    best: Axes = ()
+    for count in range(1, len(axes)):
+        for some in itertools.combinations(axes, count):
+            product = math.prod(sizes[a] for a in some)
+            if product > 1 and size % product == 0 and product > math.prod(sizes[a] for a in best):
+                best = some
+    return best or axes
 
 
 def _auto(axes: dict[str, list[str]], total_bytes: int, stacked_experts: bool) -> tuple[str, str]:

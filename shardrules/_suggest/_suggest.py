@@ -29,6 +29,7 @@ from . import _roles as R
 from . import _text as T
 from ._draft import EMBEDDINGS, Draft, draft, embedding_layouts, replication_findings, say_whole
 from ._facts import facts_of
+from ._findings import acknowledge_whole, batch_for_unused, mostly_replicated
 from ._leaves import Kind, kinds_of
 from ._patterns import patterns
 from ._roles import DESCRIPTIONS
@@ -56,6 +57,7 @@ class Suggestion:
     bytes_per_device: int
     by_shape: int  # arrays left to `default`
     over_budget: bool
+    replicated: str = ""  # what lint's SR116 would say of it (an error), or ""
 
 
 def suggest(
@@ -82,7 +84,10 @@ def suggest(
     least `min_bytes`), and listed in a comment. The file passes
     `shardrules lint` on the shapes it was drafted from (unless
     `embedding="whole"` keeps a large embedding whole, which it then says),
-    and `shardrules fmt` leaves it as it is. See [the cookbook](cookbook/suggest.md).
+    and `shardrules fmt` leaves it as it is: a large array it keeps whole on
+    purpose (under `"dp"`, or where no dimension divides) has its line
+    acknowledge lint's SR204 with a note, and a mesh axis that splits no
+    weight splits the batch. See [the cookbook](cookbook/suggest.md).
 
     **Arguments:**
 
@@ -104,7 +109,8 @@ def suggest(
       is met, and if not which arrays take the most.
     - `head_dim`: the width of an attention head, to count the heads of a
       `(heads × head_dim, hidden)` weight (default: read from the shapes where
-      they show it, else 128).
+      they show it, else 128 where that divides the attention projections'
+      widths, else the widest under 128 that does).
     - `min_bytes`: arrays smaller than this that `default` lays out stay whole.
     - `embedding`: the token embedding's vocabulary, where the strategy splits
       the vocabulary (`"tp"`, `"fsdp+tp"`, `"ep"` on a mesh with a
@@ -124,9 +130,11 @@ def suggest(
 
     **Raises:** `ValueError` for an unknown strategy, one the mesh cannot
     carry (`"tp"` without a tensor-parallel axis, `"ep"` without an expert axis
-    or experts), an unknown `embedding`, a tree with no arrays, or a mesh axis
-    name that a rule file cannot write; `TypeError` for a `mesh` of another
-    type.
+    or experts, or one whose axes divide so few of the weights' dimensions
+    that most of the weights would be whole on every device, lint's SR116:
+    `"auto"` then drafts `"dp"` and says why), an unknown `embedding`, a tree
+    with no arrays, or a mesh axis name that a rule file cannot write;
+    `TypeError` for a `mesh` of another type.
 
     ```python
     import jax, jax.numpy as jnp
@@ -171,11 +179,35 @@ def drafted(
     maxtext = any(_MAXTEXT & set(k.lower) or any(t.startswith("moeblock") for t in k.lower) for k in kinds)
     experts = [r for r in facts.roles if r is not None and r.name in (R.EXPERT_IN, R.EXPERT_OUT)]
     total = sum(k.nbytes for k in kinds)
-    options = {"total_bytes": total, "stacked_experts": any(not r.per_expert for r in experts)}
+    options: dict[str, Any] = {
+        "total_bytes": total,
+        "stacked_experts": any(not r.per_expert for r in experts),
+    }
     options["any_experts"] = bool(experts)
+    options["hidden"] = facts.hidden
     first = choose(strategy, sizes, **options)
     settings = (maxtext, min_bytes, max_bytes_per_device, embedding)
     best = _write(kinds, facts, first, sizes, *settings)
+    if best.replicated:  # lint's SR116, which no line can acknowledge
+        if strategy != "auto":
+            raise StrategyError(
+                f"strategy {strategy} on {', '.join(f'{a}={n}' for a, n in sizes.items())} would leave "
+                f"{best.replicated}: the axes divide too few of the weights' dimensions. Choose strategy "
+                "dp (every device holds the model whole, as the file then says), or a mesh whose axis "
+                f"sizes divide the model's ({'hidden size ' + str(facts.hidden) if facts.hidden else 'sizes'})"
+            )
+        for other in ("fsdp+tp", "fsdp", "dp"):
+            try:
+                layout = choose(other, sizes, **options)
+            except StrategyError:
+                continue
+            if layout.strategy == first.strategy:
+                continue
+            why = f"{first.strategy} would leave {best.replicated.split(', over')[0]}"
+            candidate = _write(kinds, facts, dataclasses.replace(layout, why=why), sizes, *settings)
+            if not candidate.replicated:
+                best = candidate
+                break
     if strategy == "auto" and best.over_budget:  # another strategy may split more of the weights
         for other in ("ep", "fsdp+tp", "fsdp"):
             try:
@@ -186,7 +218,7 @@ def drafted(
                 continue
             layout = dataclasses.replace(layout, why=f"{first.strategy} is over the budget")
             candidate = _write(kinds, facts, layout, sizes, *settings)
-            if candidate.bytes_per_device < best.bytes_per_device:
+            if not candidate.replicated and candidate.bytes_per_device < best.bytes_per_device:
                 best = candidate
             if not best.over_budget:
                 break
@@ -227,7 +259,12 @@ def _write(
         if clash:  # no pattern can tell them apart: each layer's leaves by their own shape
             moved |= {i: "a path it shares with leaves of another layout" for i in clash}
             continue
-        regexes = patterns([[kinds[i] for i in r.kinds] for r in rules], [kinds[i] for i in fallback])
+        found_patterns = patterns([[kinds[i] for i in r.kinds] for r in rules], [kinds[i] for i in fallback])
+        missing = {i for r, p in zip(rules, found_patterns, strict=True) if p is None for i in r.kinds}
+        if missing:  # no pattern small enough tells them apart: by their shape
+            moved |= {i: "no rule pattern small enough tells its paths from the others'" for i in missing}
+            continue
+        regexes = [p for p in found_patterns if p is not None]
         body = _body(kinds, rules, regexes, layout, sizes, default, [])
         loaded = loads("\n".join(body) + "\n", name="<suggest>")
         specs, per_device, kept_whole = _planned(kinds, rules, fallback, loaded, sizes)
@@ -253,14 +290,20 @@ def _write(
                 continue
         break
     say_whole(rules, found, asked)
+    acknowledged = acknowledge_whole(rules, kinds, kept_whole, fallback, layout, sizes)
+    layout, idle = batch_for_unused(layout, rules, sizes)
+    replicated = mostly_replicated(kinds, kept_whole, rules, layout, sizes, asked)
     total = sum(k.nbytes for k in kinds)
     need = sum(per_device.values())
     over = budget is not None and need > budget
     unknown = [i for i in fallback if i not in moved]
     moved = {i: f"{DESCRIPTIONS[facts.roles[i].name]}: {why}" for i, why in moved.items()}
     listing = T.fallback_lines(unknown, moved, kinds, specs)
-    header = _header(kinds, facts, layout, sizes, total, need, budget, per_device, specs)
-    text = "\n".join([*header, "", *_body(kinds, rules, regexes, layout, sizes, default, listing)]) + "\n"
+    listing += [line for note in acknowledged for line in T.comment_lines(note, "  ")]
+    header = T.header(kinds, facts, layout, sizes, total, need, budget, per_device, specs, idle)
+    noqa = "  # noqa: SR204" if acknowledged else ""
+    body = _body(kinds, rules, regexes, layout, sizes, default + noqa, listing)
+    text = "\n".join([*header, "", *body]) + "\n"
     text = format_text(text, "<suggest>")
     try:
         loads(text, name="<suggest>")
@@ -275,6 +318,7 @@ def _write(
         need,
         sum(kinds[i].count for i in fallback),
         over,
+        replicated,
     )
 
 
@@ -343,56 +387,3 @@ def _planned(
         if all(entry is None for entry in entries(spec)):
             whole.add(i)
     return specs, per_device, whole
-
-
-def _header(
-    kinds: list[Kind],
-    facts: Any,
-    layout: Layout,
-    sizes: dict[str, int],
-    total: int,
-    need: int,
-    budget: int | None,
-    per_device: dict[int, int],
-    specs: dict[int, str],
-) -> list[str]:
-    n = T.devices(sizes)
-    arrays = sum(k.count for k in kinds)
-    chosen = layout.strategy + (f" (auto: {layout.why})" if layout.why else "")
-    lines = T.comment_lines(
-        f"Drafted by `shardrules suggest`, strategy {chosen}, for {T.counted(arrays, 'array')} "
-        f"({format_bytes(total)}) on {', '.join(f'{a}={s}' for a, s in sizes.items())}: "
-        f"{format_bytes(need)} per device, against {format_bytes(total // n)} for an even split "
-        f"over {T.counted(n, 'device')}."
-    )
-    split = {
-        a
-        for role, alternatives in layout.targets.items()
-        if role != "batch"
-        for alt in alternatives
-        for a in alt
-    }
-    copies = [f"{a}={s}" for a, s in sizes.items() if s > 1 and a not in split]
-    if copies and layout.strategy != "dp":
-        lines += T.comment_lines(
-            f"{', '.join(copies)} {'holds' if len(copies) == 1 else 'hold'} whole copies of the weights "
-            "(data parallelism): it splits the batch only."
-        )
-    read = [f"hidden size {facts.hidden}" if facts.hidden else "no hidden size found"]
-    if facts.layers:
-        stacked = "stacked" if facts.stacks else "numbered"
-        read.append(f"{facts.layers} layers ({stacked})")
-    if facts.experts:
-        read.append(f"{facts.experts} experts")
-    if any(r is not None and r.name in (R.Q, R.KV, R.QKV) for r in facts.roles):
-        source = (
-            "assumed; set head_dim to change" if facts.head_dim_source == "assumed" else facts.head_dim_source
-        )
-        read.append(f"heads {facts.head_dim} wide ({source})")
-    lines += T.comment_lines("Read from the paths and shapes: " + "; ".join(read) + ".")
-    if budget is not None:
-        lines += T.budget_lines(kinds, need, budget, per_device, specs)
-    lines += T.comment_lines(
-        "Check each rule against the model, then run `shardrules lint` on this file in CI."
-    )
-    return lines

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import textwrap
+from typing import Any
 
 from .._planning._plan import format_bytes, plural
 from . import _roles as R
@@ -179,4 +180,62 @@ def budget_lines(
             f"{format_bytes(per_device[i])}{whole}"
         )
     lines += comment_lines("A bigger mesh, or a strategy that splits more of the weights, lowers it.")
+    return lines
+
+
+def header(
+    kinds: list[Kind],
+    facts: Any,
+    layout: Layout,
+    sizes: dict[str, int],
+    total: int,
+    need: int,
+    budget: int | None,
+    per_device: dict[int, int],
+    specs: dict[int, str],
+    idle: list[str],
+) -> list[str]:
+    """The comment lines heading the file: what was drafted, read and chosen
+    (`idle`: the mesh axes that split no weight of the draft)."""
+    n = devices(sizes)
+    arrays = sum(k.count for k in kinds)
+    chosen = layout.strategy + (f" (auto: {layout.why})" if layout.why else "")
+    lines = comment_lines(
+        f"Drafted by `shardrules suggest`, strategy {chosen}, for {counted(arrays, 'array')} "
+        f"({format_bytes(total)}) on {', '.join(f'{a}={s}' for a, s in sizes.items())}: "
+        f"{format_bytes(need)} per device, against {format_bytes(total // n)} for an even split "
+        f"over {counted(n, 'device')}."
+    )
+    split = {
+        a
+        for role, alternatives in layout.targets.items()
+        if role != "batch"
+        for alt in alternatives
+        for a in alt
+    }
+    copies = [f"{a}={s}" for a, s in sizes.items() if s > 1 and (a not in split or a in idle)]
+    if layout.narrowed:
+        lines += comment_lines(layout.narrowed[0].upper() + layout.narrowed[1:] + ".")
+    if copies and layout.strategy != "dp":
+        lines += comment_lines(
+            f"{', '.join(copies)} {'holds' if len(copies) == 1 else 'hold'} whole copies of the weights "
+            "(data parallelism): it splits the batch only."
+        )
+    read = [f"hidden size {facts.hidden}" if facts.hidden else "no hidden size found"]
+    if facts.layers:
+        stacked = "stacked" if facts.stacks else "numbered"
+        read.append(f"{facts.layers} layers ({stacked})")
+    if facts.experts:
+        read.append(f"{facts.experts} experts")
+    if any(r is not None and r.name in (R.Q, R.KV, R.QKV) for r in facts.roles):
+        source = facts.head_dim_source
+        if source.startswith("assumed"):
+            source += "; set head_dim to change"
+        read.append(f"heads {facts.head_dim} wide ({source})")
+    lines += comment_lines("Read from the paths and shapes: " + "; ".join(read) + ".")
+    if budget is not None:
+        lines += budget_lines(kinds, need, budget, per_device, specs)
+    lines += comment_lines(
+        "Check each rule against the model, then run `shardrules lint` on this file in CI."
+    )
     return lines
