@@ -95,6 +95,22 @@ def _fori_loop(params: dict[str, Any], batch: dict[str, Any]) -> Any:
     return (lax.fori_loop(0, 3, body, batch["x"]) ** 2).sum()
 
 
+def _fori_loop_indexing(params: dict[str, Any], batch: dict[str, Any]) -> Any:
+    def body(i: Any, h: Any) -> Any:
+        return jnp.tanh(h @ params["layers"][i])  # one layer of the stack, a dynamic slice
+
+    return (lax.fori_loop(0, 3, body, batch["x"]) ** 2).sum()
+
+
+def _einsum_remat(params: dict[str, Any], batch: dict[str, Any]) -> Any:
+    def mlp(p: dict[str, Any], x: Any) -> Any:
+        h = jnp.einsum("bd,dh->bh", x, p["w1"])
+        return jnp.einsum("bh,dh->bd", jnp.tanh(h), p["w1"], out_sharding=P("fsdp", None))
+
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    return (jax.checkpoint(mlp, policy=policy)(params, batch["x"]) ** 2).sum()
+
+
 def _transposed(params: dict[str, Any], batch: dict[str, Any]) -> Any:
     h = batch["x"]
     a = jnp.tanh(h @ params["w1"])  # w1: (D, H), (fsdp, model)
@@ -126,6 +142,8 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, tuple[int, ...]]]] = {
     "scan-over-layers": (_scan_over_layers, {"stack": (3, D, D)}),
     "scan-over-remat-layers": (_scan_over_remat_layers, {"layers": (3, D, D)}),
     "fori-loop-closed-over": (_fori_loop, {"w1": (D, H)}),
+    "fori-loop-indexing-a-stack": (_fori_loop_indexing, {"layers": (3, D, D)}),
+    "einsum-remat-policy": (_einsum_remat, {"w1": (D, H)}),
     "transposed-beside-another": (_transposed, {"w1": (D, H), "w2": (H, D)}),
     "two-on-one-line": (_one_line, {"w1": (D, H), "w3": (D, H)}),
     "reshaped-merge": (_reshaped_merge, {"merged": (D, 2, H)}),
