@@ -249,3 +249,19 @@ def test_gradients_are_matched_where_jax_names_only_the_line(mesh: Any, monkeypa
             warnings.simplefilter("ignore", sr.ShardRulesWarning)
             got = sr.jit(step, rules, mesh, in_groups=("params", "inputs"), strict=True)(params, batch)
         assert _specs(got) == _specs(want), case
+
+
+def test_a_loop_body_traced_again_records_its_decisions_once(mesh: Any) -> None:
+    """The gradient's loop accumulates a closed-over weight's gradient into
+    zeros the trace made replicated; the body is traced again with the
+    carry laid out as the body gives it, and what the first pass recorded
+    is forgotten."""
+    rules = sr.loads(RULES)
+    params, batch = _inputs({"w1": (D, H)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sr.ShardRulesWarning)
+        step = sr.jit(_sgd(_fori_loop), rules, mesh, in_groups=("params", "inputs"))
+        decisions = step.decisions(params, batch)
+    backward = [d for d in decisions if d.scope.endswith("(backward)")]
+    assert any(d.primitive == "dot_general" and d.spec == P("fsdp", "model") for d in backward), backward
+    assert len(set(decisions)) == len(decisions), decisions

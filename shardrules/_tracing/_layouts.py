@@ -330,12 +330,14 @@ def _loop(
     computes sharded. Laying a constant out moves no data. What a trace
     given up on recorded is forgotten."""
     decisions, inserted = len(c.decisions), len(c.inserted)
-    contractions = {k: list(v) for k, v in c.contractions.items()}
+    contractions = {k: len(v) for k, v in c.contractions.items()}
     while True:  # each pass lays out at least one more carry: at most one pass per carry, and one more
         given: list[Any] = []
         del c.decisions[decisions:], c.inserted[inserted:]
-        c.contractions.clear()
-        c.contractions.update((k, list(v)) for k, v in contractions.items())
+        for k in [k for k in c.contractions if k not in contractions]:
+            del c.contractions[k]
+        for k, n in contractions.items():
+            del c.contractions[k][n:]
         traced = trace(given)
         moved = False
         for i, spec in enumerate(given):
