@@ -302,13 +302,13 @@ def stacked_error(
     from .._errors import Diagnostic, error_for
     from .._planning._plan import spec_str
 
-    spec = spec_of(value)
+    spec = entries(spec_of(value))
     axes = ", ".join(f"`{a}`" for a in entry_axes(spec[0]))
     label, rule = origin if origin is not None else ("", None)
     where = f"in scope `{path}`" if path else "outside every named scope"
     at = f" at {source}" if source else ""
     which = f" ({label})" if label else ""
-    rest = (None, *tuple(spec)[1:])
+    rest = (None, *spec[1:])
     if rule is not None:
         first = (
             f"leave the stacked dimension unsharded in the rule that shards it: `_` for it, e.g. "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from .._errors import Diagnostic, ShardRulesError, error_for
+from .._pspec import entries
 from ._compat import jcore, rebind, scan_counts, while_counts
 from ._explicit import (
     SHARDING_ERRORS,
@@ -286,19 +287,31 @@ def _params(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpret
     if name == "scan":
         n, carry = scan_counts(params)
         for i, x in enumerate(invals[n + carry :]):  # JAX slices each step out of dimension 0
-            if hasattr(x, "shape") and len(x.shape) and axes_of(spec_of(x)[:1]):
+            if hasattr(x, "shape") and len(x.shape) and axes_of(entries(spec_of(x))[:1]):
                 raise stacked_error(c.rules, at.path, source_line(eqn), i, x, c.origin_of(x))
-        avals = typed[: n + carry] + [typed_aval(x, drop_leading=True) for x in invals[n + carry :]]
         # a stacked result's first dimension is the loop's; the body makes one slice
         seed = at.aligned[:carry] + [
             [e._replace(dims=e.dims[1:]) for e in entries if e.dims] for entries in at.aligned[carry:]
         ]
-        params["jaxpr"] = retrace(params["jaxpr"], avals, (n, carry), seed=seed)
+
+        def scan_body(given: list[Any]) -> Any:
+            avals = [typed_aval(x) for x in invals[: n + carry]]
+            avals += [typed_aval(x, drop_leading=True) for x in invals[n + carry :]]
+            return retrace(eqn.params["jaxpr"], avals, (n, carry), seed=seed, given=given)
+
+        params["jaxpr"] = _loop(c, scan_body, invals, n, at.made)
     elif name == "while":
         cn, bn = while_counts(params, len(invals))
-        carry = typed[cn + bn :]
-        params["cond_jaxpr"] = retrace(params["cond_jaxpr"], typed[:cn] + carry, seed=[], live=[True])
-        params["body_jaxpr"] = retrace(params["body_jaxpr"], typed[cn : cn + bn] + carry, (bn, len(carry)))
+
+        def while_body(given: list[Any]) -> Any:
+            typed = [typed_aval(x) for x in invals]
+            return retrace(eqn.params["body_jaxpr"], typed[cn:], (bn, len(typed) - cn - bn), given=given)
+
+        params["body_jaxpr"] = _loop(c, while_body, invals, cn + bn, at.made)
+        typed = [typed_aval(x) for x in invals]
+        params["cond_jaxpr"] = retrace(
+            params["cond_jaxpr"], typed[:cn] + typed[cn + bn :], seed=[], live=[True]
+        )
     elif name == "cond":
         first = retrace(params["branches"][0], typed[1:])
         rest = [retrace(b, typed[1:], like=first.out_avals) for b in params["branches"][1:]]
@@ -314,6 +327,40 @@ def _params(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpret
     return params
 
 
+def _loop(
+    c: Any, trace: Callable[[list[Any]], Any], invals: list[Any], first: int, made: Sequence[bool]
+) -> Any:
+    """A loop's body traced again (`trace(given)`, which fills `given` with
+    the layouts the body gives its carry, operands `first ...` of
+    `invals`). A carry that starts as a value the function makes from
+    constants alone (`made`), replicated, takes the layout the body gives
+    it, and the body is traced again: JAX, tracing with layouts, makes such
+    a value (the zeros a gradient accumulates a loop's constant's cotangent
+    into) in the layout of what it accumulates, where the first trace made
+    it replicated; the carry's type would otherwise replicate what the body
+    computes sharded. Laying a constant out moves no data. What a trace
+    given up on recorded is forgotten."""
+    decisions, inserted = len(c.decisions), len(c.inserted)
+    contractions = {k: len(v) for k, v in c.contractions.items()}
+    while True:  # each pass lays out at least one more carry: at most one pass per carry, and one more
+        given: list[Any] = []
+        del c.decisions[decisions:], c.inserted[inserted:]
+        for k in [k for k in c.contractions if k not in contractions]:
+            del c.contractions[k]
+        for k, n in contractions.items():
+            del c.contractions[k][n:]
+        traced = trace(given)
+        moved = False
+        for i, spec in enumerate(given):
+            k = first + i
+            x = invals[k]
+            free = k < len(made) and made[k] and hasattr(x, "shape")  # made by the function from constants
+            if free and axes_of(spec) and not axes_of(spec_of(x)):
+                invals[k], moved = jax.sharding.reshard(x, spec), True
+        if not moved:
+            return traced
+
+
 def _retrace(
     interpret: Interpret,
     c: Any,
@@ -325,6 +372,7 @@ def _retrace(
     at: Where,
     seed: list[list[Any]] | None = None,
     live: list[bool] | None = None,
+    given: list[Any] | None = None,
 ) -> Any:
     """`closed` traced again for operands typed `avals`, evaluated by
     `interpret` under `at`'s scope path (and as part of the gradient where
@@ -332,7 +380,8 @@ def _retrace(
     operands `start .. start+count` (a loop's carry); `like`: every result
     takes the layout of these avals (the branches of a `cond`); `seed`: what
     the results are aligned with and `live`: which of them the forward pass
-    uses (by default, as `at` says of the equation's)."""
+    uses (by default, as `at` says of the equation's); `given`: filled with
+    the layouts the body gives the carry, before they are matched."""
     seed = at.aligned if seed is None else seed
     live = at.live if live is None else live
 
@@ -340,6 +389,8 @@ def _retrace(
         results = interpret(c, closed.jaxpr, closed.consts, args, at.path, at.backward, seed, live)
         if carry is not None:
             start, count = carry
+            if given is not None:
+                given[:] = [spec_of(r) if hasattr(r, "shape") else None for r in results[:count]]
             results[:count] = match_types(results[:count], args[start : start + count])
         if like is not None:
             results = match_types(results, like)

@@ -69,6 +69,8 @@ class Constrainer:
     shadows: Shadows = dataclasses.field(default_factory=Shadows)  # explicit: see `_regions`
     # which argument leaf a value is, and the rule that laid it out, for messages (`None`: not one)
     origin: Callable[[Any], tuple[str, Any] | None] | None = None
+    # explicit: the forward contractions of every jaxpr of the step, by origin (`_transpose`)
+    contractions: _transpose.Contractions = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.group is not None:
@@ -268,10 +270,14 @@ def interpret(
                     results = interpret(c, inner, (), invals, path, back, aligned, used, consts)
             elif c.explicit:
                 primal = None
-                if back and _transpose.is_transposed(eqn):  # an argument's cotangent: the argument's layout
-                    primal = _transpose.primal_layout(eqn, partners, read, arguments)
-                elif name == "dot_general":
-                    _transpose.remember(partners, eqn)
+                forward = not back or _transpose.recomputed(eqn)  # a remat's gradient computes it again
+                if not forward and _transpose.is_transposed(eqn):  # an argument's cotangent: its layout
+                    specs = _transpose.primal_layouts(eqn, partners, c.contractions, path)
+                    if len(specs) > 1 and c.strict and any(s is not None for s in specs):
+                        raise _transpose.undecided(c, eqn, path, specs.values())
+                    primal = next(iter(specs)) if len(specs) == 1 else None
+                elif forward and name == "dot_general":
+                    _transpose.remember(partners, c.contractions, eqn, read, arguments, path)
                 _transpose.passed_on(arguments, eqn)
                 at = Where(path, back, aligned, used, consts, primal)
                 results = _layouts.evaluate(c, eqn, invals, at, interpret)
