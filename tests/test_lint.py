@@ -217,7 +217,8 @@ def test_json_shapes_and_dotted_paths(tmp_path):
         ('{"w": [[4], "nonsense"]}', "unknown dtype 'nonsense'"),
         ('{"w": [[4], null]}', "should be [shape, dtype]"),
         ('{"w": 3}', "should be [shape, dtype]"),
-        ("{nope", "not a JSON file"),
+        ("{nope", "the shapes file is not JSON"),
+        ('{"w": ' + "[" * 100_000 + "]" * 100_000 + "}", "the shapes file is nested too deeply to read"),
     ],
 )
 def test_bad_json_shapes_are_explained(tmp_path, content, fragment):
