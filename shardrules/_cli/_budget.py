@@ -1,9 +1,9 @@
 """A step's cost held to a budget in CI: `lint --step --max-flops-ratio X`
 fails the run when each device runs more than X times its share of the
 one-device step's FLOPs (SR122), `--max-peak-bytes SIZE` when a device holds
-more than SIZE at once (SR123). Each finding names what costs most: the
-scopes whose operations are laid out on no mesh axis (every device computes
-them whole), and the largest collectives."""
+more than SIZE at once (SR123). Each finding names what costs most: SR122
+the scopes whose devices compute more than their share (`StepCost.repeated`;
+collectives move bytes and add no FLOPs), SR123 the parts of the peak."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from ._lint import UsageError
 
 
 def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
-    """The forward-pass scopes with the largest results laid out on no axis."""
+    """The forward-pass scopes with the largest results laid out on no axis
+    (what names the cost where the compiled programs could not be compared)."""
     sizes: dict[str, int] = {}
     for d in decisions:
         if d.scope.endswith("(backward)") or any(e is not None for e in d.spec):
@@ -30,14 +31,24 @@ def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
     return [f"`{s}`" for s in ranked]
 
 
-def _collectives(cost: Any, count: int = 3) -> list[str]:
+def _flops_hint(cost: Any, decisions: Sequence[Any]) -> str:
+    """SR122's hint: the computations that run repeated, and what to do."""
+    from .._tracing._flops import describe
 
-    ranked = sorted(cost.collectives, key=lambda c: -c.bytes_per_device)[:count]
-    out = []
-    for c in ranked:
-        where = f" from {', '.join(c.scopes[:2])}" if c.scopes else ""
-        out.append(f"{c.count} {c.kind} ({format_bytes(c.bytes_per_device)} per device{where})")
-    return out
+    advice = (
+        "lay those scopes out with activation rules (`explain --step` lists each decision; a gradient "
+        "follows its forward layout), or shard the parameters and batch over more of the mesh"
+    )
+    if cost.repeated:
+        shown = cost.repeated[:3]
+        found = describe(shown, cost.devices)
+        if any(not r.scope for r in shown):
+            advice += " (wrap code outside every scope in `jax.named_scope(NAME)` for a rule to name it)"
+        return f"computed more than their share: {'; '.join(found)}. To split them, {advice}"
+    replicated = _replicated(decisions)
+    if replicated:
+        return f"operations laid out on no mesh axis: {', '.join(replicated)}. To split them, {advice}"
+    return advice
 
 
 def _origin(args: Any, option: str, flag: str) -> str:
@@ -59,13 +70,6 @@ def findings(
     found = []
     ratio = cost.ratio
     if max_ratio is not None and ratio is not None and ratio > max_ratio:
-        replicated = _replicated(decisions)
-        biggest = _collectives(cost)
-        parts = []
-        if replicated:
-            parts.append(f"operations laid out on no mesh axis in {', '.join(replicated)}")
-        if biggest:
-            parts.append(f"collectives: {'; '.join(biggest)}")
         found.append(
             Diagnostic(
                 "SR122",
@@ -76,9 +80,7 @@ def findings(
                 f"the one-device step's over {cost.devices} devices",
                 span,
                 None,
-                ("the most costly: " + "; ".join(parts) + ". Lay " if parts else "lay ")
-                + "those scopes out with activation rules (`explain --step` lists each decision), "
-                "or shard the parameters and batch over more of the mesh",
+                _flops_hint(cost, decisions),
             )
         )
     if max_peak is not None:
