@@ -61,6 +61,16 @@ def check_step(rules, mesh):
     return sr.jit(sgd, rules, mesh, in_groups=("params", "inputs")), shapes()
 
 
+def donating_step(rules, mesh):
+    step = sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None), donate=(0,))
+    return step, shapes()
+
+
+def donating_the_batch(rules, mesh):
+    step = sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None), donate=(1,))
+    return step, shapes()
+
+
 def mesh_types(rules, mesh):
     global SEEN
     SEEN = tuple(t.name for t in mesh.axis_types), dict(mesh.shape)
@@ -332,6 +342,7 @@ def test_lint_fails_a_step_over_its_budgets_sr122_sr123(project, capsys) -> None
     assert "computed more than their share: " in ratio["hint"], ratio
     assert "all-reduce" not in ratio["hint"] and "collective" not in ratio["hint"], ratio
     assert "at most 1.0 KiB allowed by --max-peak-bytes" in peak["message"]
+    assert "donate the parameters and optimizer state (`donate=` in sr.jit)" in peak["hint"]
     code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:check_step", "--max-flops-ratio", "8")
     assert code == 0 and not [f for f in found if f["code"] in ("SR122", "SR123")]
     # the same budgets from [tool.shardrules], named as where they come from
@@ -342,6 +353,26 @@ def test_lint_fails_a_step_over_its_budgets_sr122_sr123(project, capsys) -> None
     assert code == 1 and {"SR122", "SR123"} <= {f["code"] for f in found}
     assert "pyproject.toml" in next(f for f in found if f["code"] == "SR122")["message"]
     assert main(["lint", "tp.shard", "--max-peak-bytes", "lots"]) == 2
+
+
+def test_sr123_does_not_ask_to_donate_what_the_step_donates(project, capsys) -> None:
+    """With `donate=` given, SR123 says what donation saves (or that no
+    output can reuse what is donated), never to donate."""
+    _, module = project
+    budget = ("--max-peak-bytes", "1KiB")
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:donating_step", *budget)
+    (peak,) = [f for f in found if f["code"] == "SR123"]
+    assert code == 1 and "donate=(0,) already saves " in peak["hint"], peak
+    assert "donate the parameters" not in peak["hint"] and "shard the largest arguments" in peak["hint"]
+    saved = peak["hint"].split("already saves ")[1].split(" (")[0]
+    assert saved != "0 B", peak
+    # a donated batch: no output has its shape, so nothing is reused, and the hint says why
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX's own note that a donated buffer went unused
+        code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:donating_the_batch", *budget)
+    (peak,) = [f for f in found if f["code"] == "SR123"]
+    assert code == 1 and "donate=(1,) is given but no output reuses a donated buffer" in peak["hint"], peak
+    assert "donate the parameters" not in peak["hint"]
 
 
 def test_a_mesh_bigger_than_the_machine_is_costed_on_simulated_devices(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@ fails the run when each device runs more than X times its share of the
 one-device step's FLOPs (SR122), `--max-peak-bytes SIZE` when a device holds
 more than SIZE at once (SR123). Each finding names what costs most: SR122
 the scopes whose devices compute more than their share (`StepCost.repeated`;
-collectives move bytes and add no FLOPs), SR123 the parts of the peak."""
+collectives move bytes and add no FLOPs), SR123 the parts of the peak and
+what donation does or could save."""
 
 from __future__ import annotations
 
@@ -51,6 +52,33 @@ def _flops_hint(cost: Any, decisions: Sequence[Any]) -> str:
     return advice
 
 
+def _memory_hint(cost: Any, donated: Sequence[int]) -> str:
+    """SR123's hint: what would cut the peak, donation as it stands."""
+    shard = "shard the largest arguments over more of the mesh (FSDP)"
+    remat = "rematerialise activations (`jax.checkpoint`) to cut the temporaries"
+    if not donated:
+        return (
+            f"{shard}, donate the parameters and optimizer state (`donate=` in sr.jit) so outputs reuse "
+            f"their buffers, or {remat}"
+        )
+    reused = (
+        cost.argument_bytes_per_device
+        + cost.output_bytes_per_device
+        + cost.temp_bytes_per_device
+        - cost.peak_bytes_per_device
+    )
+    given = f"donate={tuple(donated)}"
+    if reused <= 0:
+        return (
+            f"{given} is given but no output reuses a donated buffer: an output reuses one only where it "
+            "has the donated argument's shape, dtype and layout (lay the new parameters out in "
+            f"`out_groups` as `in_groups` lays the old); otherwise {shard}, or {remat}"
+        )
+    return (
+        f"{given} already saves {format_bytes(reused)} (outputs reuse donated buffers); {shard}, or {remat}"
+    )
+
+
 def _origin(args: Any, option: str, flag: str) -> str:
     return (getattr(args, "origins", {}) or {}).get(option, flag)
 
@@ -62,8 +90,10 @@ def findings(
     max_peak: Any,
     span: Span | None,
     args: Any,
+    donated: Sequence[int] = (),
 ) -> list[Diagnostic]:
-    """SR122 / SR123 for a step over its budget (`max_peak`: bytes, or a size such as `"4GiB"`)."""
+    """SR122 / SR123 for a step over its budget (`max_peak`: bytes, or a
+    size such as `"4GiB"`; `donated`: the positions the step donates)."""
     from .._language._sizes import byte_size
     from .._planning._plan import format_flops
 
@@ -99,9 +129,7 @@ def findings(
                     f"{format_bytes(cost.output_bytes_per_device)}, temporaries {format_bytes(cost.temp_bytes_per_device)}",
                     span,
                     None,
-                    "shard the largest arguments over more of the mesh (FSDP), donate the parameters and "
-                    "optimizer state (`donate=` in sr.jit) so outputs reuse their buffers, or rematerialise "
-                    "activations (`jax.checkpoint`) to cut the temporaries",
+                    _memory_hint(cost, donated),
                 )
             )
     return found

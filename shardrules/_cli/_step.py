@@ -238,7 +238,9 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
     if getattr(args, "cost", False) or max_ratio is not None or max_peak is not None:
         args.step_cost = _cost(spec, step, step_args)
         span = dict(rules.group_span_items).get("activations")
-        found += _budget.findings(args.step_cost, traced.decisions, max_ratio, max_peak, span, args)
+        found += _budget.findings(
+            args.step_cost, traced.decisions, max_ratio, max_peak, span, args, step.donate
+        )
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *rules.kept(found)]))
 
 
