@@ -61,6 +61,22 @@ def check_step(rules, mesh):
     return sr.jit(sgd, rules, mesh, in_groups=("params", "inputs")), shapes()
 
 
+def layered(params, batch, rows=(32, 32)):
+    x = batch["x"]
+    with jax.named_scope("layers"):
+        for i, n in enumerate(rows):
+            with jax.named_scope(str(i)):
+                with jax.named_scope("up"):
+                    h = jax.nn.gelu(x[:n] @ params["up"])
+                with jax.named_scope("down"):
+                    x = h @ params["down"]
+    return x
+
+
+def layered_step(rules, mesh):
+    return sr.jit(layered, rules, mesh, in_groups=("params", "inputs")), shapes()
+
+
 def donating_step(rules, mesh):
     step = sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None), donate=(0,))
     return step, shapes()
@@ -138,6 +154,50 @@ def test_lint_warns_about_each_forward_layout_no_rule_gives(project, capsys) -> 
     assert finding["line"] == 7  # the `rules activations:` header
     assert '`"down$" -> (data, _)` under `rules activations:`' in finding["hint"]
     assert main(["lint", "tp.shard", "--step", f"{module}:check_step", "--strict"]) == 1
+
+
+def test_sr208_hints_one_rule_for_every_layer(project, capsys) -> None:
+    """A layer's index in the scope is written `\\d+` in the hinted rule: one
+    rule for the layers' like outputs, not one per layer; and adding it
+    settles every layer."""
+    folder, module = project
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:layered_step")
+    step = [f for f in found if f["code"] == "SR208"]
+    assert code == 0 and len(step) == 1 and step[0]["path"] == "layers/0/down", found
+    assert '`"layers/\\d+/down$" -> (data, _)` under `rules activations:`' in step[0]["hint"], step
+    assert "layers/1/down" in json.dumps(step[0])  # the other layer, shown with it
+    text = RULES.replace(
+        '  "up$" -> (data, model)\n', '  "up$" -> (data, model)\n  "layers/\\d+/down$" -> (data, _)\n'
+    )
+    (folder / "tp.shard").write_text(text)
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:layered_step")
+    assert code == 0 and [f for f in found if f["code"] in ("SR208", "SR211")] == [], found
+
+
+def test_a_hinted_pattern_covers_every_layer_and_only_the_layers() -> None:
+    import re
+
+    from shardrules._tracing._explicit import scope_pattern
+
+    pattern = scope_pattern("model/layers/12/attn.o/0")
+    assert pattern == r"model/layers/\d+/attn\.o/\d+"
+    for other in ("model/layers/0/attn.o/3", "model/layers/317/attn.o/0"):
+        assert re.fullmatch(pattern, other, re.ASCII)
+    for other in ("model/layers/x/attn.o/0", "model/layers/1/attnXo/0", "model/layers/1a/attn.o/0"):
+        assert not re.fullmatch(pattern, other, re.ASCII)
+    assert scope_pattern("layers/\u0663/mlp") == "layers/\u0663/mlp"  # not an ASCII digit: kept as it is
+
+
+def test_sr208_hints_a_rule_per_layer_where_the_layers_differ(project, capsys) -> None:
+    folder, module = project
+    text = RULES.replace(
+        '  "up$" -> (data, model)\n', '  "0/up$" -> (data, model)\n  "1/up$" -> (_, model)\n'
+    )
+    (folder / "tp.shard").write_text(text)
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:layered_step")
+    hints = sorted(f["hint"] for f in found if f["code"] == "SR208")
+    assert code == 0 and len(hints) == 2, found
+    assert '`"layers/0/down$" -> (data, _)`' in hints[0] and '`"layers/1/down$" -> (_, _)`' in hints[1], hints
 
 
 def test_adding_the_hinted_rule_settles_it(project, capsys) -> None:
