@@ -24,6 +24,7 @@ import numpy as np
 
 from .._planning._plan import format_bytes, format_flops
 from ._flops import Repeated, repeated
+from ._outputs import is_subscripts
 
 _KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<kind>" + "|".join(_KINDS) + r")(?P<start>-start)?\(")
@@ -184,7 +185,7 @@ def _segments(path: str) -> tuple[list[str], bool]:
     for segment in _split(path, "/"):
         m = _WRAPPER.fullmatch(segment)
         if m is None:
-            if segment:
+            if segment and not is_subscripts(segment):  # `jnp.einsum`'s scope: not one (see `_outputs`)
                 names.append(segment)
             continue
         backward = backward or m["name"] == "transpose"
