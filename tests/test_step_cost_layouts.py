@@ -214,6 +214,29 @@ ENTRY %main (a: f32[8,64], b: f32[64,32]) -> f32[8,32] {
 }
 """
     assert by_scope(hlo) == {"mlp": {"dot_general": 2 * 8 * 32 * 64}, "mlp (backward)": {"tanh": 8 * 32}}
+    # fused computations reuse their parameters' names with other shapes: each dot reads its own
+    fused = """\
+%fused_computation (param_0: f32[8,64], param_1: f32[64,32]) -> f32[8,32] {
+  %param_0 = f32[8,64]{1,0} parameter(0)
+  %param_1 = f32[64,32]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,32]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/up/dot_general"}
+}
+
+%fused_computation.1 (param_0: f32[8,4], param_1: f32[4,32]) -> f32[8,32] {
+  %param_0 = f32[8,4]{1,0} parameter(0)
+  %param_1 = f32[4,32]{1,0} parameter(1)
+  ROOT %dot.2 = f32[8,32]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/down/dot_general"}
+}
+
+ENTRY %main (a: f32[8,64], b: f32[64,32]) -> f32[8,32] {
+  %a = f32[8,64]{1,0} parameter(0)
+  ROOT %f = f32[8,32]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused_computation, metadata={op_name="jit(f)/up/dot_general"}
+}
+"""
+    assert by_scope(fused) == {
+        "up": {"dot_general": 2 * 8 * 32 * 64},
+        "down": {"dot_general": 2 * 8 * 32 * 4},
+    }
 
 
 def _transformer():
