@@ -751,6 +751,12 @@ def test_lint_a_mesh_without_an_axis_the_file_writes_optional(tmp_path, capsys):
     assert sr.specs(shapes_tree, rules, {"fsdp": 4, "model": 2}) == {
         "up": P("fsdp", "model"), "down": P("model", "fsdp"), "emb": P(None, ("fsdp", "model")), "b": P("model"),
     }  # fmt: skip
+    # the mesh line's sizes, `model?` given none: lint plans for fsdp=8 without --mesh
+    (tmp_path / "s.shard").write_text(OPTIONAL_AXIS.format(mark="?").replace("mesh fsdp,", "mesh fsdp=8,"))
+    code = main(["lint", str(tmp_path / "s.shard"), "--shapes", shapes, "--format", "json"])
+    found = json.loads(capsys.readouterr().out)
+    flagged = [f for f in found if f["code"] in ("SR301", "SR101") or f["severity"] != "note"]
+    assert code == 0 and flagged == [], found
     (tmp_path / "n.shard").write_text(OPTIONAL_AXIS.format(mark=""))
     code = main(
         ["lint", str(tmp_path / "n.shard"), "--mesh", "fsdp=8", "--shapes", shapes, "--format", "json"]
