@@ -216,3 +216,43 @@ def test_a_dtype_jax_cannot_hold_fails_before_anything_moves(mesh222):
         x.committed for x in jax.tree.leaves(params) if isinstance(x, jax.Array) and x is not placed_before
     )
     assert isinstance(params["embedding"], np.ndarray)
+
+
+def test_a_mesh_without_an_axis_the_file_writes_optional():
+    """`mesh fsdp, model?` on a mesh of `fsdp` alone: `model` is size 1, so
+    what it would shard stays unsharded; apply places, jit runs with the
+    activation rule that names it, and nothing is warned."""
+    import warnings
+
+    from jax.sharding import AxisType
+
+    rules = sr.loads(
+        "mesh fsdp, model?\n"
+        'rules params:\n  "up$" -> (fsdp, model)\n  "down$" -> (model, fsdp)\n'
+        'rules activations:\n  "up$" -> (fsdp, model)\n'
+        'rules inputs:\n  "x" -> (fsdp, _)\n',
+        name="o.shard",
+    )
+    params = {"up": jnp.ones((16, 32)), "down": jnp.ones((32, 16))}
+    batch = {"x": jnp.ones((8, 16))}
+
+    def loss(p, b):
+        with jax.named_scope("up"):
+            h = b["x"] @ p["up"]
+        return (h @ p["down"]).sum()
+
+    for kind in (AxisType.Explicit, AxisType.Auto):
+        mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(kind,))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", sr.ShardRulesWarning)
+            placed = sr.apply(params, rules, mesh)
+            assert {k: v.sharding.spec for k, v in placed.items()} == {
+                "up": P("fsdp", None),
+                "down": P(None, "fsdp"),
+            }
+            got = sr.jit(loss, rules, mesh, in_groups=("params", "inputs"))(placed, batch)
+        assert float(got) == float(loss(params, batch))
+    without = sr.loads("mesh fsdp, model\n" + 'rules params:\n  "up$" -> (fsdp, model)\n', name="n.shard")
+    with pytest.raises(sr.MeshError, match="SR101") as raised:
+        sr.apply({"up": jnp.ones((16, 32))}, without, jax.make_mesh((8,), ("fsdp",)))
+    assert "`mesh fsdp, model?`" in str(raised.value)

@@ -61,6 +61,32 @@ def check_step(rules, mesh):
     return sr.jit(sgd, rules, mesh, in_groups=("params", "inputs")), shapes()
 
 
+def layered(params, batch, rows=(32, 32)):
+    x = batch["x"]
+    with jax.named_scope("layers"):
+        for i, n in enumerate(rows):
+            with jax.named_scope(str(i)):
+                with jax.named_scope("up"):
+                    h = jax.nn.gelu(x[:n] @ params["up"])
+                with jax.named_scope("down"):
+                    x = h @ params["down"]
+    return x
+
+
+def layered_step(rules, mesh):
+    return sr.jit(layered, rules, mesh, in_groups=("params", "inputs")), shapes()
+
+
+def donating_step(rules, mesh):
+    step = sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None), donate=(0,))
+    return step, shapes()
+
+
+def donating_the_batch(rules, mesh):
+    step = sr.jit(sgd, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None), donate=(1,))
+    return step, shapes()
+
+
 def mesh_types(rules, mesh):
     global SEEN
     SEEN = tuple(t.name for t in mesh.axis_types), dict(mesh.shape)
@@ -128,6 +154,50 @@ def test_lint_warns_about_each_forward_layout_no_rule_gives(project, capsys) -> 
     assert finding["line"] == 7  # the `rules activations:` header
     assert '`"down$" -> (data, _)` under `rules activations:`' in finding["hint"]
     assert main(["lint", "tp.shard", "--step", f"{module}:check_step", "--strict"]) == 1
+
+
+def test_sr208_hints_one_rule_for_every_layer(project, capsys) -> None:
+    """A layer's index in the scope is written `\\d+` in the hinted rule: one
+    rule for the layers' like outputs, not one per layer; and adding it
+    settles every layer."""
+    folder, module = project
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:layered_step")
+    step = [f for f in found if f["code"] == "SR208"]
+    assert code == 0 and len(step) == 1 and step[0]["path"] == "layers/0/down", found
+    assert '`"layers/\\d+/down$" -> (data, _)` under `rules activations:`' in step[0]["hint"], step
+    assert "layers/1/down" in json.dumps(step[0])  # the other layer, shown with it
+    text = RULES.replace(
+        '  "up$" -> (data, model)\n', '  "up$" -> (data, model)\n  "layers/\\d+/down$" -> (data, _)\n'
+    )
+    (folder / "tp.shard").write_text(text)
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:layered_step")
+    assert code == 0 and [f for f in found if f["code"] in ("SR208", "SR211")] == [], found
+
+
+def test_a_hinted_pattern_covers_every_layer_and_only_the_layers() -> None:
+    import re
+
+    from shardrules._tracing._explicit import scope_pattern
+
+    pattern = scope_pattern("model/layers/12/attn.o/0")
+    assert pattern == r"model/layers/\d+/attn\.o/\d+"
+    for other in ("model/layers/0/attn.o/3", "model/layers/317/attn.o/0"):
+        assert re.fullmatch(pattern, other, re.ASCII)
+    for other in ("model/layers/x/attn.o/0", "model/layers/1/attnXo/0", "model/layers/1a/attn.o/0"):
+        assert not re.fullmatch(pattern, other, re.ASCII)
+    assert scope_pattern("layers/\u0663/mlp") == "layers/\u0663/mlp"  # not an ASCII digit: kept as it is
+
+
+def test_sr208_hints_a_rule_per_layer_where_the_layers_differ(project, capsys) -> None:
+    folder, module = project
+    text = RULES.replace(
+        '  "up$" -> (data, model)\n', '  "0/up$" -> (data, model)\n  "1/up$" -> (_, model)\n'
+    )
+    (folder / "tp.shard").write_text(text)
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:layered_step")
+    hints = sorted(f["hint"] for f in found if f["code"] == "SR208")
+    assert code == 0 and len(hints) == 2, found
+    assert '`"layers/0/down$" -> (data, _)`' in hints[0] and '`"layers/1/down$" -> (_, _)`' in hints[1], hints
 
 
 def test_adding_the_hinted_rule_settles_it(project, capsys) -> None:
@@ -328,8 +398,11 @@ def test_lint_fails_a_step_over_its_budgets_sr122_sr123(project, capsys) -> None
     (ratio,) = [f for f in found if f["code"] == "SR122"]
     (peak,) = [f for f in found if f["code"] == "SR123"]
     assert ratio["severity"] == "error" and "x the ideal FLOPs per device (at most 1.0001" in ratio["message"]
-    assert "all-reduce" in ratio["hint"]
+    # collectives move bytes and add no FLOPs: the hint names the computations run repeated
+    assert "computed more than their share: " in ratio["hint"], ratio
+    assert "all-reduce" not in ratio["hint"] and "collective" not in ratio["hint"], ratio
     assert "at most 1.0 KiB allowed by --max-peak-bytes" in peak["message"]
+    assert "donate the parameters and optimizer state (`donate=` in sr.jit)" in peak["hint"]
     code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:check_step", "--max-flops-ratio", "8")
     assert code == 0 and not [f for f in found if f["code"] in ("SR122", "SR123")]
     # the same budgets from [tool.shardrules], named as where they come from
@@ -340,6 +413,26 @@ def test_lint_fails_a_step_over_its_budgets_sr122_sr123(project, capsys) -> None
     assert code == 1 and {"SR122", "SR123"} <= {f["code"] for f in found}
     assert "pyproject.toml" in next(f for f in found if f["code"] == "SR122")["message"]
     assert main(["lint", "tp.shard", "--max-peak-bytes", "lots"]) == 2
+
+
+def test_sr123_does_not_ask_to_donate_what_the_step_donates(project, capsys) -> None:
+    """With `donate=` given, SR123 says what donation saves (or that no
+    output can reuse what is donated), never to donate."""
+    _, module = project
+    budget = ("--max-peak-bytes", "1KiB")
+    code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:donating_step", *budget)
+    (peak,) = [f for f in found if f["code"] == "SR123"]
+    assert code == 1 and "donate=(0,) already saves " in peak["hint"], peak
+    assert "donate the parameters" not in peak["hint"] and "shard the largest arguments" in peak["hint"]
+    saved = peak["hint"].split("already saves ")[1].split(" (")[0]
+    assert saved != "0 B", peak
+    # a donated batch: no output has its shape, so nothing is reused, and the hint says why
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX's own note that a donated buffer went unused
+        code, found = _lint_json(capsys, "tp.shard", "--step", f"{module}:donating_the_batch", *budget)
+    (peak,) = [f for f in found if f["code"] == "SR123"]
+    assert code == 1 and "donate=(1,) is given but no output reuses a donated buffer" in peak["hint"], peak
+    assert "donate the parameters" not in peak["hint"]
 
 
 def test_a_mesh_bigger_than_the_machine_is_costed_on_simulated_devices(tmp_path: Path) -> None:

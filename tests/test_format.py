@@ -191,6 +191,8 @@ def test_byte_size_text_is_exact_in_the_largest_unit(n: int) -> None:
         ("mesh data", "mesh data"),
         ("mesh\tdata=08", "mesh data=8"),
         ("mesh data=2, model", "mesh data=2, model"),
+        ("mesh fsdp ,model ?", "mesh fsdp, model?"),  # `model` may be missing from the mesh
+        ("mesh data=2, model ?= 4  auto", "mesh data=2, model?=4 auto"),
     ],
 )
 def test_mesh_line(written: str, canonical: str) -> None:
@@ -569,6 +571,8 @@ def rule_files(draw: st.DrawFn) -> str:
         star = draw(st.integers(0, len(axes) - 1))
         mesh_axes = []
         for i, axis in enumerate(axes):
+            if draw(st.integers(0, 3)) == 0:
+                axis += w() + "?"  # the mesh may lack it
             if sizing == "none":
                 mesh_axes.append(axis)
             else:

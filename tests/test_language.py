@@ -366,3 +366,22 @@ def test_a_failed_alias_is_reported_once_not_at_every_use():
         )
     assert [d.code for d in info.value.diagnostics] == ["SR010"]
     assert "did you mean `fsdp`?" in str(info.value)
+
+
+def test_a_mesh_axis_written_with_a_question_mark_may_be_missing():
+    """`mesh fsdp, model?`: the mesh may lack `model` (it is then size 1). The
+    `?` of a spec entry (`model?`: dropped where the dimension does not divide)
+    is another thing, and both read as before."""
+    rules = sr.loads('mesh fsdp=8, model?=2 auto\nrules params:\n  "w" -> (fsdp, model?)\n', name="o.shard")
+    assert rules.mesh is not None
+    assert rules.mesh.names == ("fsdp", "model") and rules.mesh.optional == ("model",)
+    assert [a.size for a in rules.mesh.axes] == [8, 2] and rules.mesh.axis_types == (None, "auto")
+    (rule,) = rules.groups["params"]
+    (_, model) = rule.spec.entries
+    assert model.groups[0].optional  # the spec entry's own `?`: divisibility, unchanged
+    plain = sr.loads("mesh fsdp, model\n")
+    assert plain.mesh is not None and plain.mesh.optional == ()
+    with pytest.raises(sr.RuleSyntaxError):
+        sr.loads("mesh fsdp, model=2?\n")  # the `?` follows the name
+    with pytest.raises(sr.RuleDefinitionError, match="SR014"):  # two different mesh lines
+        sr.loads("mesh fsdp, model?\nmesh fsdp, model\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
 from shardrules._cli import _lint
@@ -217,7 +218,8 @@ def test_json_shapes_and_dotted_paths(tmp_path):
         ('{"w": [[4], "nonsense"]}', "unknown dtype 'nonsense'"),
         ('{"w": [[4], null]}', "should be [shape, dtype]"),
         ('{"w": 3}', "should be [shape, dtype]"),
-        ("{nope", "not a JSON file"),
+        ("{nope", "the shapes file is not JSON"),
+        ('{"w": ' + "[" * 100_000 + "]" * 100_000 + "}", "the shapes file is nested too deeply to read"),
     ],
 )
 def test_bad_json_shapes_are_explained(tmp_path, content, fragment):
@@ -714,3 +716,53 @@ def test_an_axis_named_only_by_a_broken_rule_is_not_called_unused(tmp_path) -> N
     )
     found = _lint.lint_file(str(path), None, None)
     assert [d.code for d in found.diagnostics if d.severity != "note"] == ["SR019"]
+
+
+OPTIONAL_AXIS = """\
+mesh fsdp, model{mark}
+alias embed = (fsdp, model) | fsdp
+rules params:
+  "up$"   -> (fsdp, model)
+  "down$" -> (model, fsdp)
+  "emb$"  -> (_, embed)
+  "b$"    -> auto(model)
+"""
+OPTIONAL_SHAPES = {"up": [[256, 1024], "float32"], "down": [[1024, 256], "float32"],
+                   "emb": [[4, 64], "float32"], "b": [[4096], "float32"]}  # fmt: skip
+
+
+def test_lint_a_mesh_without_an_axis_the_file_writes_optional(tmp_path, capsys):
+    """`mesh fsdp, model?` lints clean on `--mesh fsdp=8`: `model` is size 1,
+    the dimensions it would shard stay unsharded; on a mesh with `model` it
+    shards them. Without the `?`, SR101 says how to fix either side."""
+    (tmp_path / "shapes.json").write_text(json.dumps(OPTIONAL_SHAPES))
+    (tmp_path / "o.shard").write_text(OPTIONAL_AXIS.format(mark="?"))
+    shapes = str(tmp_path / "shapes.json")
+    code = main(
+        ["lint", str(tmp_path / "o.shard"), "--mesh", "fsdp=8", "--shapes", shapes, "--format", "json"]
+    )
+    found = json.loads(capsys.readouterr().out)
+    assert code == 0 and [f for f in found if f["severity"] in ("error", "warning")] == [], found
+    rules = sr.load(tmp_path / "o.shard")
+    shapes_tree = sr.load_shapes(tmp_path / "shapes.json")
+    assert sr.specs(shapes_tree, rules, {"fsdp": 8}) == {
+        "up": P("fsdp", None), "down": P(None, "fsdp"), "emb": P(None, "fsdp"), "b": P(None),
+    }  # fmt: skip
+    assert sr.specs(shapes_tree, rules, {"fsdp": 4, "model": 2}) == {
+        "up": P("fsdp", "model"), "down": P("model", "fsdp"), "emb": P(None, ("fsdp", "model")), "b": P("model"),
+    }  # fmt: skip
+    # the mesh line's sizes, `model?` given none: lint plans for fsdp=8 without --mesh
+    (tmp_path / "s.shard").write_text(OPTIONAL_AXIS.format(mark="?").replace("mesh fsdp,", "mesh fsdp=8,"))
+    code = main(["lint", str(tmp_path / "s.shard"), "--shapes", shapes, "--format", "json"])
+    found = json.loads(capsys.readouterr().out)
+    flagged = [f for f in found if f["code"] in ("SR301", "SR101") or f["severity"] != "note"]
+    assert code == 0 and flagged == [], found
+    (tmp_path / "n.shard").write_text(OPTIONAL_AXIS.format(mark=""))
+    code = main(
+        ["lint", str(tmp_path / "n.shard"), "--mesh", "fsdp=8", "--shapes", shapes, "--format", "json"]
+    )
+    found = json.loads(capsys.readouterr().out)
+    (missing,) = [f for f in found if f["code"] == "SR101"]
+    assert code == 1 and "lacks `model` of the file's `mesh` line" in missing["message"], found
+    assert "jax.make_mesh((8, 1), ('fsdp', 'model'))" in missing["hint"], missing
+    assert "write `mesh fsdp, model?` in the file" in missing["hint"], missing

@@ -266,3 +266,46 @@ def test_a_step_traced_inside_a_step_names_its_calls_and_does_not_wait_for_itsel
     assert not worker.is_alive(), "the nested trace waited for the outer one"
     assert found[0] == pytest.approx(2 * float(jax.jit(_loss)(model, X)), rel=1e-5)
     assert [n for n in found[1] if n != "blocks"] == LAYERED
+
+
+def _attention(q, k, v):
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+
+
+def test_einsum_subscripts_name_no_scope():
+    """`jnp.einsum` names a scope with its subscripts (`bhqk,bkhd->bqhd`): a
+    name that changes with the letters. Its result is named by the scope
+    around it (the module's), and where the code names it with
+    `jax.named_scope`, by that: rules and the list of scopes never see the
+    subscripts, in the forward pass or the gradient's collectives."""
+    rules = sr.loads(
+        "rules params:\n  default -> replicated\n"
+        'rules inputs:\n  "." -> (data, _, _, _)\n'
+        'rules activations:\n  "attn/scores$" -> (data, _, _, _)\n  "attn$" -> (data, _, _, _)\n',
+        name="a.shard",
+    )
+
+    def step(batch):
+        with jax.named_scope("attn"):
+            with jax.named_scope("scores"):
+                scores = jnp.einsum("bqhd,bkhd->bhqk", batch["q"], batch["k"])
+            out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), batch["v"])
+        with jax.named_scope("head"):
+            return (_attention(out, batch["k"], batch["v"]) ** 2).sum()
+
+    batch = {name: jnp.linspace(-1, 1, 8 * 4 * 2 * 8).reshape(8, 4, 2, 8) for name in "qkv"}
+    jitted = sr.jit(jax.value_and_grad(step), rules, _mesh(), in_groups=("inputs",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sr.ShardRulesWarning)  # both rules match: no SR211
+        found = {s.name: s for s in jitted.scopes(batch)}
+        got = jitted(batch)
+    assert set(found) == {"attn/scores", "attn", "head"}, sorted(found)
+    assert found["attn/scores"].shapes == ((8, 2, 4, 4),) and found["attn/scores"].rule is not None
+    assert found["attn"].rule is not None and found["attn"].rule.pattern == "attn$"
+    np.testing.assert_allclose(got[1]["q"], jax.jit(jax.grad(step))(batch)["q"], rtol=1e-5, atol=1e-6)
+    decisions = jitted.decisions(batch)
+    assert decisions and not [d for d in decisions if "->" in d.scope or "," in d.scope], decisions
+    cost = jitted.cost(batch)
+    scopes = [s for c in cost.collectives for s in c.scopes] + [r.scope for r in cost.repeated]
+    assert not [s for s in scopes if "->" in s], cost

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import threading
 import types
@@ -189,6 +190,44 @@ def test_shapes_files_numpy_or_json_cannot_parse_are_refused(tmp_path: Path, tex
     path.write_text(text)
     with pytest.raises(ShapeSourceError):
         sr.load_shapes(path)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("shapes.json", '{"w": ' + DEEP + "}", "the shapes file is nested too deeply to read"),
+        (
+            "model.safetensors.index.json",
+            '{"weight_map": ' + DEEP + "}",
+            "the checkpoint index is nested too deeply",
+        ),
+        ("model.safetensors", '{"w": ' + DEEP + "}", "the header is nested too deeply to read"),
+        (
+            "model.safetensors",
+            '{"w": {"dtype": "F32", "shape": [' + "9" * 5000 + "]}}",
+            "the header is JSON this cannot read",
+        ),
+        ("model.safetensors.index.json", "{nope", "the checkpoint index is not JSON"),
+        ("model.safetensors.index.json", '{"w": {}}', "not a checkpoint index with a `weight_map`"),
+    ],
+)
+def test_json_too_deep_or_too_long_to_read_is_said_to_be_so(
+    tmp_path: Path, name: str, content: str, message: str
+) -> None:
+    """JSON nested deeper than Python's parser goes is JSON still: every
+    reader of shapes says it is nested too deeply (as the plan-file and
+    converter readers do), never that it is not JSON, and nothing raw escapes."""
+    path = tmp_path / name
+    if name.endswith(".safetensors"):
+        path.write_bytes(struct.pack("<Q", len(content)) + content.encode())
+    else:
+        path.write_text(content)
+    with pytest.raises(ShapeSourceError, match=re.escape(message)) as raised:
+        sr.load_shapes(path)
+    assert "RecursionError" not in str(raised.value) and "not a JSON file" not in str(raised.value)
 
 
 @pytest.mark.parametrize("offsets", [[0, 999], [8, 0], "0-128", [0.0, 128], None, [-128, 0]])

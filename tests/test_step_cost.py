@@ -107,6 +107,28 @@ def test_compare_catches_a_kernel_that_changes_the_math():
     assert leaf.max_abs == pytest.approx(64 - 8)
 
 
+def test_compare_counts_the_arrays_that_differ_among_those_compared():
+    """`str(result)` says how many output arrays differ of how many were
+    compared, and names them; `different` holds them."""
+    rules = sr.loads('rules inputs:\n  "x" -> (data, _)\n', name="k.shard")
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    sums = sr.shard_map(  # `forgot` misses its psum: right on one device, wrong on eight
+        lambda b: {"forgot": jnp.sum(b["x"]), "summed": jax.lax.psum(jnp.sum(b["x"]), "data")},
+        rules,
+        in_groups=("inputs",),
+        out_groups=P(),
+        check_vma=False,
+    )
+    step = sr.jit(lambda b: {**sums(b), "x": b["x"] * 2, "y": b["x"] + 1}, rules, mesh, in_groups=("inputs",))
+    result = step.compare({"x": np.ones((16, 4), np.float32)})
+    assert [leaf.path for leaf in result.different] == ["forgot"], result
+    assert "DIFFERENT on the mesh and on one device" in str(result)
+    assert "1 of 4 output arrays compared differ (`forgot`)" in str(result), result
+    assert "largest difference at `forgot`" in str(result)
+    same = step.compare({"x": np.ones((16, 4), np.float32)}, rtol=1, atol=100)
+    assert same.ok and same.different == () and ": 4 output arrays compared; largest" in str(same), same
+
+
 def test_scopes_of_hlo_op_names():
     assert scope_of("jit(sgd)/jvp(block_0/down)/dot_general") == ["block_0/down"]
     assert scope_of("jit(sgd)/transpose(jvp(down))/dot_general") == ["down (backward)"]

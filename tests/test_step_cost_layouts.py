@@ -165,8 +165,78 @@ def test_a_flops_budget_fails_a_replicated_layout_and_passes_data_parallelism(pr
     (over,) = [f for f in found if f["code"] == "SR122"]
     assert over["severity"] == "error" and "x the ideal FLOPs per device (at most 1.2" in over["message"]
     assert [f for f in found if f["severity"] == "error"] == [over]  # the budget alone fails the run
+    # the hint names the computations every device runs whole, not the collectives (they add no FLOPs)
+    named = re.findall(r"`(layer_\d/(?:up|down))` \(with its gradient: dot_general[^)]*\): computed whole on each "
+                       r"of the 8 devices", over["hint"])  # fmt: skip
+    assert len(named) == 3, over  # the three costliest, each a layer
+    assert "all-reduce" not in over["hint"] and "collective" not in over["hint"], over
     code, found = _lint(capsys, "dp.shard", module, "1.2")
     assert code == 0 and [f for f in found if f["code"] == "SR122"] == [], found
+
+
+def test_the_computations_run_repeated_are_named_by_scope() -> None:
+    """`StepCost.repeated`: the scopes whose devices compute more than their
+    share, read off the compiled programs (layout against layout)."""
+    layers = {f"layer_{i}/{m}" for i in range(2) for m in ("up", "down")}
+    # every device computes every layer whole: each layer is repeated 8 times, forward and backward
+    replicated = _cost(REPLICATED, (8,), ("data",))
+    whole = {r.scope: r for r in replicated.repeated}
+    assert layers <= set(whole), replicated.repeated
+    for scope in layers:
+        assert whole[scope].passes == ("forward", "backward") and 7.5 < whole[scope].times < 8.5, whole[scope]
+        assert "dot_general" in whole[scope].operations
+    # split over both axes, no layer is repeated (the loss and the update may be)
+    tp = _cost(TENSOR_PARALLEL, (4, 2), ("data", "model"))
+    assert not layers & {r.scope for r in tp.repeated}, tp.repeated
+    # the batch replicated over `data`: each layer is computed 4 times (split over `model` alone)
+    tp_whole_batch = TENSOR_PARALLEL.replace('"x|y" -> (data, _)', "default -> replicated")
+    four = {r.scope: r for r in _cost(tp_whole_batch, (4, 2), ("data", "model")).repeated}
+    assert layers <= set(four) and all(3.5 < four[s].times < 4.5 for s in layers), four
+    # what the repeated scopes add up to is what XLA counts beyond the ideal
+    excess = sum(r.flops_per_device - r.share for r in replicated.repeated)
+    assert replicated.ideal_flops_per_device is not None
+    over = replicated.flops_per_device - replicated.ideal_flops_per_device
+    assert 0.9 * over < excess < 1.1 * over, (excess, over)
+    # not a figure plan files keep
+    assert "repeated" not in replicated.to_json()
+
+
+def test_flops_by_scope_counts_a_dot_by_its_contracted_size() -> None:
+    from shardrules._tracing._flops import by_scope
+
+    hlo = """\
+ENTRY %main (a: f32[8,64], b: f32[64,32]) -> f32[8,32] {
+  %a = f32[8,64]{1,0} parameter(0)
+  %b = f32[64,32]{1,0} parameter(1)
+  %dot.1 = f32[8,32]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/mlp/dot_general"}
+  %all-reduce = f32[8,32]{1,0} all-reduce(%dot.1), replica_groups={}, to_apply=%add, metadata={op_name="jit(f)/mlp/dot_general"}
+  ROOT %t = f32[8,32]{1,0} tanh(%all-reduce), metadata={op_name="jit(f)/transpose(jvp(mlp))/tanh"}
+}
+"""
+    assert by_scope(hlo) == {"mlp": {"dot_general": 2 * 8 * 32 * 64}, "mlp (backward)": {"tanh": 8 * 32}}
+    # fused computations reuse their parameters' names with other shapes: each dot reads its own
+    fused = """\
+%fused_computation (param_0: f32[8,64], param_1: f32[64,32]) -> f32[8,32] {
+  %param_0 = f32[8,64]{1,0} parameter(0)
+  %param_1 = f32[64,32]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,32]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/up/dot_general"}
+}
+
+%fused_computation.1 (param_0: f32[8,4], param_1: f32[4,32]) -> f32[8,32] {
+  %param_0 = f32[8,4]{1,0} parameter(0)
+  %param_1 = f32[4,32]{1,0} parameter(1)
+  ROOT %dot.2 = f32[8,32]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/down/dot_general"}
+}
+
+ENTRY %main (a: f32[8,64], b: f32[64,32]) -> f32[8,32] {
+  %a = f32[8,64]{1,0} parameter(0)
+  ROOT %f = f32[8,32]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused_computation, metadata={op_name="jit(f)/up/dot_general"}
+}
+"""
+    assert by_scope(fused) == {
+        "up": {"dot_general": 2 * 8 * 32 * 64},
+        "down": {"dot_general": 2 * 8 * 32 * 4},
+    }
 
 
 def _transformer():

@@ -1,9 +1,10 @@
 """A step's cost held to a budget in CI: `lint --step --max-flops-ratio X`
 fails the run when each device runs more than X times its share of the
 one-device step's FLOPs (SR122), `--max-peak-bytes SIZE` when a device holds
-more than SIZE at once (SR123). Each finding names what costs most: the
-scopes whose operations are laid out on no mesh axis (every device computes
-them whole), and the largest collectives."""
+more than SIZE at once (SR123). Each finding names what costs most: SR122
+the scopes whose devices compute more than their share (`StepCost.repeated`;
+collectives move bytes and add no FLOPs), SR123 the parts of the peak and
+what donation does or could save."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from ._lint import UsageError
 
 
 def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
-    """The forward-pass scopes with the largest results laid out on no axis."""
+    """The forward-pass scopes with the largest results laid out on no axis
+    (what names the cost where the compiled programs could not be compared)."""
     sizes: dict[str, int] = {}
     for d in decisions:
         if d.scope.endswith("(backward)") or any(e is not None for e in entries(d.spec)):
@@ -31,14 +33,51 @@ def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
     return [f"`{s}`" for s in ranked]
 
 
-def _collectives(cost: Any, count: int = 3) -> list[str]:
+def _flops_hint(cost: Any, decisions: Sequence[Any]) -> str:
+    """SR122's hint: the computations that run repeated, and what to do."""
+    from .._tracing._flops import describe
 
-    ranked = sorted(cost.collectives, key=lambda c: -c.bytes_per_device)[:count]
-    out = []
-    for c in ranked:
-        where = f" from {', '.join(c.scopes[:2])}" if c.scopes else ""
-        out.append(f"{c.count} {c.kind} ({format_bytes(c.bytes_per_device)} per device{where})")
-    return out
+    advice = (
+        "lay those scopes out with activation rules (`explain --step` lists each decision; a gradient "
+        "follows its forward layout), or shard the parameters and batch over more of the mesh"
+    )
+    if cost.repeated:
+        shown = cost.repeated[:3]
+        found = describe(shown, cost.devices)
+        if any(not r.scope for r in shown):
+            advice += " (wrap code outside every scope in `jax.named_scope(NAME)` for a rule to name it)"
+        return f"computed more than their share: {'; '.join(found)}. To split them, {advice}"
+    replicated = _replicated(decisions)
+    if replicated:
+        return f"operations laid out on no mesh axis: {', '.join(replicated)}. To split them, {advice}"
+    return advice
+
+
+def _memory_hint(cost: Any, donated: Sequence[int]) -> str:
+    """SR123's hint: what would cut the peak, donation as it stands."""
+    shard = "shard the largest arguments over more of the mesh (FSDP)"
+    remat = "rematerialise activations (`jax.checkpoint`) to cut the temporaries"
+    if not donated:
+        return (
+            f"{shard}, donate the parameters and optimizer state (`donate=` in sr.jit) so outputs reuse "
+            f"their buffers, or {remat}"
+        )
+    reused = (
+        cost.argument_bytes_per_device
+        + cost.output_bytes_per_device
+        + cost.temp_bytes_per_device
+        - cost.peak_bytes_per_device
+    )
+    given = f"donate={tuple(donated)}"
+    if reused <= 0:
+        return (
+            f"{given} is given but no output reuses a donated buffer: an output reuses one only where it "
+            "has the donated argument's shape, dtype and layout (lay the new parameters out in "
+            f"`out_groups` as `in_groups` lays the old); otherwise {shard}, or {remat}"
+        )
+    return (
+        f"{given} already saves {format_bytes(reused)} (outputs reuse donated buffers); {shard}, or {remat}"
+    )
 
 
 def _origin(args: Any, option: str, flag: str) -> str:
@@ -52,21 +91,16 @@ def findings(
     max_peak: Any,
     span: Span | None,
     args: Any,
+    donated: Sequence[int] = (),
 ) -> list[Diagnostic]:
-    """SR122 / SR123 for a step over its budget (`max_peak`: bytes, or a size such as `"4GiB"`)."""
+    """SR122 / SR123 for a step over its budget (`max_peak`: bytes, or a
+    size such as `"4GiB"`; `donated`: the positions the step donates)."""
     from .._language._sizes import byte_size
     from .._planning._plan import format_flops
 
     found = []
     ratio = cost.ratio
     if max_ratio is not None and ratio is not None and ratio > max_ratio:
-        replicated = _replicated(decisions)
-        biggest = _collectives(cost)
-        parts = []
-        if replicated:
-            parts.append(f"operations laid out on no mesh axis in {', '.join(replicated)}")
-        if biggest:
-            parts.append(f"collectives: {'; '.join(biggest)}")
         found.append(
             Diagnostic(
                 "SR122",
@@ -77,9 +111,7 @@ def findings(
                 f"the one-device step's over {cost.devices} devices",
                 span,
                 None,
-                ("the most costly: " + "; ".join(parts) + ". Lay " if parts else "lay ")
-                + "those scopes out with activation rules (`explain --step` lists each decision), "
-                "or shard the parameters and batch over more of the mesh",
+                _flops_hint(cost, decisions),
             )
         )
     if max_peak is not None:
@@ -98,9 +130,7 @@ def findings(
                     f"{format_bytes(cost.output_bytes_per_device)}, temporaries {format_bytes(cost.temp_bytes_per_device)}",
                     span,
                     None,
-                    "shard the largest arguments over more of the mesh (FSDP), donate the parameters and "
-                    "optimizer state (`donate=` in sr.jit) so outputs reuse their buffers, or rematerialise "
-                    "activations (`jax.checkpoint`) to cut the temporaries",
+                    _memory_hint(cost, donated),
                 )
             )
     return found

@@ -121,7 +121,10 @@ def _load(path: str) -> tuple[RuleSet, list[Diagnostic]] | Result:
 def sizes_for(rules: RuleSet, mesh: Mapping[str, int] | None) -> dict[str, int] | None:
     if mesh is not None:
         return dict(mesh)
-    if rules.mesh is None or any(not isinstance(a.size, int) for a in rules.mesh.axes):
+    # an axis written `NAME?` with no size is one the mesh lacks (size 1)
+    if rules.mesh is None or any(
+        not isinstance(a.size, int) for a in rules.mesh.axes if not (a.optional and a.size is None)
+    ):
         return None  # `*` or no sizes: lint never guesses from the devices it runs on
     sizes = declared_sizes(rules.mesh, None, rules.sources)
     return None if sizes is None else limit_devices(sizes, f"{rules.name}: the mesh line")

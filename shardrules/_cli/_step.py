@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -145,10 +146,47 @@ def _entries(spec: Any) -> str:
     )
 
 
+_HINTED = re.compile(r'`"(?P<pattern>[^`]*)\$" -> \((?P<spec>[^`]*)\)`')
+
+
+def _one_rule_per_layer_where_they_differ(found: list[Diagnostic]) -> list[Diagnostic]:
+    """`found` with each hinted rule whose pattern covers every layer
+    (`layers/\\d+/down$`) written for its own layer (`layers/0/down$`)
+    where the layers' layouts differ: one rule cannot give them all."""
+    said: dict[str, set[str]] = {}
+    for d in found:
+        for m in _HINTED.finditer(d.hint or ""):
+            said.setdefault(m["pattern"], set()).add(m["spec"])
+    differ = {pattern for pattern, specs in said.items() if len(specs) > 1 and r"\d+" in pattern}
+    if not differ:
+        return found
+    out = []
+    for d in found:
+        for m in _HINTED.finditer(d.hint or ""):
+            if m["pattern"] in differ and d.paths:
+                scope = d.paths[0][0].removesuffix(" (backward)")
+                exact = _exact(m["pattern"], scope)
+                d = dataclasses.replace(d, hint=d.hint.replace(f'`"{m["pattern"]}$"', f'`"{exact}$"'))
+        out.append(d)
+    return out
+
+
+def _exact(pattern: str, scope: str) -> str:
+    """`pattern` (made by `scope_pattern` from `scope` or a scope around it,
+    maybe with an output's number after it) with each `\\d+` written as the
+    index it stands for in `scope`."""
+    parts, layers = pattern.split("/"), scope.split("/")
+    return "/".join(
+        re.escape(layers[i]) if part == r"\d+" and i < len(layers) else part for i, part in enumerate(parts)
+    )
+
+
 def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
     """SR208 for each forward-pass layout JAX could not decide and no rule
     gives, SR210 for each that drops a mesh axis its operands carried (the
     gradient's follow the forward pass and are not listed)."""
+    from .._tracing._explicit import scope_pattern
+
     spans = dict(rules.group_span_items)
     span = spans.get("activations")
     out = []
@@ -172,7 +210,8 @@ def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
             hint = d.hint.replace(" (or pass strict=False to infer it)", "")
             hint = f"to write it in the file, {hint}" if hint.startswith("add ") else hint
         elif d.scope:
-            hint = f'to write it in the file, add `"{d.scope}$" -> ({_entries(d.spec)})` under `rules activations:`'
+            rule = f'`"{scope_pattern(d.scope)}$" -> ({_entries(d.spec)})`'
+            hint = f"to write it in the file, add {rule} under `rules activations:`"
         else:
             hint = (
                 "wrap the code that makes it in `jax.named_scope(NAME)` and add "
@@ -191,7 +230,7 @@ def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
                 cause=f"`{d.primitive}` {how} (operands: {operands})",
             )
         )
-    return out
+    return _one_rule_per_layer_where_they_differ(out)
 
 
 HEADER = ("scope", "operation", "operands", "result", "decided by")
@@ -264,7 +303,9 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
     if getattr(args, "cost", False) or max_ratio is not None or max_peak is not None:
         args.step_cost = _cost(spec, step, step_args)
         span = dict(rules.group_span_items).get("activations")
-        found += _budget.findings(args.step_cost, traced.decisions, max_ratio, max_peak, span, args)
+        found += _budget.findings(
+            args.step_cost, traced.decisions, max_ratio, max_peak, span, args, step.donate
+        )
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *rules.kept(found)]))
 
 

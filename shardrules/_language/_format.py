@@ -174,7 +174,10 @@ class _Printer:
     def statement(stmt: Item) -> _Line:
         if isinstance(stmt, MeshDecl):
             axes = ", ".join(
-                (a.name if a.size is None else f"{a.name}={a.size}") + (f" {a.type}" if a.type else "")
+                a.name
+                + "?" * a.optional
+                + ("" if a.size is None else f"={a.size}")
+                + (f" {a.type}" if a.type else "")
                 for a in stmt.axes
             )
             return _Line(f"mesh {stmt.type + ' ' if stmt.type else ''}{axes}", kind="mesh")

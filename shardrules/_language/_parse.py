@@ -215,6 +215,9 @@ class _Builder:
 
     def mesh_axis(self, tree: Any) -> MeshAxis:
         name, *rest = tree.children
+        optional = bool(rest) and getattr(rest[0], "type", None) == "OPTIONAL"
+        if optional:
+            rest.pop(0)
         kind = None
         if rest and getattr(rest[-1], "data", None) == "axis_type":
             kind = self.axis_type(rest.pop())
@@ -228,7 +231,7 @@ class _Builder:
                 if not re.fullmatch(r"[0-9]{1,18}", tok) or int(tok) < 1:
                     raise self.number_error(tok, "a mesh axis size is a positive whole number or `*`")
                 value = int(tok)
-        return MeshAxis(str(name), value, self.span(tree), kind)
+        return MeshAxis(str(name), value, self.span(tree), kind, optional)
 
     def include(self, tree: Any) -> Include:
         return Include(str(tree.children[0])[1:-1], self.span(tree))

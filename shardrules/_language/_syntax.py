@@ -26,12 +26,15 @@ _span = span_field
 
 @dataclasses.dataclass(frozen=True)
 class MeshAxis:
-    """A `mesh` line's axis: `size` an int, `"*"` or `None`; `type` as written on it, or `None`."""
+    """A `mesh` line's axis: `size` an int, `"*"` or `None`; `type` as written
+    on it, or `None`; `optional` for `model?`: a mesh may lack it, and is then
+    taken to have it of size 1."""
 
     name: str
     size: int | Literal["*"] | None = None
     span: Span | None = _span()
     type: Literal["explicit", "auto"] | None = None
+    optional: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,11 @@ class MeshDecl:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.axes)
+
+    @property
+    def optional(self) -> tuple[str, ...]:
+        """The axes written `NAME?`: a mesh may lack them (then they are size 1)."""
+        return tuple(a.name for a in self.axes if a.optional)
 
     @property
     def axis_types(self) -> tuple[Literal["explicit", "auto"] | None, ...]:

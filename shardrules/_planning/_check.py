@@ -299,7 +299,10 @@ def unused_axis_warnings(plan: Plan) -> list[Diagnostic]:
         for a in (*_names_used(rule), *rule.spec.choice_axes)  # an alias's alternatives count
     }
     spans = {a.name: a.span for a in rules.mesh.axes} if rules.mesh is not None else {}
-    if rules.mesh is not None and any(a not in axes for a in rules.mesh.names if a in used):
+    absent = _mesh.absent_axes(rules, axes if plan.mesh is not None else None)  # `model?`: size 1
+    if rules.mesh is not None and any(
+        a not in axes and a not in absent for a in rules.mesh.names if a in used
+    ):
         # The mesh lacks axes the file uses (SR101 says so, once): its extra axes are
         # the misspelt ones, not unused ones.
         axes = {name: size for name, size in axes.items() if name in rules.mesh.names}

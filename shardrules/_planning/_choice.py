@@ -23,6 +23,7 @@ from .._errors import Diagnostic, Span, did_you_mean
 from .._interop._paths import LeafInfo
 from .._language._rules import AxisGroup, ResolvedEntry, RuleSet
 from .._language._syntax import Alias, AliasTarget
+from ._mesh import absent_axes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +38,11 @@ class Unsettled:
 
 
 def present_axes(sizes: dict[str, int] | None, rules: RuleSet) -> set[str] | None:
-    """The axes that exist for this plan: the mesh's; else the `mesh` line's;
-    `None` (every name exists) without either."""
+    """The axes that exist for this plan: the mesh's (and the `mesh` line's
+    `NAME?` axes it lacks, of size 1); else the `mesh` line's; `None` (every
+    name exists) without either."""
     if sizes is not None:
-        return set(sizes)
+        return set(sizes) | absent_axes(rules, sizes)
     return set(rules.mesh.names) if rules.mesh is not None else None
 
 

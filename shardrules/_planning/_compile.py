@@ -28,7 +28,7 @@ from .._language._rules import Rule, RuleSet
 from . import _logical, _named_dims
 from ._dtypes import jax_holds, unholdable
 from ._match import Matcher
-from ._mesh import MeshLike, sizes_of
+from ._mesh import MeshLike, absent_axes, sizes_of
 from ._plan import LeafPlans, Plan, Why
 from ._spec import LeafError, leaf_spec, shard_bytes
 
@@ -245,6 +245,7 @@ def _check_rules(
     # Axes of the file's `mesh` line that this mesh lacks: one finding about the
     # two meshes, not one per rule naming them (the rules are right; the mesh is not).
     lacking = _mesh_mismatch(group_rules, rules, sizes, out)
+    absent = absent_axes(rules, sizes)  # `model?` that the mesh lacks: size 1, dropped from specs
     for rule in group_rules:
         if rule.spec.kind == "unresolved":  # lint's partial load: its error is reported already
             broken.add(id(rule))
@@ -268,13 +269,13 @@ def _check_rules(
         for entry in rule.spec.entries:
             for g in entry.groups:
                 for axis in g.axes:
-                    if axis not in sizes:
+                    if axis not in sizes and axis not in absent:
                         if axis not in lacking:
                             out.append(_unknown_axis(axis, g.span or rule.spec.span, g.written, sizes))
                         broken.add(id(rule))
         if rule.spec.kind == "auto":
             for axis in rule.spec.auto_axes:
-                if axis not in sizes:
+                if axis not in sizes and axis not in absent:
                     if axis not in lacking:
                         out.append(_unknown_axis(axis, rule.spec.span, axis, sizes))
                     broken.add(id(rule))
@@ -302,7 +303,8 @@ def _mesh_mismatch(
     if sizes is None or rules.mesh is None:
         return set()
     used = {axis for rule in group_rules for axis in rule.spec.axes}
-    lacking = [axis for axis in rules.mesh.names if axis not in sizes and axis in used]
+    absent = absent_axes(rules, sizes)  # `model?`: may be missing, then size 1
+    lacking = [axis for axis in rules.mesh.names if axis not in sizes and axis in used and axis not in absent]
     if not lacking:  # what the rules use is all there
         return set()
     given = ", ".join(f"{k}={v}" for k, v in sizes.items())
@@ -311,9 +313,16 @@ def _mesh_mismatch(
     renames = [f"`{a}` for `{m}`" for m, a in meant.items()]
     names = ", ".join(f"`{a}`" for a in lacking)
     fixed = ",".join(f"{a}={sizes.get(a, sizes.get(meant.get(a, ''), 'SIZE'))}" for a in rules.mesh.names)
+    names_all = tuple(a for a in rules.mesh.names if a in sizes or a in lacking)
+    ones = f"jax.make_mesh({tuple(sizes.get(a, 1) for a in names_all)}, {names_all})"
+    optional = ", ".join(f"{a.name}?" if a.name in lacking or a.optional else a.name for a in rules.mesh.axes)
     hint = (
-        f"the file's axes are right and the mesh is not: {'; '.join(renames)}? " if renames else ""
-    ) + f"give the mesh the file's axes (in lint: --mesh {fixed}; in Python: a mesh with these axis names)"
+        (f"the file's axes are right and the mesh is not: {'; '.join(renames)}? " if renames else "")
+        + f"give the mesh the file's axes (in lint: --mesh {fixed}; in Python: a mesh with these axis names, "
+        f"of size 1 where it has no use for them: {ones}), or write `mesh {optional}` in the file: "
+        "an axis written `NAME?` in the mesh line may be missing from the mesh, and is then size 1 "
+        "(the dimensions it would shard stay unsharded)"
+    )
     out.append(
         Diagnostic(
             "SR101",

@@ -31,7 +31,7 @@ from .._language._load import iter_rules
 from .._language._rules import AxisGroup, ResolvedEntry, ResolvedSpec, Rule, RuleSet
 from ._choice import choice_group
 from ._dtypes import jax_holds
-from ._mesh import MeshLike, sizes_of
+from ._mesh import MeshLike, absent_axes, sizes_of
 from ._plan import LeafPlan, Plan, plural
 from ._spec import LeafError, leaf_spec, shard_bytes
 
@@ -190,7 +190,13 @@ def _leaf_spec(
             "or add an earlier rule that matches this path",
             f"{len(info.shape)} dimensions but logical axis names {shown}",
         )
-    mesh_axes = set(sizes) if sizes is not None else set(rules.mesh.names) if rules.mesh else None
+    mesh_axes = (
+        set(sizes) | absent_axes(rules, sizes)  # `model?` the mesh lacks: size 1, dropped by `leaf_spec`
+        if sizes is not None
+        else set(rules.mesh.names)
+        if rules.mesh
+        else None
+    )
     entries: list[ResolvedEntry] = []
     missing: list[tuple[str, int]] = []
     used: dict[str, str] = {}

@@ -47,6 +47,16 @@ def sizes_of(mesh: MeshLike) -> dict[str, int]:
     )
 
 
+def absent_axes(rules: RuleSet, sizes: Mapping[str, int] | None) -> frozenset[str]:
+    """The axes the file's `mesh` line writes `NAME?` that the mesh (its
+    `sizes`) lacks: taken to be of size 1, so the dimensions they would shard
+    stay unsharded (`_spec`), and not reported missing (SR101). None without
+    a mesh."""
+    if sizes is None or rules.mesh is None:
+        return frozenset()
+    return frozenset(a for a in rules.mesh.optional if a not in sizes)
+
+
 def ambient_mesh() -> Mesh | AbstractMesh | None:
     """JAX's current mesh (`jax.set_mesh`), concrete if there is one."""
     try:
@@ -69,8 +79,9 @@ def declared_sizes(
     With `n_devices=None` (planning without devices) a line whose sizes are
     all numbers is taken as written, and `None` is returned for a line that
     lacks sizes. With a device count, the line must fill exactly that many.
+    An axis written `NAME?` with no size is left out (a mesh may lack it).
     """
-    sizes = {a.name: a.size for a in decl.axes}
+    sizes = {a.name: a.size for a in decl.axes if not (a.optional and a.size is None)}
     unsized = [n for n, s in sizes.items() if s is None]
     if len(sizes) == 1 and unsized:
         sizes = {unsized[0]: "*"}

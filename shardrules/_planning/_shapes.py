@@ -132,6 +132,27 @@ def load_shapes(source: str | os.PathLike[str]) -> Any:
     )
 
 
+def _read_json(path: Path, text: str | bytes, what: str, **options: Any) -> Any:
+    """The JSON document `text` read from `path`, or a `ShapeSourceError`
+    saying what is wrong with it: `what` names what the text should have been
+    (`"a JSON file"`, `"the header"`). JSON nested deeper than Python's parser
+    goes is JSON still, and is said to be nested too deeply, as the other
+    readers of JSON say; a number of more digits than Python converts is said
+    to be one."""
+    try:
+        return json.loads(text, **options)
+    except RecursionError:
+        raise ShapeSourceError(
+            f"{path}: {what} is nested too deeply to read (arrays or objects inside each other)"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise ShapeSourceError(f"{path}: {what} is not UTF-8 text ({err})") from None
+    except json.JSONDecodeError as err:
+        raise ShapeSourceError(f"{path}: {what} is not JSON ({shown(str(err), 200)})") from None
+    except ValueError as err:  # a number of more than 4,300 digits
+        raise ShapeSourceError(f"{path}: {what} is JSON this cannot read ({shown(str(err), 200)})") from None
+
+
 def _open(path: Path):  # one place that opens files, so tests can count what is read
     return open(path, "rb")
 
@@ -169,10 +190,7 @@ def read_header(path: Path) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, 
         raw = f.read(size)
     if len(raw) < size:
         raise ShapeSourceError(f"{path}: the header is cut short ({len(raw)} of {size} bytes)")
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ShapeSourceError(f"{path}: the header is not JSON ({err})") from None
+    header = _read_json(path, raw, "the header")
     if not isinstance(header, dict):
         raise ShapeSourceError(f"{path}: the header is not a JSON object")
     out: dict[str, jax.ShapeDtypeStruct] = {}
@@ -200,12 +218,18 @@ def index_files(path: Path) -> dict[str, tuple[str, Path]]:
     cache links every file of a snapshot into one `blobs` folder.)"""
     _regular(path)
     try:
-        index = json.loads(path.read_text())
-        weight_map = index["weight_map"]
+        text = path.read_bytes()
     except FileNotFoundError:
         raise
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as err:
-        raise ShapeSourceError(f"{path}: not a checkpoint index with a `weight_map` ({err})") from None
+    except OSError as err:
+        raise ShapeSourceError(f"{path}: cannot read it ({err})") from None
+    index = _read_json(path, text, "the checkpoint index")
+    try:
+        weight_map = index["weight_map"]
+    except (KeyError, TypeError, IndexError):
+        raise ShapeSourceError(
+            f"{path}: not a checkpoint index with a `weight_map` ({shown(index)})"
+        ) from None
     if not isinstance(weight_map, dict):
         raise ShapeSourceError(
             f"{path}: `weight_map` maps tensor names to file names, not {shown(weight_map)}"
@@ -276,11 +300,13 @@ def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
     with paused():  # a million small lists, none in a cycle: the collector would walk them all
         try:
             text = path.read_text()
-            data = json.loads(text, parse_float=fraction)
         except FileNotFoundError:
             raise
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:  # ValueError: 5,000 digits
-            raise ShapeSourceError(f"{path}: not a JSON file ({shown(err, 200)})") from None
+        except UnicodeDecodeError as err:
+            raise ShapeSourceError(f"{path}: not a JSON file: not UTF-8 text ({err})") from None
+        except OSError as err:
+            raise ShapeSourceError(f"{path}: cannot read it ({err})") from None
+        data = _read_json(path, text, "the shapes file", parse_float=fraction)
         if not isinstance(data, dict):
             raise ShapeSourceError(
                 f'{path}: expected an object such as {{"layers/0/w": [[512, 512], "float32"]}}'

@@ -10,6 +10,7 @@ diagnostics for the leaf's path and the rule's line.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -21,6 +22,7 @@ from .._language._format import spec_text
 from .._language._rules import ResolvedEntry, Rule, RuleSet
 from . import _choice
 from ._blocks import entry_axes
+from ._mesh import absent_axes
 from ._plan import plural
 
 SpecEntry = Any  # None | str | tuple[str, ...]
@@ -57,10 +59,11 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
             spec.span,
             "pass mesh=, run inside `with jax.set_mesh(mesh):`, or give sizes in the rule file's mesh line",
         )
+    absent = absent_axes(rules, sizes)  # `mesh ..., model?` on a mesh without `model`: size 1
     if spec.kind == "auto":
         assert sizes is not None
-        return _auto(spec.auto_axes, spec.min_bytes, info, sizes)
-    entries = list(spec.entries)
+        return _auto(tuple(a for a in spec.auto_axes if a not in absent), spec.min_bytes, info, sizes)
+    entries = _without(list(spec.entries), absent)
     written = [e for e in entries if e.kind != "ellipsis"]
     has_ellipsis = len(written) != len(entries)
     if len(written) != len(shape) and not (has_ellipsis and len(written) <= len(shape)):
@@ -85,6 +88,28 @@ def leaf_spec(rule: Rule, info: LeafInfo, sizes: dict[str, int] | None, rules: R
     return PartitionSpec(
         *(_dim(e, dim, d, info, sizes, taken) for d, (e, dim) in enumerate(zip(entries, shape, strict=True)))
     )
+
+
+def _without(entries: list[ResolvedEntry], absent: frozenset[str]) -> list[ResolvedEntry]:
+    """`entries` without the mesh axes in `absent` (axes of size 1 the mesh
+    lacks): a dimension left with none is unsharded, an alternative of an
+    alias left with none stands for `_`."""
+    if not absent:
+        return entries
+    out = []
+    for entry in entries:
+        groups = []
+        for g in entry.groups:
+            if g.alternatives:
+                alternatives = tuple(tuple(a for a in alt if a not in absent) for alt in g.alternatives)
+                groups.append(dataclasses.replace(g, alternatives=alternatives))
+            elif any(a not in absent for a in g.axes):
+                groups.append(dataclasses.replace(g, axes=tuple(a for a in g.axes if a not in absent)))
+        if entry.kind != "axes" or groups:
+            out.append(dataclasses.replace(entry, groups=tuple(groups)))
+        else:
+            out.append(ResolvedEntry("unsharded", span=entry.span))
+    return out
 
 
 def _dim(
@@ -158,7 +183,7 @@ def _not_divisible(
 def _auto(axes: tuple[str, ...], min_bytes: int, info: LeafInfo, sizes: dict[str, int]) -> PartitionSpec:
     assert info.shape is not None
     unsharded: list[SpecEntry] = [None] * len(info.shape)
-    if info.nbytes < min_bytes:
+    if info.nbytes < min_bytes or not axes:
         return PartitionSpec(*unsharded)
     by = math.prod(sizes[a] for a in axes)
     best = None

@@ -40,8 +40,10 @@ class Comparison:
     """What `RuleJit.compare` found (see there).
 
     **Attributes:** `leaves` (a `LeafDifference` per array leaf of the
-    output), `rtol`, `atol`; `ok` (every leaf close), `worst` (the leaf with
-    the largest relative difference, or `None` for an output with no array).
+    output: every array compared), `rtol`, `atol`; `ok` (every leaf close),
+    `different` (the leaves that are not), `worst` (the leaf with the
+    largest relative difference, a different one first, or `None` for an
+    output with no array).
     """
 
     leaves: tuple[LeafDifference, ...]
@@ -53,6 +55,11 @@ class Comparison:
         return all(leaf.close for leaf in self.leaves)
 
     @property
+    def different(self) -> tuple[LeafDifference, ...]:
+        """The leaves that are not close under the tolerances, in output order."""
+        return tuple(leaf for leaf in self.leaves if not leaf.close)
+
+    @property
     def worst(self) -> LeafDifference | None:
         if not self.leaves:
             return None
@@ -62,10 +69,21 @@ class Comparison:
         worst = self.worst
         if worst is None:
             return "no array in the output"
-        verdict = "the same" if self.ok else "DIFFERENT"
+        compared = f"{len(self.leaves)} output array{'s' * (len(self.leaves) != 1)} compared"
+        if self.ok:
+            said = (
+                f"the same on the mesh and on one device (rtol={self.rtol:g}, atol={self.atol:g}): {compared}"
+            )
+        else:
+            different = self.different
+            named = ", ".join(f"`{leaf.path or '(output)'}`" for leaf in different[:3])
+            more = f" and {len(different) - 3} more" if len(different) > 3 else ""
+            said = (
+                f"DIFFERENT on the mesh and on one device (rtol={self.rtol:g}, atol={self.atol:g}): "
+                f"{len(different)} of {compared} differ ({named}{more})"
+            )
         return (
-            f"{verdict} on the mesh and on one device (rtol={self.rtol:g}, atol={self.atol:g}): "
-            f"{len(self.leaves)} output arrays; largest difference at `{worst.path or '(output)'}` "
+            f"{said}; largest difference at `{worst.path or '(output)'}` "
             f"{worst.shape}: {worst.max_abs:.3g} absolute, {worst.max_rel:.3g} relative"
         )
 

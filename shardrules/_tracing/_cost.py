@@ -23,6 +23,8 @@ import jax
 import numpy as np
 
 from .._planning._plan import format_bytes, format_flops
+from ._flops import Repeated, repeated
+from ._outputs import is_subscripts
 
 _KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<kind>" + "|".join(_KINDS) + r")(?P<start>-start)?\(")
@@ -73,6 +75,11 @@ class StepCost:
     - `argument_bytes_per_device`, `output_bytes_per_device`,
       `temp_bytes_per_device`: its parts.
     - `collectives`: a `Collective` per kind the step runs.
+    - `repeated`: the scopes whose devices compute more than their share of
+      the one-device step's FLOPs of that scope, as `Repeated`s (a scope
+      laid out on no mesh axis is computed whole on every device), most
+      FLOPs repeated first; what a `ratio` above 1 is made of. Empty
+      without the one-device step; not written by `to_json`.
     """
 
     devices: int
@@ -84,6 +91,7 @@ class StepCost:
     output_bytes_per_device: int
     temp_bytes_per_device: int
     collectives: tuple[Collective, ...] = ()
+    repeated: tuple[Repeated, ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def ratio(self) -> float | None:
@@ -94,6 +102,7 @@ class StepCost:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of every attribute (and `ratio`)."""
         out = dataclasses.asdict(self)
+        del out["repeated"]  # an explanation of the FLOPs, not a figure a plan file keeps
         out["ratio"] = self.ratio
         out["collectives"] = [dataclasses.asdict(c) | {"scopes": list(c.scopes)} for c in self.collectives]
         return out
@@ -128,7 +137,7 @@ class StepCost:
 
 def cost_from_json(data: dict[str, Any]) -> StepCost:
     """The `StepCost` a `to_json()` dict (as a plan file records it) holds."""
-    fields = {f.name for f in dataclasses.fields(StepCost)} - {"collectives"}
+    fields = {f.name for f in dataclasses.fields(StepCost)} - {"collectives", "repeated"}
     return StepCost(
         **{key: data[key] for key in fields},
         collectives=tuple(
@@ -176,7 +185,7 @@ def _segments(path: str) -> tuple[list[str], bool]:
     for segment in _split(path, "/"):
         m = _WRAPPER.fullmatch(segment)
         if m is None:
-            if segment:
+            if segment and not is_subscripts(segment):  # `jnp.einsum`'s scope: not one (see `_outputs`)
                 names.append(segment)
             continue
         backward = backward or m["name"] == "transpose"
@@ -242,9 +251,11 @@ def _number(cost: Any, key: str) -> float:
     return float((cost or {}).get(key, 0.0) or 0.0)
 
 
-def cost_of(compiled: Any, devices: int, ideal_flops: float | None) -> StepCost:
+def cost_of(compiled: Any, devices: int, ideal: Any = None) -> StepCost:
     """The `StepCost` of a compiled step partitioned over `devices`, given
-    the one-device step's FLOPs (`None`: not known)."""
+    the same step compiled for one device (`None`: not known)."""
+    ideal_flops = None if ideal is None else _number(ideal.cost_analysis(), "flops")
+    hlo = compiled.as_text() or ""
     cost = compiled.cost_analysis()
     memory = compiled.memory_analysis()
 
@@ -262,7 +273,8 @@ def cost_of(compiled: Any, devices: int, ideal_flops: float | None) -> StepCost:
         argument_bytes_per_device=arguments,
         output_bytes_per_device=outputs,
         temp_bytes_per_device=temps,
-        collectives=collectives(compiled.as_text() or ""),
+        collectives=collectives(hlo),
+        repeated=() if ideal is None else tuple(repeated(hlo, ideal.as_text() or "", devices)),
     )
 
 

@@ -234,12 +234,23 @@ def _entries(spec: Any) -> str:
     )
 
 
+def scope_pattern(scope: str) -> str:
+    """A pattern for the scope `scope` and its like in the other layers: each
+    `/`-separated segment escaped, a segment of digits alone (a layer's
+    index, `layers/0/attn`) written `\\d+`, so that one rule covers every
+    layer (`layers/\\d+/attn`)."""
+    return "/".join(
+        r"\d+" if part.isascii() and part.isdigit() else re.escape(part) for part in scope.split("/")
+    )
+
+
 def suggestion(scope: str, spec: PartitionSpec, aligned: Sequence[Any] = ()) -> str:
     """The rule line that would settle an operation in `scope` whose result
     would be laid out as `spec`: a rule for the innermost scope output the
     result is laid out like (`aligned`, see `_outputs`), written in that
     output's dimensions; for a result that is no such output, the scope to
-    wrap it in first."""
+    wrap it in first. Layers' indices in the scope are written `\\d+`
+    (`scope_pattern`); the number of one of several outputs is kept."""
     if not scope:
         return (
             "the operation is outside every named scope: wrap the code that makes it in "
@@ -253,12 +264,15 @@ def suggestion(scope: str, spec: PartitionSpec, aligned: Sequence[Any] = ()) -> 
         return (
             f"its result is not an output of scope `{scope}` (it is used inside the scope, or reshaped or "
             "reduced before it leaves it), so no rule for the scope gives its layout: wrap the code that "
-            f'makes it in `jax.named_scope(NAME)` and add `"{re.escape(scope)}/NAME$" -> ({_entries(spec)})` '
+            f'makes it in `jax.named_scope(NAME)` and add `"{scope_pattern(scope)}/NAME$" -> ({_entries(spec)})` '
             "under `rules activations:` (or pass strict=False to infer it)"
         )
     entry = inside[0]
+    pattern = scope_pattern(entry.scope) + re.escape(
+        entry.name[len(entry.scope) :]
+    )  # `/1`: its second output
     return (
-        f'add `"{re.escape(entry.name)}$" -> ({_entries(entry.output_spec(entries(spec)))})` under '
+        f'add `"{pattern}$" -> ({_entries(entry.output_spec(entries(spec)))})` under '
         "`rules activations:` (or pass strict=False to infer it)"
     )
 

@@ -341,9 +341,9 @@ class RuleJit:
         """What one call with arguments like `args` costs each device, read off
         the compiled step (nothing is allocated or run; arrays or
         `jax.ShapeDtypeStruct`s): a `StepCost` with the FLOPs, bytes accessed,
-        peak memory and collectives per device, and, with `ideal`, the
-        one-device step's FLOPs divided by the devices (the same step compiled
-        on a mesh of the same axis names, each of size 1) and their `ratio`.
+        peak memory and collectives per device, and, with `ideal`, the one-device
+        step's FLOPs over the devices (the step compiled on a mesh of the same
+        axis names, each of size 1), their `ratio` and the scopes over it (`repeated`).
 
         ```python
         cost = step.cost(params, batch)
@@ -353,11 +353,11 @@ class RuleJit:
         entry = self._entry(args)
         with quiet():  # told once already, when the step was traced for its mesh
             compiled = self.lower(*shapes_only(args)).compile()
-            ideal_flops = None
+            one_device = None
             if ideal:
                 one = self._like(one_device_mesh(entry.mesh))
-                ideal_flops = cost_of(one.lower(*shapes_only(args)).compile(), 1, None).flops_per_device
-        return cost_of(compiled, int(entry.mesh.devices.size), ideal_flops)
+                one_device = one.lower(*shapes_only(args)).compile()
+        return cost_of(compiled, int(entry.mesh.devices.size), one_device)
 
     def compare(self, *args: Any, rtol: float = 1e-5, atol: float = 1e-6) -> Comparison:
         """Run the step on its mesh and on one device with the same inputs

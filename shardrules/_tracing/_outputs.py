@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -39,6 +40,19 @@ from ._compat import jcore
 # A scope JAX wraps around a remat's forward pass when the gradient computes it
 # again; it names no scope of the model.
 _REMAT_SCOPE = "rematted_computation"
+# `jnp.einsum` names a scope with its subscripts (`bhqk,bkhd->bqhd`): a name of
+# no module, which changes with the letters. Not a scope: the result is an output
+# of the scope around it, named by that scope's path (and its place among that
+# use's outputs, `attn/1`), or of a `jax.named_scope` the code puts around it.
+_SUBSCRIPTS = re.compile(r"[A-Za-z. ]*(?:,[A-Za-z. ]*)*(?:->[A-Za-z. ]*)?")
+
+
+def is_subscripts(name: str) -> bool:
+    """Whether a name-stack item's `name` is one `jnp.einsum` gives its
+    scope: its subscripts, operands' and result's (`bqhd,bkhd->bhqk`)."""
+    return ("," in name or "->" in name) and _SUBSCRIPTS.fullmatch(name) is not None
+
+
 _CALLS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
 _ELEMENTWISE_EXTRA = {"convert_element_type", "select_n", "clamp", "add_any", "copy", "copy_p"}
 
@@ -110,7 +124,7 @@ def _scope_items(eqn: Any) -> list[Any]:
     return [
         item
         for item in eqn.source_info.name_stack.stack
-        if type(item).__name__ != "Transform" and item.name != _REMAT_SCOPE
+        if type(item).__name__ != "Transform" and item.name != _REMAT_SCOPE and not is_subscripts(item.name)
     ]
 
 
