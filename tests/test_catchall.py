@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,8 @@ from hypothesis import strategies as st
 
 import shardrules as sr
 from shardrules._cli._main import main
-from shardrules._planning._catchall import catch_all
+from shardrules._planning import _catchall
+from shardrules._planning._segments import catch_all
 
 SIZES = {"fsdp": 4, "model": 2}
 
@@ -217,6 +219,32 @@ def test_a_rule_for_another_model_stays_a_warning():
     assert codes_of(findings(text, tree)) == ["SR201"]
 
 
+def test_an_anchor_meant_for_the_top_level_leaf_is_not_an_error():
+    # `^w$` takes the top-level `w`; `block/w`, of another shape, is no copy of it
+    text = 'rules params:\n  "^w$" -> (fsdp, model)\n  default -> replicated\n'
+    assert findings(text, {"w": S(64, 8), "block/w": S(8, 8)}) == []
+    # a copy of `w` (same path below, same shape) is what the anchor misses
+    (d,) = coded(findings(text, {"w": S(64, 8), "opt/mu/w": S(64, 8)}), "SR125")
+    assert d.path == "opt/mu/w" and "drop the anchor: `w$`" in d.hint
+    # and where the rule takes nothing, its anchor is what keeps it from the leaf
+    (d,) = coded(findings(text, {"block/w": S(8, 8)}), "SR125")
+    assert d.path == "block/w"
+
+
+def test_a_pattern_that_tells_digits_apart_is_looked_at_path_by_path():
+    # `[0-1]` matches layers 0 and 1: the copies of those, not of 2, are what `^` misses
+    text = 'rules params:\n  "^layers/[0-1]/mlp/up/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+    (d,) = coded(findings(text, adam_tree(n=3)), "SR125")
+    assert sorted(p for p, _ in d.paths) == sorted(
+        f"opt_state/0/{m}/layers/{i}/mlp/up/kernel" for m in ("mu", "nu") for i in range(2)
+    )
+    # a rule for another model's numbered layers matches no leaf; the path has its names
+    dead = 'rules params:\n  "enc/[0-3]/attn/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+    (d,) = coded(findings(dead, {"enc/5/attn/kernel": S(64, 64)}), "SR125")
+    assert "`enc/[0-3]` does not match the path's `enc/5`" in d.message
+    assert "did you mean `enc/\\d+/attn/kernel$`?" in d.hint
+
+
 def test_a_rule_meant_for_some_layers_only_is_not_an_error():
     text = 'rules params:\n  "^layers/[0-1]/mlp/up/kernel$" -> (fsdp, model)\n  default -> replicated\n'
     tree = layers(n=4)  # layers 2 and 3 go to the default, as written
@@ -277,8 +305,11 @@ def cases(draw):
         paths = [p for p in paths if not any(q.startswith(p + "/") for q in paths)]
     written = draw(st.lists(st.sampled_from(params), min_size=1, max_size=3, unique=True))
     patterns = []
+    number = st.sampled_from(["\\d+", "\\d+", "[0-1]", "NUMBER"])  # some tell digits apart
     for p in written:
-        body = "/".join("\\d+" if s.isdigit() else s for s in p.split("/"))
+        body = "/".join(
+            (lambda n: s if n == "NUMBER" else n)(draw(number)) if s.isdigit() else s for s in p.split("/")
+        )
         patterns.append(("^" if draw(st.booleans()) else "") + body + ("$" if draw(st.booleans()) else ""))
     if draw(st.booleans()):  # the tree names its layers as Linen does (`layers_0`), the rules do not
         paths = sorted({re.sub(r"([a-z_]+)/(\d+)(?=/|$)", r"\1_\2", p) for p in paths})
@@ -307,15 +338,25 @@ def test_every_anchor_miss_is_reported_and_every_fix_offered_works(case):
     for d in errors:  # by names only for a rule that matches no leaf
         assert "drop the anchor" in d.hint or patterns[d.span.line - 2] not in taken, d.render()
     # The oracle: a default leaf one of whose segment-aligned suffixes an anchored
-    # pattern matches whole is a leaf that pattern was written for.
+    # pattern matches whole is a leaf that pattern was written for, where the
+    # pattern matches no leaf, or takes that suffix as a leaf of its own (a copy).
+    rule_of = {leaf.path: leaf.rule.pattern for leaf in p.leaves if leaf.rule is not None}
     for path in by_default:
         segments = path.split("/")
         missed = any(
             pat.startswith("^")
-            and any(re.search(pat, "/".join(segments[i:]), re.ASCII) for i in range(1, len(segments)))
+            and any(
+                re.search(pat, suffix, re.ASCII)
+                and (pat not in rule_of.values() or rule_of.get(suffix) == pat)
+                for suffix in ("/".join(segments[i:]) for i in range(1, len(segments)))
+            )
             for pat in patterns
         )
         assert (path in reported) or not missed, (path, patterns, [d.render() for d in errors])
+    # Looking at leaves once per path key gives what looking at each path gives.
+    with mock.patch.object(_catchall, "path_keys", lambda paths: [path.encode() for path in paths]):
+        each = coded(sr.plan(tree, sr.loads(text, name="m.shard"), SIZES).diagnostics, "SR125")
+    assert [(d.span, d.paths, d.hint) for d in each] == [(d.span, d.paths, d.hint) for d in errors]
     # Each fix offered, put in place of its rule's pattern, takes the leaf from the default.
     for d in errors:
         fix = _fixes(d)

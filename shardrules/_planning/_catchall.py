@@ -23,7 +23,10 @@ the same file and group whose guard (if any) holds for it when either
 
 1. **anchor**: every segment of the pattern matches, and the path has
    segments before them: the pattern would match but for its `^` (the fix:
-   drop it); or
+   drop it); where the rule takes leaves, only if the path from where the
+   pattern matches is a leaf of the same shape that the rule takes (a copy,
+   as an optimizer's moments are of a parameter; `^w$` may be meant for the
+   top-level `w` alone); or
 2. **names**: the rule matches no leaf of the tree, its last two segments
    (or more) match, and every name (two letters or more) written in its
    segments that do not match, where they line up with one of the path's,
@@ -36,7 +39,6 @@ The fix offered is checked to match the leaf.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -46,155 +48,8 @@ from .._language._format import spec_text
 from .._language._regex import path_bytes, searcher
 from .._language._rules import Rule
 from ._match import path_keys
+from ._meant import EACH, Hit, Leaves
 from ._segments import Alternative, alternatives, catch_all, escape
-
-_EACH: Any = object()  # `_Leaves.verdict`: each path decides
-_ZEROS = str.maketrans("123456789", "000000000")  # a name as `path_key` writes it
-
-
-# ------------------------------------------------------------------ leaves
-
-
-@dataclasses.dataclass(frozen=True)
-class _Hit:
-    rule: Rule
-    alt: Alternative
-    how: str  # "anchor" or "names"
-    k: int  # segments matched, from the pattern's last
-    j: int  # the path's segment its last lines up with
-
-    @property
-    def rank(self) -> tuple[int, int, int]:
-        return (self.how == "anchor", self.k, -self.rule.index)
-
-
-class _Leaves:
-    """The catch-all's leaves met so far, each with the rule meant for it."""
-
-    def __init__(self, catcher: Rule, candidates: list[tuple[Rule, Alternative]], live: set[int]):
-        self.catcher = catcher
-        self.live = live
-        self.by_name: dict[str, list[tuple[Rule, Alternative]]] = {}
-        self.others: list[tuple[Rule, Alternative]] = []
-        for rule, alt in candidates:
-            if id(rule) in live and alt.caret is None:
-                continue  # neither an anchor to blame nor a rule that matches nothing
-            name = alt.last_name
-            if name is None:
-                self.others.append((rule, alt))
-            else:  # as the name appears in path keys
-                self.by_name.setdefault(name.translate(_ZEROS), []).append((rule, alt))
-        self._segment: dict[int, list[dict[str, bool]]] = {}  # per alternative and segment
-        self.found: dict[tuple[int, int, str], list[tuple[str, tuple[int, ...], Any, _Hit]]] = {}
-
-    @property
-    def empty(self) -> bool:
-        return not self.by_name and not self.others
-
-    @property
-    def guarded(self) -> bool:
-        """Whether a candidate has a guard (then leaves of one key may differ by shape)."""
-        every = [*self.others, *(c for named in self.by_name.values() for c in named)]
-        return any(rule.guard is not None for rule, _ in every)
-
-    def verdict(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
-        """For the leaves of one kind whose paths have `path`'s key
-        (`path_key`): the rule each was meant for (a `_Hit`, the same for them
-        all), `None` for none, or `_EACH` where a pattern that tells digits
-        apart may hit (each path is then looked at with `hit`)."""
-        candidates = self._candidates(path)
-        if not candidates:
-            return None
-        if all(alt.blind for _, alt in candidates):
-            return self._meant(path, shape, dtype, candidates)
-        relaxed = [(rule, alt.relaxed) for rule, alt in candidates]
-        return _EACH if self._meant(path, shape, dtype, relaxed, possible=True) else None
-
-    def hit(self, path: str, shape: tuple[int, ...], dtype: Any) -> _Hit | None:
-        """The rule the leaf at `path` was meant for, or `None`."""
-        return self._meant(path, shape, dtype, self._candidates(path))
-
-    def add(self, path: str, shape: tuple[int, ...], dtype: Any, hit: _Hit) -> None:
-        self.found.setdefault((id(hit.rule), id(hit.alt), hit.how), []).append((path, shape, dtype, hit))
-
-    def _candidates(self, path: str) -> list[tuple[Rule, Alternative]]:
-        named = self.by_name.get(path[path.rfind("/") + 1 :].translate(_ZEROS))
-        return [*named, *self.others] if named else self.others
-
-    def _meant(
-        self,
-        path: str,
-        shape: tuple[int, ...],
-        dtype: Any,
-        candidates: list[tuple[Rule, Alternative]],
-        possible: bool = False,
-    ) -> Any:
-        """The best hit for `path` among `candidates`, or `None`. `possible`,
-        for relaxed candidates: whether any lining up of any could hit (a
-        relaxed pattern matches at least the segments the pattern does, so
-        what it cannot hit, the pattern cannot)."""
-        segments = path.split("/")
-        best: _Hit | None = None
-        for rule, alt in candidates:
-            if rule.guard is not None and dtype is not None and not rule.guard.holds(shape, dtype):
-                continue
-            if possible:
-                if any(self._how(rule, alt, k, j, path) for k, j in self._line_ups(alt, segments)):
-                    return True
-                continue
-            k, j = max(self._line_ups(alt, segments), key=lambda kj: kj[0], default=(0, 0))
-            how = self._how(rule, alt, k, j, path)
-            if how is not None:
-                hit = _Hit(rule, alt, how, k, j)
-                if best is None or hit.rank > best.rank:
-                    best = hit
-        return best
-
-    def _how(self, rule: Rule, alt: Alternative, k: int, j: int, path: str) -> str | None:
-        """Whether `k` segments of `alt` matching, its last at the path's
-        segment `j`, say the leaf was meant for `rule`: how, or `None`."""
-        m = len(alt.spans)
-        if k == m:
-            return "anchor" if alt.caret is not None and j + 1 > m else None
-        if k >= 2 and id(rule) not in self.live and _names_in(alt, k, j, path):
-            return "names"
-        return None
-
-    def _line_ups(self, alt: Alternative, segments: list[str]) -> list[tuple[int, int]]:
-        """`(k, j)` for each segment `j` of the path that `alt`'s last segment
-        can line up with (the last, for a pattern ending in `$`): how many of
-        `alt`'s segments, from its last, match the path's from there."""
-        m, n = len(alt.spans), len(segments)
-        memo = self._segment.get(id(alt))
-        if memo is None:
-            memo = self._segment[id(alt)] = [{} for _ in range(m)]
-        out = []
-        for j in (n - 1,) if alt.dollar else range(n - 1, -1, -1):
-            k = 0
-            while k < m and k <= j:
-                seen, segment = memo[m - 1 - k], segments[j - k]
-                found = seen.get(segment)
-                if found is None:
-                    test = alt.tests[m - 1 - k]
-                    found = seen[segment] = test is not None and test(path_bytes(segment)) is not None
-                if not found:
-                    break
-                k += 1
-            if k:
-                out.append((k, j))
-        return out
-
-
-def _names_in(alt: Alternative, k: int, j: int, path: str) -> bool:
-    """Whether every name written in `alt`'s unmatched segments that line up
-    with one of the path's is in the path."""
-    m = len(alt.spans)
-    for t in range(k, m):
-        if j - t < 0:  # the pattern has more segments than the path: nothing lines up
-            break
-        if any(word not in path for word in alt.words[m - 1 - t]):
-            return False
-    return True
 
 
 def findings(
@@ -211,7 +66,15 @@ def findings(
     if not catchers:
         return []
     live = {id(part[2]) for part in parts if part[2] is not None}
-    leaves: dict[int, _Leaves] = {}
+    index: dict[str, int] = {}
+
+    def taken_by(path: str) -> tuple[Rule | None, Any]:
+        if not index:  # made once, and only where a rule's anchor is in question
+            index.update(zip(paths, kinds, strict=True))
+        kind = index.get(path)
+        return (None, None) if kind is None else (parts[kind][2], parts[kind][0])
+
+    leaves: dict[int, Leaves] = {}
     for catcher in {id(r): r for r in catchers.values()}.values():
         candidates = [
             (rule, alt)
@@ -222,7 +85,7 @@ def findings(
             and not catch_all(rule.pattern)
             for alt in alternatives(rule.pattern)
         ]
-        found = _Leaves(catcher, candidates, live)
+        found = Leaves(catcher, candidates, live, taken_by)
         if not found.empty:
             leaves[id(catcher)] = found
     if not leaves:
@@ -248,7 +111,12 @@ def findings(
             if found_verdict is not None:
                 found, verdict = found_verdict
                 shape, dtype = parts[kinds[i]][0], parts[kinds[i]][1]
-                hit = found.hit(paths[i], shape, dtype) if verdict is _EACH else verdict
+                if verdict is EACH:
+                    hit = found.hit(paths[i], shape, dtype)
+                elif isinstance(verdict, list):
+                    hit = found.resolve(verdict, paths[i], shape)
+                else:
+                    hit = verdict
                 if hit is not None:
                     found.add(paths[i], shape, dtype, hit)
     return [_finding(group, found.catcher) for found in leaves.values() for group in found.found.values()]
@@ -261,7 +129,7 @@ def _file(rule: Rule) -> str | None:
 # ------------------------------------------------------------------ the finding
 
 
-def _finding(group: list[tuple[str, tuple[int, ...], Any, _Hit]], catcher: Rule) -> Diagnostic:
+def _finding(group: list[tuple[str, tuple[int, ...], Any, Hit]], catcher: Rule) -> Diagnostic:
     path, shape, dtype, hit = group[0]
     rule, alt, pattern = hit.rule, hit.alt, hit.alt.pattern
     segments = path.split("/")
@@ -319,7 +187,7 @@ def _finding(group: list[tuple[str, tuple[int, ...], Any, _Hit]], catcher: Rule)
     )
 
 
-def _renamed(pattern: str, alt: Alternative, hit: _Hit, segments: list[str]) -> str:
+def _renamed(pattern: str, alt: Alternative, hit: Hit, segments: list[str]) -> str:
     """`pattern` with its unmatched segments (and `^`) replaced by the path's
     own, numbers as `\\d+`: back to the nearest segment holding a name the
     pattern wrote there, else as many as the pattern had."""
