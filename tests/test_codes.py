@@ -120,6 +120,14 @@ LINT_CASES = {
         (2, 3),
         "one array per field",
     ),
+    # `^` ties the rule to the path's start: the optimizer's copy falls to `default`.
+    "SR125": (
+        'rules params:\n  "^layers/\\d+/w$" -> (fsdp)\n  default -> replicated\n',
+        {"layers/0/w": S(8), "opt/mu/layers/0/w": S(8)},
+        SIZES,
+        (2, 4),
+        "drop the anchor: `layers/\\d+/w$`",
+    ),
     "SR201": (
         'rules params:\n  "w" -> (fsdp)\n  "zzz" -> replicated\n',
         {"w": S(8)},

@@ -392,6 +392,42 @@ def test_explain_json_holds_the_plan_the_step_and_its_cost(project, capsys, tmp_
     assert traced["mesh"] == {"data": 8} and traced["decisions"] == found["decisions"]
 
 
+def test_explain_html_without_shapes_plans_the_steps_own_argument(project, capsys, tmp_path: Path) -> None:
+    argv = ["explain", "dp.shard", "--step", f"{project}:check_step", "--cost", "--html", "report.html"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    html = (tmp_path / "report.html").read_text()
+    assert "<h3>Step cost</h3>" in html and f"{project}:check_step" in html
+    assert "shardrules plan: dp.shard (params)" in html
+    assert "<td>up</td>" in html and "<td>down</td>" in html  # the step's `params` argument
+    assert "<td>x</td>" not in html
+    # the group asked for: the step's `inputs` argument, split over `data`
+    assert main([*argv[:-1], "inputs.html", "--group", "inputs"]) == 0
+    capsys.readouterr()
+    inputs = (tmp_path / "inputs.html").read_text()
+    assert "shardrules plan: dp.shard (inputs)" in inputs and "<td>x</td>" in inputs
+    assert "<td>up</td>" not in inputs
+
+
+def test_explain_html_with_no_plan_to_write_says_why(project, capsys, tmp_path: Path) -> None:
+    (tmp_path / "ungrouped.py").write_text(
+        "import jax, jax.numpy as jnp\nimport shardrules as sr\n"
+        "def check_step(rules, mesh):\n"
+        "    return sr.jit(lambda w: w * 2, rules, mesh), (jax.ShapeDtypeStruct((8, 4), jnp.float32),)\n"
+    )
+    argv = ["explain", "dp.shard", "--step", "ungrouped:check_step", "--cost", "--html", "none.html"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--html none.html: no plan to write" in err and "--shapes" in err and "`params`" in err
+    assert not (tmp_path / "none.html").exists()
+    # rules that do not load: their errors (status 1), and why the page is missing
+    (tmp_path / "broken.shard").write_text('rules params:\n  "w" -> (data,\n')
+    assert main(["explain", "broken.shard", "--shapes", f"{project}:params", "--html", "b.html"]) == 1
+    err = capsys.readouterr().err
+    assert "SR001" in err and "--html b.html: not written: the rules have errors" in err
+    assert not (tmp_path / "b.html").exists()
+
+
 def test_explain_json_carries_the_findings_lint_gives(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "r.shard").write_text('mesh data=8\n\nrules params:\n  "w" -> (data, _)\n')

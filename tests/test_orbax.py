@@ -151,3 +151,80 @@ def test_load_orbax_refuses_a_mesh_without_devices(saved):
     path, _ = saved
     with pytest.raises(TypeError, match=r"load_orbax needs a jax\.sharding\.Mesh with devices, not dict"):
         sr.load_orbax(path, RULES, {"data": 2, "model": 4})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ NNX checkpoints
+
+NNX_RULES = sr.loads(
+    "mesh data, model\n"
+    "rules params:\n"
+    '  "up/kernel$"   -> (_, model)\n'
+    '  "down/kernel$" -> (model, _)\n'
+    '  "bias$"        -> replicated\n'
+    "  default        -> auto(data)\n",
+    name="nnx.shard",
+)
+
+
+def nnx_model():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Mlp(nnx.Module):
+        def __init__(self, rngs):
+            self.up = nnx.Linear(16, 32, rngs=rngs)
+            self.down = nnx.Linear(32, 16, rngs=rngs)
+
+    return nnx, Mlp(nnx.Rngs(0))
+
+
+@pytest.fixture
+def nnx_saved(tmp_path):
+    """An `nnx.state(model)` saved by Orbax: each Variable is a `{"value": array}`."""
+    nnx, model = nnx_model()
+    state = nnx.state(model)
+    path = tmp_path / "nnx"
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path, state)
+    checkpointer.wait_until_finished()
+    return path, state
+
+
+def test_an_nnx_checkpoint_is_matched_through_its_value_level_as_apply_matches_the_live_state(nnx_saved):
+    path, state = nnx_saved
+    on = mesh((4, 2))
+    got = sr.load_orbax(path, NNX_RULES, on)  # no target: the checkpoint's metadata
+    assert set(got["up"]["kernel"]) == {"value"}  # restored as Orbax saved it
+    live = jax.tree_util.tree_leaves(sr.apply(state, NNX_RULES, on))  # up/kernel, not up/kernel/value
+    restored = jax.tree_util.tree_flatten_with_path(got)[0]
+    assert len(restored) == len(live) == 4
+    for (where, array), placed in zip(restored, live, strict=True):
+        assert array.sharding.spec == placed.sharding.spec, jax.tree_util.keystr(where)
+        np.testing.assert_array_equal(np.asarray(array), np.asarray(placed))
+    assert got["up"]["kernel"]["value"].sharding.spec == P(None, "model")  # not `default`'s auto(data)
+
+
+def test_an_nnx_checkpoint_whose_rules_match_nothing_is_warned_about_as_apply_warns(nnx_saved):
+    path, _ = nnx_saved
+    rules = sr.loads(
+        'mesh data, model\nrules params:\n  "up/kernal$" -> (_, model)\n  default -> replicated\n',
+        name="typo.shard",
+    )
+    with pytest.warns(sr.ShardRulesWarning) as caught:
+        sr.load_orbax(path, rules, mesh((4, 2)))
+    codes = [w.message.code for w in caught if isinstance(w.message, sr.ShardRulesWarning)]
+    assert "SR201" in codes, [str(w.message) for w in caught]
+    assert any("up/kernal$" in str(w.message) for w in caught)
+
+
+def test_a_leaf_named_value_in_another_tree_keeps_its_segment(tmp_path):
+    tree = {"critic": {"value": np.ones((8, 4), np.float32)}, "w": np.ones((8, 4), np.float32)}
+    rules = sr.loads(
+        'mesh data, model\nrules params:\n  "critic/value$" -> (data, _)\n  "w$" -> (_, model)\n',
+        name="v.shard",
+    )
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp_path / "c", tree)
+    checkpointer.wait_until_finished()
+    got = sr.load_orbax(tmp_path / "c", rules, mesh((4, 2)))
+    assert got["critic"]["value"].sharding.spec == P("data", None)
+    assert got["w"].sharding.spec == P(None, "model")

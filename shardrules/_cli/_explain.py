@@ -23,13 +23,30 @@ def _listed(spec: Any) -> list[Any] | None:
 
 
 def _html(result: _lint.Result, args: argparse.Namespace, step_cost: Any) -> None:
-    if not args.html or result.plan is None:
+    """Write `--html`'s page: the plan of `--shapes`, or without them the plan
+    of the step's own argument of the group (`_step.argument_plan`), with the
+    step's cost. Where there is no plan to show, the page is not written and
+    the command says why: after the rules' errors (exit status 1, as they
+    give), or as a usage error (status 2)."""
+    if not args.html:
         return
+    plan = result.plan if result.plan is not None else getattr(args, "step_plan", None)
+    if plan is None:
+        if result.errors:
+            print(
+                f"shardrules explain: --html {args.html}: not written: the rules have errors", file=sys.stderr
+            )
+            return
+        group = args.group or "params"
+        raise _lint.UsageError(
+            f"--html {args.html}: no plan to write: give the shapes to plan for (--shapes SOURCE), or a "
+            f"step whose in_groups give exactly one of its example arguments the group `{group}`"
+        )
     from .._reports._html import page
 
     try:
         cost = None if step_cost is None else recorded(step_cost, args.step)
-        Path(args.html).write_text(page(result.plan, cost=cost), encoding="utf-8")
+        Path(args.html).write_text(page(plan, cost=cost), encoding="utf-8")
     except OSError as err:
         raise _lint.UsageError(f"--html {args.html}: cannot write: {err}") from None
 
@@ -59,10 +76,10 @@ def write_text(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
         pictures = _render.pictures(result.plan, args.path, args.pictures)
         if pictures:
             out.write("\n" + "\n".join(pictures) + "\n")
-    _html(result, args, step_cost)
     if result.diagnostics:
         out.flush()
         _render.write_text([result], sys.stderr)
+    _html(result, args, step_cost)
 
 
 def _leaves(plan: Plan, path_filter: str | None, hosts: int | None) -> list[dict[str, Any]]:

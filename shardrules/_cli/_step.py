@@ -298,6 +298,8 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         result.diagnostics = ordered(dict.fromkeys([*kept, *rules.kept(err.diagnostics)]))
         return
     args.decisions, args.scopes = traced.decisions, traced.scopes
+    if getattr(args, "html", None) and result.plan is None:  # no --shapes: plan the step's own argument
+        args.step_plan = argument_plan(step, step_args, rules, args.step_sizes, args.group or "params")
     found = [*findings(traced.decisions, rules), *traced.unmatched]
     max_ratio, max_peak = getattr(args, "max_flops_ratio", None), getattr(args, "max_peak_bytes", None)
     if getattr(args, "cost", False) or max_ratio is not None or max_peak is not None:
@@ -307,6 +309,25 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
             args.step_cost, traced.decisions, max_ratio, max_peak, span, args, step.donate
         )
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *rules.kept(found)]))
+
+
+def argument_plan(
+    step: Any, step_args: Sequence[Any], rules: RuleSet, sizes: Mapping[str, int] | None, group: str
+) -> Any:
+    """The plan of the one example argument of the step that its `in_groups`
+    gives `group` (the parameters, for `params`), as `shardrules.plan` makes
+    it on the mesh the step is traced on; `None` when no argument, or more
+    than one, has that group."""
+    from .._planning._api import plan
+
+    groups = step.in_groups
+    if groups is None:
+        return None
+    groups = (groups,) * len(step_args) if isinstance(groups, str) else tuple(groups)
+    picked = [arg for arg, g in zip(step_args, groups, strict=False) if g == group]
+    if len(picked) != 1:
+        return None
+    return plan(picked[0], rules, dict(sizes) if sizes is not None else None, group=group)
 
 
 def costs(spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None]]) -> dict[str, Any]:

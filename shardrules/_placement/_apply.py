@@ -83,7 +83,9 @@ def apply(
 
     After placing, a `ShardRulesWarning` (a `UserWarning`: Python's warning
     filters control it) also names each rule of the group that matches no leaf
-    of the tree (SR201): a pattern written for other paths.
+    of the tree (SR201): a pattern written for other paths. (Where the
+    group's `default` takes leaves such a rule, or a rule anchored with `^`,
+    was evidently written for, `apply` raises SR125 before anything moves.)
 
     **Returns:** a pytree like `tree` whose arrays are sharded `jax.Array`s.
 

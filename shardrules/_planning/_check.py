@@ -7,7 +7,8 @@ Codes (catalogue: docs/diagnostics.md):
 - SR110 (error): bytes per device over the memory budget.
 - SR116 (error; a warning from `apply` and `jit`): the replicated share of the
   plan's bytes over the tolerance.
-- SR201 (warning): a rule that matches no leaf.
+- SR201 (warning): a rule that matches no leaf (unless a catch-all takes
+  leaves it was written for: SR125, an error, from `_catchall`).
 - SR202 (warning): a rule whose every leaf is taken by earlier rules.
 - SR203 (warning): a sharded spec on a scalar.
 - SR204 (warning): a large array fully replicated.
@@ -41,8 +42,12 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
     winners = {id(leaf.rule) for leaf in arrays if leaf.rule is not None}
     paths = [leaf.path for leaf in arrays]
     groups: dict[bytes, list[int]] | None = None
+    # A rule SR125 names (a catch-all takes leaves it was written for) is that error, not also SR201.
+    named = {(d.span.file, d.span.line) for d in plan.diagnostics if d.code == "SR125" and d.span is not None}
     for rule in plan.rules.group(plan.group):
         if id(rule) in winners or rule.pattern is None:
+            continue
+        if rule.span is not None and (rule.span.file, rule.span.line) in named:
             continue
         if groups is None:
             groups = by_key(paths)  # as in matching: digit-blind patterns tried once per key

@@ -25,7 +25,7 @@ from .._interop._paths import LeafInfo, flat_keys, flat_paths, flatten, is_key_d
 from .._language._format import spec_text
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
-from . import _logical, _named_dims
+from . import _catchall, _logical, _named_dims
 from ._dtypes import jax_holds, unholdable
 from ._match import Matcher
 from ._mesh import MeshLike, absent_axes, sizes_of
@@ -180,6 +180,7 @@ def _compile(
     if unmatched:
         diagnostics.append(_unmatched(unmatched, rules, group))
     diagnostics.extend(_leaves.diagnostics(unseen))
+    diagnostics.extend(_catchall.findings(paths, kinds, parts, group_rules))  # SR125
     return Plan(LeafPlans(paths, kinds, parts), treedef, tuple(diagnostics), group, rules, mesh)
 
 
