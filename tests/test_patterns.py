@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardrules as sr
-from shardrules._language import _regex
+from shardrules._language import _regex, _sets
 from shardrules._planning._match import Matcher
 
 REALISTIC = [
@@ -138,6 +139,101 @@ def test_a_rule_regex_is_the_re2_pattern_it_is_matched_with():
     rule = sr.loads('rules params:\n  "experts/\\d+/up" -> replicated\n').group("params")[0]
     assert rule.regex.search("layers/0/experts/12/up") is not None
     assert rule.regex.search("layers/0/experts/x/up") is None
+
+
+# Classes that Python's parser warns about (`FutureWarning`: one day nested sets
+# and set operations), refused in its words; and look-alikes it reads as before.
+AMBIGUOUS_SETS = {
+    r"[[a]": "possible nested set at position 1",
+    r"x[a--b]": "possible set difference at position 3",
+    r"[a&&b]": "possible set intersection at position 2",
+    r"[a~~b]": "possible set symmetric difference at position 2",
+    r"[a||b]": "possible set union at position 2",
+    r"[]&&]": "possible set intersection at position 2",  # a leading `]` is a character
+    r"[^]&&]": "possible set intersection at position 3",
+    r"[\d--]": "possible set difference at position 3",
+    r"(?x)[a&&] # [[": "possible set intersection at position 6",  # in verbose mode too
+    r"(?x:a)#[[a]": "possible nested set at position 8",  # verbose mode ends with its group
+    r"(?x)(?-x:#[[a])": "possible nested set at position 11",
+    r"(?#[[)[a||b]": "possible set union at position 8",
+    r"(?P<n>a)[\N{EM DASH}&&x]": "possible set intersection at position 20",
+}
+NOT_AMBIGUOUS = [r"[\[a]", r"[a\-\-b]", r"[&&]", r"[-&]", r"[a&]", r"a||b", r"[^[a]", r"\[\[a\]"]
+NOT_AMBIGUOUS_REFUSED = [r"(?x)a # [[", r"(?#[[)a", "(?x:a # [[\n)b"]  # refused for other reasons
+
+
+@pytest.mark.parametrize(("pattern", "words"), sorted(AMBIGUOUS_SETS.items()))
+def test_classes_python_warns_about_are_refused_in_its_words_and_it_never_warns(pattern, words):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(sr.RuleSyntaxError) as info:
+            sr.loads(_rule_file(pattern), name="sets.shard")
+    assert not caught, [str(w.message) for w in caught]
+    err = info.value
+    assert err.code == "SR017"
+    assert f"a character class that Python and RE2 read differently ({words})" in err.diagnostics[0].message
+    assert "escape `[`, `-`, `&`, `~` and `|` inside a class" in err.hint
+
+
+@pytest.mark.parametrize("pattern", NOT_AMBIGUOUS + NOT_AMBIGUOUS_REFUSED)
+def test_look_alikes_python_reads_as_before_are_not_taken_for_sets(pattern):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _regex.check(pattern)
+            accepted = True
+        except _regex.UnsupportedPattern as err:
+            assert "read differently" not in err.reason, err.reason
+            accepted = False
+    assert not caught, [str(w.message) for w in caught]
+    assert accepted == (pattern in NOT_AMBIGUOUS)
+
+
+_SET_TOKENS = st.sampled_from(
+    [
+        *"[]-&~|^\\()?:#x \nPan<>=!{},1",
+        *("(?x)", "(?x:", "(?-x:", "(?i-x:", "(?#", "(?P<n>", "(?P=n)", "(?(1)", "(?<="),
+        *(r"\N{", r"\N{EM DASH}", r"\x2d", r"\0", r"\d", "[[", "--", "&&", "||", "~~", "[^"),
+    ]
+)
+
+
+def _python_parse(pattern: str) -> tuple[str | None, bool]:
+    """Python's first `FutureWarning` about `pattern` (parsed afresh: `re`
+    caches), and whether it is a syntax error."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _regex._p.parse(pattern)
+            error = False
+        except (re.error, OverflowError, ValueError, RecursionError):
+            error = True
+    future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    return (future[0] if future else None), error
+
+
+@settings(deadline=None, max_examples=1500)
+@given(pattern=st.lists(_SET_TOKENS, min_size=1, max_size=14).map("".join))
+def test_sets_are_found_exactly_where_python_warns(pattern: str) -> None:
+    """Where Python's parser warns about a class, the check refuses the
+    pattern in the same words; where it parses the pattern without a warning,
+    the check finds no set (where Python's syntax error comes first, either
+    may be said). The check itself never lets Python warn."""
+    python, error = _python_parse(pattern)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _regex.check(pattern)
+            reason = None
+        except _regex.UnsupportedPattern as err:
+            reason = err.reason
+        except (re.error, OverflowError, ValueError, RecursionError):
+            reason = None
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], pattern
+    if python is not None:
+        assert reason is not None and f"({python.lower()})" in reason, (pattern, python, reason)
+    elif not error:
+        assert _sets.ambiguous_set(pattern) is None, pattern
 
 
 # ------------------------------------------------------------- differential

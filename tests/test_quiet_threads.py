@@ -153,3 +153,55 @@ def test_the_command_lines_step_trace_changes_no_warning_filter(tmp_path, monkey
     assert seen and all(filters == before for filters in seen)
     assert [d.code for d in traced.unmatched] == ["SR211"]  # comes back as a finding, not a warning
     assert not [w for w in caught if issubclass(w.category, sr.ShardRulesWarning)]
+
+
+def test_rule_files_loaded_in_many_threads_change_no_filter_and_drop_no_warning() -> None:
+    """Patterns are checked for the classes Python warns about (`[[`, `--`, ...)
+    without catching its warning: threads loading rule files at once leave the
+    filters as they were, and a warning that another thread makes meanwhile
+    (a `FutureWarning` too) is shown, not raised or dropped."""
+    loaders, rounds, made = 6, 30, 400
+    start = threading.Barrier(loaders + 1)
+    errors: list[BaseException] = []
+
+    def loading(n: int) -> None:
+        try:
+            start.wait(120)
+            for i in range(rounds):
+                text = f'rules params:\n  "w{n}_{i}/[a-z]+$" -> replicated\n' + "".join(
+                    f'  "b{j}/(q|k)_[0-9]+/kernel$" -> replicated\n' for j in range(20)
+                )
+                assert len(sr.loads(text).group("params")) == 21
+                with pytest.raises(sr.RuleSyntaxError, match="SR017") as info:
+                    sr.loads(f'rules params:\n  "w{n}_{i}[a--z]" -> replicated\n')
+                assert "possible set difference at position" in str(info.value)
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    def warning() -> None:
+        try:
+            start.wait(120)
+            for i in range(made):
+                warnings.warn(f"other {i}", FutureWarning if i % 2 else UserWarning, stacklevel=1)
+        except BaseException as err:  # a FutureWarning made an error by another thread's filter
+            errors.append(err)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns often: the races are met, not hoped for
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            before = list(warnings.filters)
+            threads = [threading.Thread(target=loading, args=(n,)) for n in range(loaders)]
+            threads.append(threading.Thread(target=warning))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            assert list(warnings.filters) == before
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors
+    other = [str(w.message) for w in caught if str(w.message).startswith("other ")]
+    assert other == [f"other {i}" for i in range(made)]
+    assert not [w for w in caught if not str(w.message).startswith("other ")]  # Python's parser warned none

@@ -4,11 +4,13 @@ the same step on one device."""
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
@@ -127,6 +129,56 @@ def test_compare_counts_the_arrays_that_differ_among_those_compared():
     assert "largest difference at `forgot`" in str(result)
     same = step.compare({"x": np.ones((16, 4), np.float32)}, rtol=1, atol=100)
     assert same.ok and same.different == () and ": 4 output arrays compared; largest" in str(same), same
+
+
+def sgd_at(params, batch, extra):
+    """`sgd` with an argument that no group lays out: a learning rate, and a mask on `up`'s gradient."""
+    grads = jax.grad(loss)(params, batch)
+    grads = {**grads, "up": grads["up"] * extra["mask"]}
+    return jax.tree.map(lambda p, g: p - extra["lr"] * g, params, grads)
+
+
+TP = 'mesh data=4, model=2\nrules params:\n  "up" -> (_, model)\n  "down" -> (model, _)\nrules inputs:\n  "x" -> (data, _)\n'
+
+
+@pytest.mark.parametrize("ambient", [False, True], ids=["", "inside-set_mesh"])
+@pytest.mark.parametrize("given", ["numpy", "placed"])
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+def test_compare_takes_arguments_with_and_without_a_group_however_they_are_given(kind, given, ambient):
+    """The one-device run gets every argument leaf as a plain value on its
+    device: arrays placed on the step's mesh (by `sr.apply`, or laid out
+    there with no group) as well as NumPy arrays, inside `jax.set_mesh` too."""
+    rules = sr.loads(TP, name="tp.shard")
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    step = sr.jit(sgd_at, rules, mesh, in_groups=("params", "inputs", None), out_groups="params")
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(np.float32), PARAMS)
+    batch = jax.tree.map(lambda s: rng.standard_normal(s.shape).astype(np.float32), BATCH)
+    extra = {"lr": np.float32(0.1), "mask": (rng.random((64, 256)) > 0.5).astype(np.float32)}
+    if given == "placed":
+        params = sr.apply(params, rules, mesh, group="params")
+        batch = sr.apply(batch, rules, mesh, group="inputs")
+        extra = {
+            "lr": jax.device_put(extra["lr"], NamedSharding(mesh, P())),
+            "mask": jax.device_put(extra["mask"], NamedSharding(mesh, P(None, "model"))),
+        }
+    with jax.set_mesh(mesh) if ambient else contextlib.nullcontext():
+        result = step.compare(params, batch, extra, rtol=1e-4, atol=1e-5)
+    assert result.ok, result
+    assert {leaf.path for leaf in result.leaves} == {"up", "down"}
+    assert result.worst is not None and result.worst.max_abs < 1e-4
+    assert isinstance(extra["mask"], np.ndarray) or extra["mask"].sharding.mesh == mesh  # moved, not changed
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+def test_cost_inside_set_mesh_compiles_the_one_device_step_on_its_own_mesh(kind):
+    step = _step(DP, kind)
+    with jax.set_mesh(step.mesh):
+        cost = step.cost(PARAMS, BATCH)
+    assert cost.ratio is not None and 0.95 <= cost.ratio <= 1.10, cost
+    assert cost.ideal_flops_per_device == pytest.approx(
+        _step(DP, kind).cost(PARAMS, BATCH).ideal_flops_per_device
+    )
 
 
 def test_scopes_of_hlo_op_names():

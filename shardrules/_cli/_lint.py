@@ -15,7 +15,7 @@ from typing import Any
 from .._errors import Diagnostic, IncludeNotFoundError, ShardRulesError, ordered
 from .._language._load import iter_rules, load_partial
 from .._language._rules import RuleSet
-from .._planning import _check
+from .._planning import _check, _memory
 from .._planning._choice import alternative_warnings
 from .._planning._compile import compile_plan
 from .._planning._hosts import HostsError, check_hosts
@@ -171,7 +171,7 @@ def lint_file(
         else:
             found += the_plan.diagnostics
             if device_memory is not None:
-                found += _check.memory_diagnostics(the_plan, device_memory)
+                found += _memory.memory_diagnostics(the_plan, device_memory)
             found += _check.rule_warnings(the_plan)
             found += _check.replication_warnings(the_plan, replicated_threshold)
             found += _check.tolerance_diagnostics(the_plan, replicated_tolerance, replicated_threshold)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import re2
+
+from . import _sets
 
 # Python's own regex parser (the one `re.compile` uses); private, so untyped.
 _p: Any = importlib.import_module("re._parser")
@@ -65,16 +66,16 @@ def check(pattern: str) -> int:
     """Raise `re.error` if `pattern` is not a Python regular expression, and
     `UnsupportedPattern` if RE2 cannot match it or would read it otherwise;
     else return the size of its compiled program (RE2 instructions)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        try:
-            parsed = _p.parse(pattern)
-        except FutureWarning as warning:  # `[[`, `--`, `&&`...: a set that RE2 reads otherwise
-            raise UnsupportedPattern(
-                f"a character class that Python and RE2 read differently ({str(warning).lower()})",
-                "escape `[`, `-`, `&`, `~` and `|` inside a class with `\\`, and write POSIX classes "
-                "as ranges: `[a-z]` rather than `[[:lower:]]`",
-            ) from None
+    # `[[`, `--`, `&&`...: a set that RE2 reads otherwise, and Python warns about. Found
+    # before parsing, so that Python never warns: catching its warning would change the
+    # process's warning filters, which is not thread-safe (see `_sets`).
+    if (ambiguous := _sets.ambiguous_set(pattern)) is not None:
+        raise UnsupportedPattern(
+            f"a character class that Python and RE2 read differently ({ambiguous.lower()})",
+            "escape `[`, `-`, `&`, `~` and `|` inside a class with `\\`, and write POSIX classes "
+            "as ranges: `[a-z]` rather than `[[:lower:]]`",
+        )
+    parsed = _p.parse(pattern)
     _constructs(_items(parsed))  # what is left to Python's compiler (lookbehind width) is refused here
     if parsed.state.flags & re.VERBOSE:
         raise UnsupportedPattern(

@@ -18,7 +18,7 @@ from .._interop._penzai import arrays_of
 from .._interop._torchax import to_jax
 from .._language._rules import RuleSet
 from .._language._sizes import byte_size
-from .._planning import _check, _inputs, _mesh
+from .._planning import _check, _inputs, _memory, _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
 from .._planning._compile import compile_leaves
@@ -135,7 +135,7 @@ def apply(
     budget = byte_size(device_memory) if device_memory is not None else _mesh.memory_limit(resolved)
     problems = _inputs.placement_diagnostics(the_plan, arrays_of(leaves)[0], resolved)
     if budget is not None:
-        problems += _check.memory_diagnostics(the_plan, budget)
+        problems += _memory.memory_diagnostics(the_plan, budget)
     if problems:
         raise error_for(problems, ruleset.sources)
     result = place(the_plan, leaves, resolved, ruleset)

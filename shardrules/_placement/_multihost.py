@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from .._errors import Diagnostic, ShardRulesError, error_for
 from .._interop._penzai import arrays_of
 from .._language._rules import RuleSet
-from .._planning import _check, _inputs, _mesh
+from .._planning import _inputs, _memory, _mesh
 from .._planning._compile import compile_leaves
 from .._planning._concrete import is_concrete, unconstrained_diagnostics
 from .._planning._plan import LeafPlan, Plan, spec_repr
@@ -228,7 +228,7 @@ def prepare(
     if not problems:
         problems += _inputs.placement_diagnostics(the_plan, arrays, mesh)
         if budget is not None:
-            problems += _check.memory_diagnostics(the_plan, budget)
+            problems += _memory.memory_diagnostics(the_plan, budget)
     rows, same, specs = _fingerprints(the_plan, arrays, mesh, verify, bool(problems), process_local)
     what = f"apply(group={group!r})"
     the_mesh = _fingerprint.mesh_fingerprint(mesh)

@@ -18,7 +18,7 @@ from jax.core import Tracer
 from .._errors import Diagnostic, Span, error_for
 from .._interop._penzai import arrays_of
 from .._interop._torchax import to_jax
-from .._planning import _check, _mesh
+from .._planning import _check, _memory, _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
 from .._planning._compile import compile_leaves
@@ -135,7 +135,7 @@ def _prepare(
     if not problems:
         budget = _mesh.memory_limit(resolved)
         if budget is not None:
-            problems = _check.memory_diagnostics(the_plan, budget)
+            problems = _memory.memory_diagnostics(the_plan, budget)
     return the_plan, leaves, restore, ruleset, resolved, problems
 
 

@@ -27,7 +27,7 @@ from .._interop._torchax import to_jax
 from .._language._load import load
 from .._language._rules import RuleSet
 from .._language._sizes import byte_size
-from . import _check, _inputs, _mesh
+from . import _check, _inputs, _memory, _mesh
 from ._check import DEFAULT_REPLICATED_THRESHOLD, DEFAULT_REPLICATED_TOLERANCE
 from ._compile import compile_plan
 from ._concrete import require_concrete
@@ -98,7 +98,7 @@ def plan(
         _check.tolerance_diagnostics(compiled, replicated_tolerance, byte_size(replicated_threshold)) + extra
     )
     if device_memory is not None:
-        extra = _check.memory_diagnostics(compiled, byte_size(device_memory)) + extra
+        extra = _memory.memory_diagnostics(compiled, byte_size(device_memory)) + extra
     return dataclasses.replace(compiled, diagnostics=tuple(ruleset.kept((*compiled.diagnostics, *extra))))
 
 
@@ -142,7 +142,7 @@ def check(
         the_plan = rules
         found = list(the_plan.diagnostics)
         if device_memory is not None:
-            found += _check.memory_diagnostics(the_plan, byte_size(device_memory))
+            found += _memory.memory_diagnostics(the_plan, byte_size(device_memory))
     else:
         the_plan = plan(
             tree,

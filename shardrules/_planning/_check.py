@@ -1,10 +1,9 @@
 """Checks on a compiled plan beyond "does it compile": warnings about the rules,
-the per-device memory budget, the replicated share (where input arrays already
+the replicated share (the memory budget: `_memory`; where input arrays already
 live: `_inputs`).
 
 Codes (catalogue: docs/diagnostics.md):
 
-- SR110 (error): bytes per device over the memory budget.
 - SR116 (error; a warning from `apply` and `jit`): the replicated share of the
   plan's bytes over the tolerance.
 - SR201 (warning): a rule that matches no leaf (unless a catch-all takes
@@ -360,37 +359,6 @@ def _names_used(rule: Rule) -> tuple[str, ...]:
         return rule.spec.axes
     refs = [*rule.written.entries, *([rule.written.auto_axes] if rule.written.auto_axes else [])]
     return tuple(r.name for entry in refs for r in entry.axes)
-
-
-def memory_diagnostics(plan: Plan, budget: int) -> list[Diagnostic]:
-    """SR110: the plan puts more than `budget` bytes on a device."""
-    need = plan.bytes_per_device
-    if need <= budget:
-        return []
-    by_rule: dict[int, tuple[LeafPlan, int, int]] = {}
-    for leaf in plan.leaves:
-        if leaf.bytes_per_device:
-            first, total, count = by_rule.get(id(leaf.rule), (leaf, 0, 0))
-            by_rule[id(leaf.rule)] = (first, total + leaf.bytes_per_device, count + 1)
-    first, total, count = max(by_rule.values(), key=lambda item: item[1])
-    rule = first.rule
-    source = (
-        f"the rule at {rule.location}"
-        if rule is not None
-        else f"leaves replicated without a rule ({first.why})"
-    )
-    return [
-        Diagnostic(
-            "SR110",
-            "error",
-            f"each device needs {format_bytes(need)} under this plan, over the budget of {format_bytes(budget)}",
-            None if rule is None else rule.span,
-            None,
-            f"the largest part, {format_bytes(total)} over {plural(count, 'leaf', 'leaves')} "
-            f"(e.g. `{first.path}`), comes from {source}; shard those leaves over more mesh axes, "
-            "or use a bigger mesh",
-        )
-    ]
 
 
 def all_warnings(plan: Plan, replicated_threshold: int = DEFAULT_REPLICATED_THRESHOLD) -> list[Diagnostic]:

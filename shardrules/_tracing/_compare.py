@@ -9,13 +9,17 @@ be shown not to change the results.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+from jax.core import Tracer
 
 from .._interop._paths import flatten, path_str
+from ._compat import trace_state_clean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +90,32 @@ class Comparison:
             f"{said}; largest difference at `{worst.path or '(output)'}` "
             f"{worst.shape}: {worst.max_abs:.3g} absolute, {worst.max_rel:.3g} relative"
         )
+
+
+def on_one_device(run: Callable[..., Any], args: tuple[Any, ...], mesh: Any) -> Any:
+    """`run(*args)` as the one-device run on `mesh` (`one_device_mesh`'s):
+    with `mesh` JAX's mesh, and each array leaf of `args`, grouped or not, a
+    plain value on its device.
+
+    An array laid out on the step's mesh (placed by `sr.apply`, an output of
+    the step, made under `jax.set_mesh`) carries that mesh with it: in its
+    type on Explicit axes, in its committed sharding on Auto ones; and the
+    caller's `jax.set_mesh(...)` is the mesh JAX checks every argument
+    against. Left so, the one-device run is refused (JAX's "incompatible
+    devices", or its context mesh not matching an argument's), and a group's
+    layout would move only the leaves that have a group. Here every leaf is
+    on the one device, and the run lays it out as its group says there.
+    NumPy arrays and Python scalars carry no mesh, and are left as they are."""
+    device = mesh.devices.flat[0]
+
+    def one(leaf: Any) -> Any:
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer):
+            return jax.device_put(leaf, device)
+        return leaf
+
+    moved = tuple(jax.tree.map(one, a) for a in args)
+    with jax.set_mesh(mesh) if trace_state_clean() else contextlib.nullcontext():
+        return run(*moved)
 
 
 def compare_outputs(sharded: Any, single: Any, rtol: float, atol: float) -> Comparison:

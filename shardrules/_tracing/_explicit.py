@@ -316,7 +316,8 @@ def stacked_error(
     from .._errors import Diagnostic, error_for
     from .._planning._plan import spec_str
 
-    spec = entries(spec_of(value))
+    laid = spec_of(value)
+    spec = entries(laid)
     axes = ", ".join(f"`{a}`" for a in entry_axes(spec[0]))
     label, rule = origin if origin is not None else ("", None)
     where = f"in scope `{path}`" if path else "outside every named scope"
@@ -334,7 +335,7 @@ def stacked_error(
         "SR117",
         "error",
         f"`scan` {where}{at} loops over dimension 0 of its scanned operand {index}, "
-        f"{tuple(value.shape)} {spec_str(spec)}{which}, which is sharded over {axes}: on this mesh's "
+        f"{tuple(value.shape)} {spec_str(laid)}{which}, which is sharded over {axes}: on this mesh's "
         "Explicit axes JAX cannot slice one step out of a dimension split across devices",
         rule.span if rule is not None else None,
         path or None,

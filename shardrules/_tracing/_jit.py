@@ -18,7 +18,7 @@ from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._quiet import quiet
 from . import _slips
-from ._compare import Comparison, compare_outputs
+from ._compare import Comparison, compare_outputs, on_one_device
 from ._compat import trace_state_clean
 from ._constrain import Traced, constrained
 from ._cost import StepCost, cost_of, one_device_mesh, shapes_only
@@ -355,8 +355,8 @@ class RuleJit:
             compiled = self.lower(*shapes_only(args)).compile()
             one_device = None
             if ideal:
-                one = self._like(one_device_mesh(entry.mesh))
-                one_device = one.lower(*shapes_only(args)).compile()
+                one = one_device_mesh(entry.mesh)
+                one_device = on_one_device(self._like(one).lower, shapes_only(args), one).compile()
         return cost_of(compiled, int(entry.mesh.devices.size), one_device)
 
     def compare(self, *args: Any, rtol: float = 1e-5, atol: float = 1e-6) -> Comparison:
@@ -375,7 +375,8 @@ class RuleJit:
         mesh = self._entry(args).mesh
         with quiet():  # told once already, when the step was traced for its mesh
             sharded = self._like(mesh)(*args)
-            single = self._like(one_device_mesh(mesh))(*args)
+            one = one_device_mesh(mesh)
+            single = on_one_device(self._like(one), args, one)
         return compare_outputs(sharded, single, rtol, atol)
 
     def _like(self, mesh: Mesh) -> RuleJit:
