@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import shardrules as sr
 from shardrules._cli._main import main
-from shardrules._planning import _catchall
+from shardrules._planning import _catchall, _meant
 from shardrules._planning._segments import catch_all
 
 SIZES = {"fsdp": 4, "model": 2}
@@ -371,3 +371,29 @@ def test_every_anchor_miss_is_reported_and_every_fix_offered_works(case):
         )
         again = sr.plan(tree, sr.loads(new), SIZES)
         assert again[d.path].why == "rule", (d.render(), new)
+
+
+# ------------------------------------------------------------------ cost
+
+
+def test_leaves_are_looked_at_one_by_one_only_for_the_patterns_that_tell_digits_apart():
+    # Many default leaves with one key; a pattern written with a digit (`wi_0`) may hit
+    # some of them, so each is looked at, but only against that pattern: the forty
+    # others treat digits alike (looked at once for the key), or name what the tree
+    # lacks (not looked at).
+    tree = {f"dec/layers/{i}/mlp/wi_1/kernel": S(8, 8) for i in range(300)}
+    text = (
+        "rules params:\n"
+        + "".join(f'  "^enc{j}/layers/\\d+/mlp/wi_1/kernel$" -> (fsdp, _)\n' for j in range(20))
+        + "".join(f'  "^tower/layers/[a-z]+/mlp{j}x/kernel$" -> (fsdp, _)\n' for j in range(20))
+        + '  "^mlp/wi_0/kernel" -> (fsdp, _)\n'
+        + "  default -> replicated\n"
+    )
+    calls = []
+    real = _meant.Leaves._line_ups
+    counted = lambda self, alt, segments: calls.append(1) or real(self, alt, segments)  # noqa: E731
+    with mock.patch.object(_meant.Leaves, "_line_ups", counted):
+        found = findings(text, tree)
+    assert codes_of(found).count("SR201") == 41 and not coded(found, "SR125")
+    assert calls  # the pattern with a digit is looked at
+    assert len(calls) < 3 * len(tree)

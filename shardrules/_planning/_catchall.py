@@ -48,7 +48,7 @@ from .._language._format import spec_text
 from .._language._regex import path_bytes, searcher
 from .._language._rules import Rule
 from ._match import path_keys
-from ._meant import EACH, Hit, Leaves
+from ._meant import Each, Hit, Leaves
 from ._segments import Alternative, alternatives, catch_all, escape
 
 
@@ -111,8 +111,8 @@ def findings(
             if found_verdict is not None:
                 found, verdict = found_verdict
                 shape, dtype = parts[kinds[i]][0], parts[kinds[i]][1]
-                if verdict is EACH:
-                    hit = found.hit(paths[i], shape, dtype)
+                if isinstance(verdict, Each):
+                    hit = found.hit(verdict, paths[i], shape, dtype)
                 elif isinstance(verdict, list):
                     hit = found.resolve(verdict, paths[i], shape)
                 else:

@@ -6,7 +6,9 @@ Most leaves of a large tree share their path's key (`path_key`: digits as
 `0`) with many others, and a pattern that treats all digits alike lines up
 the same with all of them: such leaves are looked at once (`Leaves.verdict`).
 Where a pattern tells digits apart, each path is looked at on its own, but
-only where the pattern with those segments relaxed (matching any) could hit.
+only where the pattern with those segments relaxed (matching any) could hit,
+and against that pattern alone (`Each`). A pattern that names what the path
+lacks is not looked at (`Alternative.needed`).
 A rule that takes leaves is blamed for its `^` only where the leaf is a copy
 of one it takes, which depends on the path itself: `Leaves.resolve`.
 """
@@ -21,7 +23,6 @@ from .._language._regex import path_bytes
 from .._language._rules import Rule
 from ._segments import Alternative
 
-EACH: Any = object()  # `Leaves.verdict`: each path decides
 ZEROS = str.maketrans("123456789", "000000000")  # a name as `path_key` writes it
 
 
@@ -41,6 +42,16 @@ class Hit:
     @property
     def rank(self) -> tuple[int, int, int]:
         return (self.how != "names", self.k, -self.rule.index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Each:
+    """`Leaves.verdict` where each path decides: the hits (to `resolve`) of the
+    patterns that treat digits alike, and the patterns that tell digits apart
+    and may hit a path with the key."""
+
+    hits: list[Hit]
+    sharp: list[tuple[Rule, Alternative]]
 
 
 class Leaves:
@@ -84,23 +95,29 @@ class Leaves:
         (`path_key`): the rule each was meant for (a `Hit`, the same for them
         all), `None` for none, a list of hits to `resolve` for each path (the
         best first: an anchor of a rule that takes leaves is blamed only where
-        the path's own leaf is a copy), or `EACH` where a pattern that tells
-        digits apart may hit (each path is then looked at with `hit`)."""
+        the path's own leaf is a copy), or an `Each` where a pattern that tells
+        digits apart may hit (each path is then looked at with `hit`, for
+        those patterns only)."""
         candidates = self._candidates(path)
         if not candidates:
             return None
         segments = path.split("/")
-        if all(alt.blind for _, alt in candidates):
-            hits = self._hits(segments, shape, dtype, candidates, exact=False)
-            if not hits or hits[0].how != "anchor?":
-                return hits[0] if hits else None
-            return hits
-        return EACH if self._possible(segments, shape, dtype, candidates) else None
+        blind = [c for c in candidates if c[1].blind]
+        sharp = [c for c in candidates if not c[1].blind and self._possible(segments, shape, dtype, [c])]
+        hits = self._hits(segments, shape, dtype, blind, exact=False)
+        if sharp:
+            return Each(hits, sharp)
+        if not hits or hits[0].how != "anchor?":
+            return hits[0] if hits else None
+        return hits
 
-    def hit(self, path: str, shape: tuple[int, ...], dtype: Any) -> Hit | None:
-        """The rule the leaf at `path` was meant for, or `None`."""
-        hits = self._hits(path.split("/"), shape, dtype, self._candidates(path), exact=True)
-        return hits[0] if hits else None
+    def hit(self, each: Each, path: str, shape: tuple[int, ...], dtype: Any) -> Hit | None:
+        """The rule the leaf at `path` was meant for, or `None`: `each`'s hits
+        of the patterns that treat digits alike, and its other patterns tried
+        on the path itself."""
+        hits = self._hits(path.split("/"), shape, dtype, each.sharp, exact=True)
+        merged = sorted([*each.hits, *hits], key=lambda hit: hit.rank, reverse=True)
+        return self.resolve(merged, path, shape)
 
     def resolve(self, hits: list[Hit], path: str, shape: tuple[int, ...]) -> Hit | None:
         """The first of `hits` (a `verdict`) that holds for the leaf at `path`."""
@@ -116,8 +133,11 @@ class Leaves:
         self.found.setdefault((id(hit.rule), id(hit.alt), hit.how), []).append((path, shape, dtype, hit))
 
     def _candidates(self, path: str) -> list[tuple[Rule, Alternative]]:
+        """The candidates that may hit `path` (or any path with its key): those
+        whose last name it ends in, or that have none, and whose names the
+        path has (`Alternative.needed`)."""
         named = self.by_name.get(path[path.rfind("/") + 1 :].translate(ZEROS))
-        return [*named, *self.others] if named else self.others
+        return [c for c in ([*named, *self.others] if named else self.others) if c[1].needed(path)]
 
     def _possible(
         self,

@@ -61,6 +61,7 @@ class Alternative:
     tests: tuple[Any, ...]
     words: tuple[tuple[str, ...], ...]
     blinds: tuple[bool, ...]  # which segments treat all digits alike
+    cased: bool = True  # whether its names match only as written (no `(?i)`)
 
     @property
     def blind(self) -> bool:
@@ -73,6 +74,20 @@ class Alternative:
         path with that path's key (`path_key`)."""
         tests = tuple(t if b else _anything for t, b in zip(self.tests, self.blinds, strict=True))
         return dataclasses.replace(self, tests=tests, blinds=(True,) * len(tests))
+
+    def needed(self, path: str) -> bool:
+        """Whether every name written in the segments of this alternative
+        that line up with one of `path`'s in any way it can be meant for it
+        (its last two, and each of them where it ends in `$`) is in `path`:
+        where a segment matches, its names are in the path; where it does not,
+        the leaf is meant for the rule only if they are (`names_in`). Digits
+        are no part of a name, so all paths with one key agree."""
+        if not self.cased:
+            return True
+        n = path.count("/") + 1
+        m = len(self.words)
+        first = max(0, m - n) if self.dollar else max(0, m - 2)
+        return all(word in path for words in self.words[first:] for word in words)
 
     @property
     def last_name(self) -> str | None:
@@ -113,8 +128,17 @@ def alternatives(pattern: str) -> tuple[Alternative, ...]:
             words.append(tuple(_WORD.findall(_literals(parsed))))
             blinds.append(digit_blind(whole))
         if tests[-1] is not None:
-            out.append(Alternative(pattern, caret, dollar, spans, tuple(tests), tuple(words), tuple(blinds)))
+            out.append(
+                Alternative(
+                    pattern, caret, dollar, spans, tuple(tests), tuple(words), tuple(blinds), _cased(pattern)
+                )
+            )
     return tuple(out)
+
+
+def _cased(pattern: str) -> bool:
+    parsed = _parse(pattern)
+    return parsed is not None and not parsed.state.flags & re.IGNORECASE
 
 
 def _anything(segment: bytes) -> bool:
