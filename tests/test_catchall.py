@@ -219,6 +219,18 @@ def test_a_rule_for_another_model_stays_a_warning():
     assert codes_of(findings(text, tree)) == ["SR201"]
 
 
+def test_a_rule_naming_other_models_in_a_group_stays_a_warning():
+    # `(encoder|vision)` names what the path lacks as plainly as `encoder` does
+    tree = layers("decoder/")
+    for written in ("(encoder|vision)", "(?:encoder|vision)", "(enc|vision_)oder"):
+        text = f'rules params:\n  "{written}/layers/\\d+/mlp/up/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+        assert codes_of(findings(text, tree)) == ["SR201"], written
+    # a group one of whose texts the path has, or that writes no name, asks for nothing more
+    for written, prefix in (("(encoder|decoder)", "decoder_0/"), ("(a|b)", "c/")):
+        text = f'rules params:\n  "{written}/layers/\\d+/mlp/up/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+        assert codes_of(findings(text, layers(prefix))) == ["SR125"], written
+
+
 def test_an_anchor_meant_for_the_top_level_leaf_is_not_an_error():
     # `^w$` takes the top-level `w`; `block/w`, of another shape, is no copy of it
     text = 'rules params:\n  "^w$" -> (fsdp, model)\n  default -> replicated\n'

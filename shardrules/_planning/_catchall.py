@@ -31,7 +31,8 @@ the same file and group whose guard (if any) holds for it when either
    (or more) match, and every name (two letters or more) written in its
    segments that do not match, where they line up with one of the path's,
    is in the path (a rule for `encoder/.../attn/kernel` is not taken to mean
-   `decoder/.../attn/kernel`). The fix: the pattern with the path's own
+   `decoder/.../attn/kernel`; of a group naming a few, such as
+   `(encoder|vision)`, one). The fix: the pattern with the path's own
    segments, numbers as `\\d+`, in place of those that do not match.
 
 The fix offered is checked to match the leaf.

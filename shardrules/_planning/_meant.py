@@ -252,11 +252,12 @@ class Leaves:
 
 def names_in(alt: Alternative, k: int, j: int, path: str) -> bool:
     """Whether every name written in `alt`'s unmatched segments that line up
-    with one of the path's is in the path."""
+    with one of the path's is in the path (of a group of a few texts, such as
+    `(encoder|vision)`, the names of one of them)."""
     m = len(alt.spans)
     for t in range(k, m):
         if j - t < 0:  # the pattern has more segments than the path: nothing lines up
             break
-        if any(word not in path for word in alt.words[m - 1 - t]):
+        if not alt.named(m - 1 - t, path):
             return False
     return True

@@ -62,6 +62,7 @@ class Alternative:
     words: tuple[tuple[str, ...], ...]
     blinds: tuple[bool, ...]  # which segments treat all digits alike
     cased: bool = True  # whether its names match only as written (no `(?i)`)
+    choices: tuple[tuple[tuple[tuple[str, ...], ...], ...], ...] = ()  # per segment: `_choices`
 
     @property
     def blind(self) -> bool:
@@ -87,7 +88,16 @@ class Alternative:
         n = path.count("/") + 1
         m = len(self.words)
         first = max(0, m - n) if self.dollar else max(0, m - 2)
-        return all(word in path for words in self.words[first:] for word in words)
+        return all(self.named(i, path) for i in range(first, m))
+
+    def named(self, i: int, path: str) -> bool:
+        """Whether `path` has the names segment `i` writes: each of its plain
+        names, and for each of its groups of a few texts (`(encoder|vision)`)
+        the names of one of them."""
+        return all(word in path for word in self.words[i]) and all(
+            any(all(word in path for word in option) for option in choice)
+            for choice in (self.choices[i] if self.choices else ())
+        )
 
     @property
     def last_name(self) -> str | None:
@@ -110,13 +120,14 @@ def alternatives(pattern: str) -> tuple[Alternative, ...]:
         bounds = [first, *(s + 1 for s in slashes)]
         ends = [*slashes, last]
         spans = tuple(zip(bounds, ends, strict=True))
-        tests, words, blinds = [], [], []
+        tests, words, blinds, choices = [], [], [], []
         for i, (a, b) in enumerate(spans):
             text = pattern[a:b]
             parsed = _parse(text)
             if parsed is None or not _closed(list(parsed)):
                 tests.append(None)
                 words.append(())
+                choices.append(())
                 blinds.append(True)  # it matches no segment, whatever its digits
                 continue
             whole = f"(?:{text})"
@@ -126,11 +137,20 @@ def alternatives(pattern: str) -> tuple[Alternative, ...]:
                 whole += "(?s:.*)"
             tests.append(compiled(whole).fullmatch)
             words.append(tuple(_WORD.findall(_literals(parsed))))
+            choices.append(_choices(parsed))
             blinds.append(digit_blind(whole))
         if tests[-1] is not None:
             out.append(
                 Alternative(
-                    pattern, caret, dollar, spans, tuple(tests), tuple(words), tuple(blinds), _cased(pattern)
+                    pattern,
+                    caret,
+                    dollar,
+                    spans,
+                    tuple(tests),
+                    tuple(words),
+                    tuple(blinds),
+                    _cased(pattern),
+                    tuple(choices),
                 )
             )
     return tuple(out)
@@ -243,6 +263,42 @@ def _class_takes_slash(items: Any) -> bool:
 def _literals(parsed: Any) -> str:
     """The text a parsed segment spells out at its top level (runs apart)."""
     return "".join(chr(av) if op == _c.LITERAL else " " for op, av in _items(parsed))
+
+
+def _choices(parsed: Any) -> tuple[tuple[tuple[str, ...], ...], ...]:
+    """The groups at a segment's top level that spell out one of a few texts
+    (`(encoder|vision)`, `(?:self|cross)`): for each, the names of each text.
+    A group with a text that writes no name asks for none."""
+    out = []
+    for item in _items(parsed):
+        if item[0] in (_c.SUBPATTERN, _c.BRANCH):
+            texts = _texts([item])
+            if texts is not None:
+                options = tuple(tuple(_WORD.findall(text)) for text in texts)
+                if all(options):
+                    out.append(options)
+    return tuple(out)
+
+
+def _texts(items: list[Any], limit: int = 32) -> list[str] | None:
+    """Every text `items` match, where they are literals and groups of
+    alternatives of literals (at most `limit`), else `None`."""
+    texts = [""]
+    for op, av in items:
+        if op == _c.LITERAL:
+            texts = [text + chr(av) for text in texts]
+            continue
+        if op == _c.SUBPATTERN:
+            inner = _texts(_items(av[-1]), limit)
+        elif op == _c.BRANCH:
+            each = [_texts(_items(branch), limit) for branch in av[1]]
+            inner = None if any(e is None for e in each) else [t for e in each for t in e or ()]
+        else:
+            return None
+        if inner is None or len(texts) * len(inner) > limit:
+            return None
+        texts = [text + tail for text in texts for tail in inner]
+    return texts
 
 
 def escape(text: str) -> str:
