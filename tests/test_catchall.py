@@ -141,6 +141,49 @@ def test_lint_exits_1_and_json_carries_the_code(tmp_path: Path, capsys):
     assert '"SR125"' in text and '"error"' in text
 
 
+def train_state(wrap=lambda p: p):
+    """A train state as Flax's `TrainState` holds one: the parameters without
+    their `params` collection, the optimizer's moments of them (no `params`)."""
+    params = {f"Dense_{i}": {"kernel": S(64, 64), "bias": S(64)} for i in range(2)}
+    moments = {m: wrap(params) for m in ("mu", "nu")}
+    return {
+        "step": S(dtype=jnp.int32),
+        "params": params,
+        "opt_state": {"0": {"count": S(dtype=jnp.int32), **moments}},
+    }
+
+
+TRAIN = 'rules params:\n  "^params/Dense_\\d+/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+
+
+def test_copies_in_a_copy_of_the_rules_container_are_an_error():
+    (d,) = coded(found := findings(TRAIN, train_state()), "SR125")
+    assert codes_of(found) == ["SR125"]
+    assert d.path == "opt_state/0/mu/Dense_0/kernel" and d.count == 4
+    assert "a copy of `params/Dense_0/kernel`, which the rule takes, under `opt_state/0/mu`" in d.message
+    assert (d.span.line, d.span.col, d.span.end_col) == (2, 4, 12)  # under `^params/`
+    assert "did you mean `Dense_\\d+/kernel$` (without `^params/`)?" in d.hint
+    # the fix the hint offers takes the copies; a rule of their own says the default is meant
+    assert findings(TRAIN.replace("^params/", ""), train_state()) == []
+    assert (
+        findings(TRAIN.replace("  default", '  "^opt_state/" -> replicated\n  default'), train_state()) == []
+    )
+    # moments of some parameters only (`optax.masked`) are copies too
+    part = train_state(lambda p: {"Dense_0": p["Dense_0"]})
+    assert [d.paths for d in coded(findings(TRAIN, part), "SR125")] == [
+        (("opt_state/0/mu/Dense_0/kernel", (64, 64)), ("opt_state/0/nu/Dense_0/kernel", (64, 64)))
+    ]
+
+
+def test_a_container_that_is_no_copy_of_the_rules_is_not_an_error():
+    # another shape, another set of arrays, a sibling (an anchor to one tower means that one)
+    assert findings(TRAIN, train_state(lambda p: {k: {**v, "scale": S(64)} for k, v in p.items()})) == []
+    assert findings(TRAIN, train_state(lambda p: {k: {"kernel": S(8, 8)} for k in p})) == []
+    towers = {t: {f"Dense_{i}": {"kernel": S(64, 64)} for i in range(2)} for t in ("tower_a", "tower_b")}
+    text = 'rules params:\n  "^tower_a/Dense_\\d+/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+    assert findings(text, towers) == []
+
+
 # ------------------------------------------------------------------ names
 
 

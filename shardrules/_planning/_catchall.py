@@ -35,6 +35,10 @@ the same file and group whose guard (if any) holds for it when either
    `(encoder|vision)`, one). The fix: the pattern with the path's own
    segments, numbers as `\\d+`, in place of those that do not match.
 
+or, third, **copy**: the leaf is a copy of one the rule takes in a copy of
+the container its `^` names (`_copies`: `^params/...` and the optimizer's
+`opt_state/0/mu/...` of a train state).
+
 The fix offered is checked to match the leaf.
 """
 
@@ -48,6 +52,7 @@ from .._errors import Diagnostic, Span
 from .._language._format import spec_text
 from .._language._regex import path_bytes, searcher
 from .._language._rules import Rule
+from ._copies import copies
 from ._match import path_keys
 from ._meant import Each, Hit, Leaves
 from ._segments import Alternative, alternatives, catch_all, escape
@@ -120,6 +125,10 @@ def findings(
                     hit = verdict
                 if hit is not None:
                     found.add(paths[i], shape, dtype, hit)
+    for found in leaves.values():  # copies in a copied container (`_copies`)
+        done = {path for group in found.found.values() for path, _, _, _ in group}
+        mine = [i for i in taken if catchers[kinds[i]] is found.catcher and paths[i] not in done]
+        copies(found, paths, kinds, parts, mine)
     return [_finding(group, found.catcher) for found in leaves.values() for group in found.found.values()]
 
 
@@ -152,6 +161,24 @@ def _finding(group: list[tuple[str, tuple[int, ...], Any, Hit]], catcher: Rule) 
             else f"edit the pattern to match `{path}`"
         )
         own = f"^{escape(segments[0])}/"  # the leaves under the path's first segment
+    elif hit.how == "copy":
+        assert alt.caret is not None
+        original = "/".join([hit.container, *segments[len(segments) - hit.k :]])
+        mirror = "/".join(segments[: len(segments) - hit.k])
+        head = pattern[alt.caret : alt.spans[m - hit.k][0]]
+        cause = (
+            f"which rule `{pattern}` was evidently written for: the leaf is a copy of `{original}`, "
+            f"which the rule takes, under `{mirror}` (a copy of `{hit.container}`), "
+            f"and the rule's `{head}` ties it to the original's container"
+        )
+        where = (alt.caret, alt.spans[m - hit.k][0])
+        fix = pattern[: alt.caret] + pattern[alt.spans[m - hit.k][0] :]
+        edit = (
+            f"did you mean `{fix}` (without `{head}`)? It matches `{path}` and `{original}`"
+            if _matches(fix, path)
+            else f"edit the pattern to match `{path}`"
+        )
+        own = f"^{escape(segments[0])}/"
     else:
         head = pattern[alt.spans[0][0] : alt.spans[m - hit.k - 1][1]]
         tail = pattern[alt.spans[m - hit.k][0] : alt.spans[-1][1]]

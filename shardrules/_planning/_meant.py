@@ -29,15 +29,16 @@ ZEROS = str.maketrans("123456789", "000000000")  # a name as `path_key` writes i
 @dataclasses.dataclass(frozen=True)
 class Hit:
     """A rule (one alternative of its pattern) a leaf was meant for, and how
-    that shows: `"anchor"`, `"names"`, or `"anchor?"` (an anchor of a rule
-    that takes leaves, blamed only where the leaf is a copy of one it takes:
-    `Leaves.resolve` decides for each path)."""
+    that shows: `"anchor"`, `"names"`, `"copy"` (`_copies`), or `"anchor?"`
+    (an anchor of a rule that takes leaves, blamed only where the leaf is a
+    copy of one it takes: `Leaves.resolve` decides for each path)."""
 
     rule: Rule
     alt: Alternative
     how: str
     k: int  # segments matched, from the pattern's last
     j: int  # the path's segment its last lines up with
+    container: str = ""  # `"copy"` (`_copies`): the container of the leaf it is a copy of
 
     @property
     def rank(self) -> tuple[int, int, int]:
@@ -85,10 +86,14 @@ class Leaves:
         return not self.by_name and not self.others
 
     @property
+    def every(self) -> list[tuple[Rule, Alternative]]:
+        """Every candidate."""
+        return [*self.others, *(c for named in self.by_name.values() for c in named)]
+
+    @property
     def guarded(self) -> bool:
         """Whether a candidate has a guard (then leaves of one key may differ by shape)."""
-        every = [*self.others, *(c for named in self.by_name.values() for c in named)]
-        return any(rule.guard is not None for rule, _ in every)
+        return any(rule.guard is not None for rule, _ in self.every)
 
     def verdict(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """For the leaves of one kind whose paths have `path`'s key
