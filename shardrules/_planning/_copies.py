@@ -20,7 +20,8 @@ catch-all, is evidently meant for the rule when
   array of the same shape at the same path under the rule's container (the
   optimizer's moments of a subset of the parameters, as `optax.masked`
   keeps; a decoder with cross-attention the encoder lacks is no copy of it),
-  and it lies deeper than that one, and not inside it (`tower_b` is no
+  and it lies deeper than that one, and not inside it, and holds two arrays
+  or more (one array alike is no evidence of a copy) (`tower_b` is no
   copy of `tower_a`, nor `layers/2/mlp` of `layers/0/mlp`: an anchor to one
   of them means that one).
 
@@ -116,7 +117,7 @@ def copies(
                     if any("/".join(segments[s:]) in every for s in range(1, n)):
                         break  # a copy of a leaf of the tree, which is not the rule's (the anchor's case)
                     original, copy = tree(head), tree(mirror)
-                    if all(original.get(below) == s for below, s in copy.items()):
+                    if len(copy) > 1 and all(original.get(below) == s for below, s in copy.items()):
                         hit = Hit(rule, alt, "copy", m - d, n - 1, head)
                         break
                 if hit is not None:
