@@ -492,3 +492,20 @@ def test_the_moments_a_params_anchor_misses_are_reported_and_nothing_else(case):
         {f"opt_state/0/{m}/{q}" for q in kept if q in taken for m in ("mu", "nu")} if len(kept) > 1 else set()
     )
     assert reported == expected, (sorted(paths), patterns, [d.render() for d in p.diagnostics])
+
+
+# ------------------------------------------------------------------ SR201
+
+
+def test_a_misspelled_name_stays_a_warning_whose_hint_spells_it():
+    # `q_porj` names nothing the tree has: not SR125, but SR201 offers the spelling that matches
+    text = 'rules params:\n  "q_porj/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+    tree = {"embed": S(64, 8), **adam_tree()}
+    (d,) = findings(text, tree)
+    assert d.code == "SR201"
+    assert "did you mean `q_proj/kernel$`? It matches `layers/0/attn/q_proj/kernel`" in d.hint
+    assert findings(text.replace("porj", "proj"), tree) == []
+    # an escape's letter is no name to respell, and a name far from every other is left alone
+    far = 'rules params:\n  "\\dxyzzy/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+    (d,) = findings(far, tree)
+    assert "did you mean" not in d.hint and "paths look like `embed`" in d.hint

@@ -15,8 +15,10 @@ letters or more in its literal text) are kept, to tell `encoder/...` from
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from .._language._regex import _c, _p, compiled, path_bytes, searcher
@@ -263,6 +265,33 @@ def _class_takes_slash(items: Any) -> bool:
 def _literals(parsed: Any) -> str:
     """The text a parsed segment spells out at its top level (runs apart)."""
     return "".join(chr(av) if op == _c.LITERAL else " " for op, av in _items(parsed))
+
+
+def names_of(paths: Sequence[str]) -> tuple[list[str], set[str]]:
+    """The paths `respelled` tries (at most 20,000 of them, spread over all)
+    and the names (two letters or more) written in them."""
+    sample = list(paths) if len(paths) <= 20_000 else list(paths[:: len(paths) // 20_000 + 1])
+    return sample, set(_WORD.findall("/".join(dict.fromkeys(sample))))
+
+
+def respelled(pattern: str, names: tuple[list[str], set[str]]) -> tuple[str, str] | None:
+    """For a pattern that matches no path: the pattern with one name it
+    writes that no path has spelled as a close name the paths have (`q_porj`
+    → `q_proj`), and a path it then matches (`names` is `names_of(paths)`);
+    else `None`."""
+    sample, have = names
+    words = {w for alt in alternatives(pattern) for segment in alt.words for w in segment}
+    for word in sorted(words - have):
+        for close in difflib.get_close_matches(word, have, n=3, cutoff=0.75):
+            new = re.sub(rf"(?<![A-Za-z\\]){word}(?![A-Za-z])", close, pattern)
+            try:
+                search = searcher(new)
+            except Exception:  # a spelling RE2 refuses is no fix
+                continue
+            for path in sample:
+                if search(path_bytes(path)) is not None:
+                    return new, path
+    return None
 
 
 def _choices(parsed: Any) -> tuple[tuple[tuple[str, ...], ...], ...]:
