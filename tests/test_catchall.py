@@ -509,3 +509,22 @@ def test_a_misspelled_name_stays_a_warning_whose_hint_spells_it():
     far = 'rules params:\n  "\\dxyzzy/kernel$" -> (fsdp, model)\n  default -> replicated\n'
     (d,) = findings(far, tree)
     assert "did you mean" not in d.hint and "paths look like `embed`" in d.hint
+
+
+def test_a_pattern_whose_names_a_path_lacks_is_not_lined_up_with_it():
+    # leaves with many keys (names without digits); rules without `$` whose last name
+    # lines up with the path's last segment only, and whose other names the paths lack
+    words = ["".join(w) for w in zip("abcdefghij" * 3, "klmnopqrst" * 3, "uvwxyzabcd" * 3, strict=True)]
+    tree = {f"m/{a}{b}/wa/kernel": S(8, 8) for a in words[:10] for b in words[:20]}
+    text = (
+        "rules params:\n"
+        + "".join(f'  "enc{j}/mlp/[a-z]+/kernel" -> (fsdp, _)\n' for j in range(20))
+        + "  default -> replicated\n"
+    )
+    calls = []
+    real = _meant.Leaves._line_ups
+    counted = lambda self, alt, segments: calls.append(1) or real(self, alt, segments)  # noqa: E731
+    with mock.patch.object(_meant.Leaves, "_line_ups", counted):
+        found = findings(text, tree)
+    assert codes_of(found).count("SR201") == 20 and not coded(found, "SR125")
+    assert len(calls) < len(tree)

@@ -81,16 +81,37 @@ class Alternative:
     def needed(self, path: str) -> bool:
         """Whether every name written in the segments of this alternative
         that line up with one of `path`'s in any way it can be meant for it
-        (its last two, and each of them where it ends in `$`) is in `path`:
-        where a segment matches, its names are in the path; where it does not,
-        the leaf is meant for the rule only if they are (`names_in`). Digits
-        are no part of a name, so all paths with one key agree."""
+        (its last two; each of them where it ends in `$`, or where its last
+        is a plain name, those that line up where the first of the path's
+        segments from the second on that starts with that name is its last)
+        is in `path`: where a segment matches, its names are in the path;
+        where it does not, the leaf is meant for the rule only if they are
+        (`names_in`). Digits are no part of a name, so all paths with one key
+        agree."""
         if not self.cased:
             return True
-        n = path.count("/") + 1
         m = len(self.words)
-        first = max(0, m - n) if self.dollar else max(0, m - 2)
+        if self.dollar:
+            first = max(0, m - path.count("/") - 1)
+        elif m >= 2 and self.plain_last is not None:
+            starts = [
+                j for j, segment in enumerate(path.split("/")) if j and segment.startswith(self.plain_last)
+            ]
+            if not starts:
+                return False  # its last segment matches none of the path's it may line up with
+            first = max(0, m - 1 - starts[0])
+        else:
+            first = max(0, m - 2)
         return all(self.named(i, path) for i in range(first, m))
+
+    @functools.cached_property
+    def plain_last(self) -> str | None:
+        """Its last segment, where that is a name without digits (a path's
+        segment it lines up with starts with it) and it does not end in `$`."""
+        start, end = self.spans[-1]
+        text = self.pattern[start:end]
+        plain = text and not SPECIAL.search(text) and not any(c.isdigit() for c in text)
+        return text if plain and not self.dollar else None
 
     def named(self, i: int, path: str) -> bool:
         """Whether `path` has the names segment `i` writes: each of its plain
