@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import shardrules as sr
 from shardrules._cli._main import main
-from shardrules._planning import _catchall
+from shardrules._planning import _catchall, _meant
 from shardrules._planning._segments import catch_all
 
 SIZES = {"fsdp": 4, "model": 2}
@@ -141,6 +141,49 @@ def test_lint_exits_1_and_json_carries_the_code(tmp_path: Path, capsys):
     assert '"SR125"' in text and '"error"' in text
 
 
+def train_state(wrap=lambda p: p):
+    """A train state as Flax's `TrainState` holds one: the parameters without
+    their `params` collection, the optimizer's moments of them (no `params`)."""
+    params = {f"Dense_{i}": {"kernel": S(64, 64), "bias": S(64)} for i in range(2)}
+    moments = {m: wrap(params) for m in ("mu", "nu")}
+    return {
+        "step": S(dtype=jnp.int32),
+        "params": params,
+        "opt_state": {"0": {"count": S(dtype=jnp.int32), **moments}},
+    }
+
+
+TRAIN = 'rules params:\n  "^params/Dense_\\d+/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+
+
+def test_copies_in_a_copy_of_the_rules_container_are_an_error():
+    (d,) = coded(found := findings(TRAIN, train_state()), "SR125")
+    assert codes_of(found) == ["SR125"]
+    assert d.path == "opt_state/0/mu/Dense_0/kernel" and d.count == 4
+    assert "a copy of `params/Dense_0/kernel`, which the rule takes, under `opt_state/0/mu`" in d.message
+    assert (d.span.line, d.span.col, d.span.end_col) == (2, 4, 12)  # under `^params/`
+    assert "did you mean `Dense_\\d+/kernel$` (without `^params/`)?" in d.hint
+    # the fix the hint offers takes the copies; a rule of their own says the default is meant
+    assert findings(TRAIN.replace("^params/", ""), train_state()) == []
+    assert (
+        findings(TRAIN.replace("  default", '  "^opt_state/" -> replicated\n  default'), train_state()) == []
+    )
+    # moments of some parameters only (`optax.masked`) are copies too
+    part = train_state(lambda p: {"Dense_0": p["Dense_0"]})
+    assert [d.paths for d in coded(findings(TRAIN, part), "SR125")] == [
+        (("opt_state/0/mu/Dense_0/kernel", (64, 64)), ("opt_state/0/nu/Dense_0/kernel", (64, 64)))
+    ]
+
+
+def test_a_container_that_is_no_copy_of_the_rules_is_not_an_error():
+    # another shape, another set of arrays, a sibling (an anchor to one tower means that one)
+    assert findings(TRAIN, train_state(lambda p: {k: {**v, "scale": S(64)} for k, v in p.items()})) == []
+    assert findings(TRAIN, train_state(lambda p: {k: {"kernel": S(8, 8)} for k in p})) == []
+    towers = {t: {f"Dense_{i}": {"kernel": S(64, 64)} for i in range(2)} for t in ("tower_a", "tower_b")}
+    text = 'rules params:\n  "^tower_a/Dense_\\d+/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+    assert findings(text, towers) == []
+
+
 # ------------------------------------------------------------------ names
 
 
@@ -217,6 +260,18 @@ def test_a_rule_for_another_model_stays_a_warning():
     )
     tree = layers("decoder/")
     assert codes_of(findings(text, tree)) == ["SR201"]
+
+
+def test_a_rule_naming_other_models_in_a_group_stays_a_warning():
+    # `(encoder|vision)` names what the path lacks as plainly as `encoder` does
+    tree = layers("decoder/")
+    for written in ("(encoder|vision)", "(?:encoder|vision)", "(enc|vision_)oder"):
+        text = f'rules params:\n  "{written}/layers/\\d+/mlp/up/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+        assert codes_of(findings(text, tree)) == ["SR201"], written
+    # a group one of whose texts the path has, or that writes no name, asks for nothing more
+    for written, prefix in (("(encoder|decoder)", "decoder_0/"), ("(a|b)", "c/")):
+        text = f'rules params:\n  "{written}/layers/\\d+/mlp/up/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+        assert codes_of(findings(text, layers(prefix))) == ["SR125"], written
 
 
 def test_an_anchor_meant_for_the_top_level_leaf_is_not_an_error():
@@ -336,7 +391,8 @@ def test_every_anchor_miss_is_reported_and_every_fix_offered_works(case):
     assert reported <= by_default  # only the catch-all's leaves
     taken = {leaf.rule.pattern for leaf in p.leaves if leaf.rule is not None}
     for d in errors:  # by names only for a rule that matches no leaf
-        assert "drop the anchor" in d.hint or patterns[d.span.line - 2] not in taken, d.render()
+        copy = "the leaf is a copy of" in d.message and "(without `^" in d.hint
+        assert "drop the anchor" in d.hint or copy or patterns[d.span.line - 2] not in taken, d.render()
     # The oracle: a default leaf one of whose segment-aligned suffixes an anchored
     # pattern matches whole is a leaf that pattern was written for, where the
     # pattern matches no leaf, or takes that suffix as a leaf of its own (a copy).
@@ -371,3 +427,104 @@ def test_every_anchor_miss_is_reported_and_every_fix_offered_works(case):
         )
         again = sr.plan(tree, sr.loads(new), SIZES)
         assert again[d.path].why == "rule", (d.render(), new)
+
+
+# ------------------------------------------------------------------ cost
+
+
+def test_leaves_are_looked_at_one_by_one_only_for_the_patterns_that_tell_digits_apart():
+    # Many default leaves with one key; a pattern written with a digit (`wi_0`) may hit
+    # some of them, so each is looked at, but only against that pattern: the forty
+    # others treat digits alike (looked at once for the key), or name what the tree
+    # lacks (not looked at).
+    tree = {f"dec/layers/{i}/mlp/wi_1/kernel": S(8, 8) for i in range(300)}
+    text = (
+        "rules params:\n"
+        + "".join(f'  "^enc{j}/layers/\\d+/mlp/wi_1/kernel$" -> (fsdp, _)\n' for j in range(20))
+        + "".join(f'  "^tower/layers/[a-z]+/mlp{j}x/kernel$" -> (fsdp, _)\n' for j in range(20))
+        + '  "^mlp/wi_0/kernel" -> (fsdp, _)\n'
+        + "  default -> replicated\n"
+    )
+    calls = []
+    real = _meant.Leaves._line_ups
+    counted = lambda self, alt, segments: calls.append(1) or real(self, alt, segments)  # noqa: E731
+    with mock.patch.object(_meant.Leaves, "_line_ups", counted):
+        found = findings(text, tree)
+    assert codes_of(found).count("SR201") == 41 and not coded(found, "SR125")
+    assert calls  # the pattern with a digit is looked at
+    assert len(calls) < 3 * len(tree)
+
+
+@st.composite
+def train_states(draw):
+    """Parameters under `params/`, rules anchored at `^params/` for some of
+    them, the optimizer's moments of all or some parameters without `params/`
+    (as a train state holds them), and maybe a tower side by side with the
+    parameters' own arrays."""
+    names = st.lists(segment, min_size=1, max_size=3).map("/".join)
+    params = sorted(set(draw(st.lists(names, min_size=2, max_size=6))))
+    params = [p for p in params if not any(q.startswith(p + "/") for q in params)]
+    shapes = {p: draw(st.sampled_from([(8, 8), (8,), (4, 8)])) for p in params}
+    ruled = draw(st.lists(st.sampled_from(params), min_size=1, max_size=3, unique=True))
+    kept = [p for p in params if draw(st.booleans())] if draw(st.booleans()) else params
+    paths = {f"params/{p}": shapes[p] for p in params}
+    paths |= {f"opt_state/0/{m}/{p}": shapes[p] for p in kept for m in ("mu", "nu")}
+    if draw(st.booleans()):
+        paths |= {f"tower/{p}": shapes[p] for p in params}
+    general = lambda p: "/".join("\\d+" if s.isdigit() else s for s in p.split("/"))  # noqa: E731
+    return paths, ruled, kept, list(dict.fromkeys(f"^params/{general(p)}$" for p in ruled))
+
+
+@given(train_states())
+def test_the_moments_a_params_anchor_misses_are_reported_and_nothing_else(case):
+    paths, _, kept, patterns = case
+    tree = {p: S(*s) for p, s in paths.items()}
+    text = (
+        "rules params:\n"
+        + "".join(f'  "{p}" -> (fsdp, ...)\n' for p in patterns)
+        + "  default -> replicated\n"
+    )
+    p = sr.plan(tree, sr.loads(text, name="m.shard"), SIZES)
+    reported = {path for d in coded(p.diagnostics, "SR125") for path, _ in d.paths}
+    taken = {leaf.path[len("params/") :] for leaf in p.leaves if leaf.why == "rule"}
+    # the moments of a parameter a rule takes, where the moments hold two arrays or more
+    expected = (
+        {f"opt_state/0/{m}/{q}" for q in kept if q in taken for m in ("mu", "nu")} if len(kept) > 1 else set()
+    )
+    assert reported == expected, (sorted(paths), patterns, [d.render() for d in p.diagnostics])
+
+
+# ------------------------------------------------------------------ SR201
+
+
+def test_a_misspelled_name_stays_a_warning_whose_hint_spells_it():
+    # `q_porj` names nothing the tree has: not SR125, but SR201 offers the spelling that matches
+    text = 'rules params:\n  "q_porj/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+    tree = {"embed": S(64, 8), **adam_tree()}
+    (d,) = findings(text, tree)
+    assert d.code == "SR201"
+    assert "did you mean `q_proj/kernel$`? It matches `layers/0/attn/q_proj/kernel`" in d.hint
+    assert findings(text.replace("porj", "proj"), tree) == []
+    # an escape's letter is no name to respell, and a name far from every other is left alone
+    far = 'rules params:\n  "\\dxyzzy/kernel$" -> (fsdp, model)\n  default -> replicated\n'
+    (d,) = findings(far, tree)
+    assert "did you mean" not in d.hint and "paths look like `embed`" in d.hint
+
+
+def test_a_pattern_whose_names_a_path_lacks_is_not_lined_up_with_it():
+    # leaves with many keys (names without digits); rules without `$` whose last name
+    # lines up with the path's last segment only, and whose other names the paths lack
+    words = ["".join(w) for w in zip("abcdefghij" * 3, "klmnopqrst" * 3, "uvwxyzabcd" * 3, strict=True)]
+    tree = {f"m/{a}{b}/wa/kernel": S(8, 8) for a in words[:10] for b in words[:20]}
+    text = (
+        "rules params:\n"
+        + "".join(f'  "enc{j}/mlp/[a-z]+/kernel" -> (fsdp, _)\n' for j in range(20))
+        + "  default -> replicated\n"
+    )
+    calls = []
+    real = _meant.Leaves._line_ups
+    counted = lambda self, alt, segments: calls.append(1) or real(self, alt, segments)  # noqa: E731
+    with mock.patch.object(_meant.Leaves, "_line_ups", counted):
+        found = findings(text, tree)
+    assert codes_of(found).count("SR201") == 20 and not coded(found, "SR125")
+    assert len(calls) < len(tree)

@@ -31,8 +31,13 @@ the same file and group whose guard (if any) holds for it when either
    (or more) match, and every name (two letters or more) written in its
    segments that do not match, where they line up with one of the path's,
    is in the path (a rule for `encoder/.../attn/kernel` is not taken to mean
-   `decoder/.../attn/kernel`). The fix: the pattern with the path's own
+   `decoder/.../attn/kernel`; of a group naming a few, such as
+   `(encoder|vision)`, one). The fix: the pattern with the path's own
    segments, numbers as `\\d+`, in place of those that do not match.
+
+or, third, **copy**: the leaf is a copy of one the rule takes in a copy of
+the container its `^` names (`_copies`: `^params/...` and the optimizer's
+`opt_state/0/mu/...` of a train state).
 
 The fix offered is checked to match the leaf.
 """
@@ -47,8 +52,9 @@ from .._errors import Diagnostic, Span
 from .._language._format import spec_text
 from .._language._regex import path_bytes, searcher
 from .._language._rules import Rule
+from ._copies import copies
 from ._match import path_keys
-from ._meant import EACH, Hit, Leaves
+from ._meant import Each, Hit, Leaves
 from ._segments import Alternative, alternatives, catch_all, escape
 
 
@@ -111,14 +117,18 @@ def findings(
             if found_verdict is not None:
                 found, verdict = found_verdict
                 shape, dtype = parts[kinds[i]][0], parts[kinds[i]][1]
-                if verdict is EACH:
-                    hit = found.hit(paths[i], shape, dtype)
+                if isinstance(verdict, Each):
+                    hit = found.hit(verdict, paths[i], shape, dtype)
                 elif isinstance(verdict, list):
                     hit = found.resolve(verdict, paths[i], shape)
                 else:
                     hit = verdict
                 if hit is not None:
                     found.add(paths[i], shape, dtype, hit)
+    for found in leaves.values():  # copies in a copied container (`_copies`)
+        done = {path for group in found.found.values() for path, _, _, _ in group}
+        mine = [i for i in taken if catchers[kinds[i]] is found.catcher and paths[i] not in done]
+        copies(found, paths, kinds, parts, mine)
     return [_finding(group, found.catcher) for found in leaves.values() for group in found.found.values()]
 
 
@@ -151,6 +161,24 @@ def _finding(group: list[tuple[str, tuple[int, ...], Any, Hit]], catcher: Rule) 
             else f"edit the pattern to match `{path}`"
         )
         own = f"^{escape(segments[0])}/"  # the leaves under the path's first segment
+    elif hit.how == "copy":
+        assert alt.caret is not None
+        original = "/".join([hit.container, *segments[len(segments) - hit.k :]])
+        mirror = "/".join(segments[: len(segments) - hit.k])
+        head = pattern[alt.caret : alt.spans[m - hit.k][0]]
+        cause = (
+            f"which rule `{pattern}` was evidently written for: the leaf is a copy of `{original}`, "
+            f"which the rule takes, under `{mirror}` (a copy of `{hit.container}`), "
+            f"and the rule's `{head}` ties it to the original's container"
+        )
+        where = (alt.caret, alt.spans[m - hit.k][0])
+        fix = pattern[: alt.caret] + pattern[alt.spans[m - hit.k][0] :]
+        edit = (
+            f"did you mean `{fix}` (without `{head}`)? It matches `{path}` and `{original}`"
+            if _matches(fix, path)
+            else f"edit the pattern to match `{path}`"
+        )
+        own = f"^{escape(segments[0])}/"
     else:
         head = pattern[alt.spans[0][0] : alt.spans[m - hit.k - 1][1]]
         tail = pattern[alt.spans[m - hit.k][0] : alt.spans[-1][1]]

@@ -29,6 +29,7 @@ from . import _mesh
 from ._choice import alternative_warnings
 from ._match import by_key, search_all
 from ._plan import LeafPlan, LeafPlans, Plan, format_bytes, plural
+from ._segments import names_of, respelled
 
 DEFAULT_REPLICATED_THRESHOLD = 64 * 2**20
 """Arrays at least this large (bytes) draw SR204 when fully replicated."""
@@ -41,6 +42,7 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
     winners = {id(leaf.rule) for leaf in arrays if leaf.rule is not None}
     paths = [leaf.path for leaf in arrays]
     groups: dict[bytes, list[int]] | None = None
+    spelling: tuple[list[str], set[str]] | None = None  # for SR201's did-you-mean
     # A rule SR125 names (a catch-all takes leaves it was written for) is that error, not also SR201.
     named = {(d.span.file, d.span.line) for d in plan.diagnostics if d.code == "SR125" and d.span is not None}
     for rule in plan.rules.group(plan.group):
@@ -65,6 +67,10 @@ def rule_warnings(plan: Plan) -> list[Diagnostic]:
                 taken_by[id(leaf.rule)] = (first, count + 1)
         if not taken_by:
             example = f"; paths look like `{arrays[0].path}`" if arrays else ""
+            spelling = spelling or names_of(paths)
+            fixed = respelled(rule.pattern, spelling)
+            if fixed is not None:
+                example = f"; did you mean `{fixed[0]}`? It matches `{fixed[1]}`"
             out.append(
                 Diagnostic(
                     "SR201",

@@ -6,7 +6,9 @@ Most leaves of a large tree share their path's key (`path_key`: digits as
 `0`) with many others, and a pattern that treats all digits alike lines up
 the same with all of them: such leaves are looked at once (`Leaves.verdict`).
 Where a pattern tells digits apart, each path is looked at on its own, but
-only where the pattern with those segments relaxed (matching any) could hit.
+only where the pattern with those segments relaxed (matching any) could hit,
+and against that pattern alone (`Each`). A pattern that names what the path
+lacks is not looked at (`Alternative.needed`).
 A rule that takes leaves is blamed for its `^` only where the leaf is a copy
 of one it takes, which depends on the path itself: `Leaves.resolve`.
 """
@@ -21,26 +23,36 @@ from .._language._regex import path_bytes
 from .._language._rules import Rule
 from ._segments import Alternative
 
-EACH: Any = object()  # `Leaves.verdict`: each path decides
 ZEROS = str.maketrans("123456789", "000000000")  # a name as `path_key` writes it
 
 
 @dataclasses.dataclass(frozen=True)
 class Hit:
     """A rule (one alternative of its pattern) a leaf was meant for, and how
-    that shows: `"anchor"`, `"names"`, or `"anchor?"` (an anchor of a rule
-    that takes leaves, blamed only where the leaf is a copy of one it takes:
-    `Leaves.resolve` decides for each path)."""
+    that shows: `"anchor"`, `"names"`, `"copy"` (`_copies`), or `"anchor?"`
+    (an anchor of a rule that takes leaves, blamed only where the leaf is a
+    copy of one it takes: `Leaves.resolve` decides for each path)."""
 
     rule: Rule
     alt: Alternative
     how: str
     k: int  # segments matched, from the pattern's last
     j: int  # the path's segment its last lines up with
+    container: str = ""  # `"copy"` (`_copies`): the container of the leaf it is a copy of
 
     @property
     def rank(self) -> tuple[int, int, int]:
         return (self.how != "names", self.k, -self.rule.index)
+
+
+@dataclasses.dataclass(frozen=True)
+class Each:
+    """`Leaves.verdict` where each path decides: the hits (to `resolve`) of the
+    patterns that treat digits alike, and the patterns that tell digits apart
+    and may hit a path with the key."""
+
+    hits: list[Hit]
+    sharp: list[tuple[Rule, Alternative]]
 
 
 class Leaves:
@@ -74,33 +86,43 @@ class Leaves:
         return not self.by_name and not self.others
 
     @property
+    def every(self) -> list[tuple[Rule, Alternative]]:
+        """Every candidate."""
+        return [*self.others, *(c for named in self.by_name.values() for c in named)]
+
+    @property
     def guarded(self) -> bool:
         """Whether a candidate has a guard (then leaves of one key may differ by shape)."""
-        every = [*self.others, *(c for named in self.by_name.values() for c in named)]
-        return any(rule.guard is not None for rule, _ in every)
+        return any(rule.guard is not None for rule, _ in self.every)
 
     def verdict(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """For the leaves of one kind whose paths have `path`'s key
         (`path_key`): the rule each was meant for (a `Hit`, the same for them
         all), `None` for none, a list of hits to `resolve` for each path (the
         best first: an anchor of a rule that takes leaves is blamed only where
-        the path's own leaf is a copy), or `EACH` where a pattern that tells
-        digits apart may hit (each path is then looked at with `hit`)."""
+        the path's own leaf is a copy), or an `Each` where a pattern that tells
+        digits apart may hit (each path is then looked at with `hit`, for
+        those patterns only)."""
         candidates = self._candidates(path)
         if not candidates:
             return None
         segments = path.split("/")
-        if all(alt.blind for _, alt in candidates):
-            hits = self._hits(segments, shape, dtype, candidates, exact=False)
-            if not hits or hits[0].how != "anchor?":
-                return hits[0] if hits else None
-            return hits
-        return EACH if self._possible(segments, shape, dtype, candidates) else None
+        blind = [c for c in candidates if c[1].blind]
+        sharp = [c for c in candidates if not c[1].blind and self._possible(segments, shape, dtype, [c])]
+        hits = self._hits(segments, shape, dtype, blind, exact=False)
+        if sharp:
+            return Each(hits, sharp)
+        if not hits or hits[0].how != "anchor?":
+            return hits[0] if hits else None
+        return hits
 
-    def hit(self, path: str, shape: tuple[int, ...], dtype: Any) -> Hit | None:
-        """The rule the leaf at `path` was meant for, or `None`."""
-        hits = self._hits(path.split("/"), shape, dtype, self._candidates(path), exact=True)
-        return hits[0] if hits else None
+    def hit(self, each: Each, path: str, shape: tuple[int, ...], dtype: Any) -> Hit | None:
+        """The rule the leaf at `path` was meant for, or `None`: `each`'s hits
+        of the patterns that treat digits alike, and its other patterns tried
+        on the path itself."""
+        hits = self._hits(path.split("/"), shape, dtype, each.sharp, exact=True)
+        merged = sorted([*each.hits, *hits], key=lambda hit: hit.rank, reverse=True)
+        return self.resolve(merged, path, shape)
 
     def resolve(self, hits: list[Hit], path: str, shape: tuple[int, ...]) -> Hit | None:
         """The first of `hits` (a `verdict`) that holds for the leaf at `path`."""
@@ -116,8 +138,11 @@ class Leaves:
         self.found.setdefault((id(hit.rule), id(hit.alt), hit.how), []).append((path, shape, dtype, hit))
 
     def _candidates(self, path: str) -> list[tuple[Rule, Alternative]]:
+        """The candidates that may hit `path` (or any path with its key): those
+        whose last name it ends in, or that have none, and whose names the
+        path has (`Alternative.needed`)."""
         named = self.by_name.get(path[path.rfind("/") + 1 :].translate(ZEROS))
-        return [*named, *self.others] if named else self.others
+        return [c for c in ([*named, *self.others] if named else self.others) if c[1].needed(path)]
 
     def _possible(
         self,
@@ -232,11 +257,12 @@ class Leaves:
 
 def names_in(alt: Alternative, k: int, j: int, path: str) -> bool:
     """Whether every name written in `alt`'s unmatched segments that line up
-    with one of the path's is in the path."""
+    with one of the path's is in the path (of a group of a few texts, such as
+    `(encoder|vision)`, the names of one of them)."""
     m = len(alt.spans)
     for t in range(k, m):
         if j - t < 0:  # the pattern has more segments than the path: nothing lines up
             break
-        if any(word not in path for word in alt.words[m - 1 - t]):
+        if not alt.named(m - 1 - t, path):
             return False
     return True
