@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 from jax.sharding import AxisType
 
@@ -25,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 STEP = """\
 import jax
+import jax.numpy as jnp
 import jax.numpy as jnp
 
 import shardrules as sr
@@ -237,6 +239,50 @@ ENTRY %main (a: f32[8,64], b: f32[64,32]) -> f32[8,32] {
         "up": {"dot_general": 2 * 8 * 32 * 64},
         "down": {"dot_general": 2 * 8 * 32 * 4},
     }
+
+
+def test_flops_by_scope_counts_a_loop_body_once_per_trip() -> None:
+    """A `scan` over layers runs its body once per layer: its FLOPs count
+    that many times (XLA's own cost analysis counts the body once)."""
+    from shardrules._tracing._flops import by_scope
+
+    def stack(w, x):
+        def body(h, wi):
+            with jax.named_scope("layer"):
+                return jnp.tanh(h @ wi), None
+
+        return jax.lax.scan(body, x, w)[0].sum()
+
+    layers, hidden, rows = 6, 64, 16
+    hlo = (
+        jax.jit(stack).lower(jnp.ones((layers, hidden, hidden)), jnp.ones((rows, hidden))).compile().as_text()
+    )
+    found = by_scope(hlo)
+    dots = sum(per.get("dot_general", 0.0) for scope, per in found.items() if "layer" in scope)
+    assert dots == layers * 2 * rows * hidden * hidden, found
+    # a fusion called from the body runs as often as the body; a while with no known count runs once
+    written = """\
+%fused (p: f32[8,4], q: f32[4,2]) -> f32[8,2] {
+  %p = f32[8,4]{1,0} parameter(0)
+  %q = f32[4,2]{1,0} parameter(1)
+  ROOT %d = f32[8,2]{1,0} dot(%p, %q), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/up/dot_general"}
+}
+
+%body (t: (f32[8,4], f32[4,2])) -> (f32[8,4], f32[4,2]) {
+  %f = f32[8,2]{1,0} fusion(%a, %b), kind=kOutput, calls=%fused, metadata={op_name="jit(f)/up/dot_general"}
+  ROOT %e = f32[8,2]{1,0} exponential(%f), metadata={op_name="jit(f)/act/exp"}
+}
+
+%cond (t: (f32[8,4], f32[4,2])) -> pred[] {
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (a: f32[8,4], b: f32[4,2]) -> f32[8,2] {
+  %w = (f32[8,4], f32[4,2]) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  %v = (f32[8,4], f32[4,2]) while(%t), condition=%cond, body=%body
+}
+"""
+    assert by_scope(written) == {"up": {"dot_general": 6 * 2 * 8 * 2 * 4}, "act": {"exp": 6 * 8 * 2}}
 
 
 def _transformer():

@@ -13,8 +13,10 @@ its `op_name` metadata names (`SCOPE (backward)` for the gradient's), as the
 collectives of `StepCost` are. The same sums of the one-device step, divided
 by the devices, are each scope's share: a scope whose devices compute more
 than their share runs repeated, and `replicated` ranks them by the FLOPs
-repeated. These are estimates of the same kind as XLA's own count, made the
-same way for both programs.
+repeated. Each computation counts as many times as one call of the step
+runs it: a loop's body once per trip where XLA knows the trip count (a
+`scan` over layers, once per layer), where XLA's own cost analysis counts it
+once. These are estimates made the same way for both programs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 _LINE = re.compile(
     r"^\s*(?:ROOT\s+)?%(?P<name>[^\s=]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<op>[a-z][\w\-]*)\((?P<args>.*)$"
@@ -46,7 +48,7 @@ _FREE = frozenset((
 ))  # fmt: skip
 """Opcodes counted as no FLOPs (and any `-start` or `-done`): data movement,
 collectives, control flow (a fusion's, call's or loop's instructions are
-counted where they are written)."""
+counted where they are written, as many times as their computation runs)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,34 +123,74 @@ def _flops(op: str, shape: str, args: str, shapes: dict[str, str]) -> float:
     return float(out)
 
 
+_COMPUTATION = re.compile(r"^\s*%?(?P<name>[\w.\-]+)\s*\(")
+_CALLED = re.compile(
+    r"\b(?P<how>body|condition|calls|branch_computations|true_computation|false_computation)=(?P<names>\{[^}]*\}|%[\w.\-]+)"
+)
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"\}')
+
+
 def by_scope(hlo: str) -> dict[str, dict[str, float]]:
     """Each scope's FLOPs in the compiled program `hlo` (optimised HLO text),
-    by primitive: `{scope: {primitive: flops}}`."""
+    by primitive: `{scope: {primitive: flops}}`. A loop's body and condition
+    count once per trip where XLA knows the trip count (a `scan` over
+    layers: once per layer), as the program runs them; XLA's own cost
+    analysis counts them once."""
     from ._cost import scope_of  # `_cost` reads the collectives' scopes the same way, and imports this
 
     shapes: dict[str, str] = {}
-    out: dict[str, dict[str, float]] = {}
+    found: list[tuple[str, str, str, float]] = []  # (computation, scope, primitive, flops)
+    callers: dict[str, list[tuple[str, int]]] = {}  # computation -> (caller, times per call)
+    computation = ""
     for line in hlo.splitlines():
-        header = _PARAMETERS.match(line)
-        if header is not None and "=" not in line.split("(", 1)[0]:  # a computation's signature
+        signature = line.removeprefix("ENTRY ")
+        header = _PARAMETERS.match(signature)
+        if header is not None and "=" not in signature.split("(", 1)[0]:  # a computation's signature
             for m in _PARAMETER.finditer(header["params"]):  # names repeat across computations
                 shapes[m["name"]] = m["shape"]
+            named = _COMPUTATION.match(signature)
+            computation = named["name"] if named else ""
             continue
         m = _LINE.match(line)
         if m is None:
             continue
         shapes[m["name"]] = m["shape"]
+        trips = _TRIPS.search(line) if m["op"] == "while" else None
+        for called in _CALLED.finditer(m["args"]):
+            times = int(trips["n"]) if trips and called["how"] in ("body", "condition") else 1
+            for callee in _OPERAND.finditer(called["names"]):
+                callers.setdefault(callee["name"], []).append((computation, times))
         flops = _flops(m["op"], m["shape"], m["args"], shapes)
         if not flops:
             continue
         name = _OP_NAME.search(line)
         op_name = name["name"] if name else ""
-        scopes = scope_of(op_name) if op_name else [""]
         primitive = op_name.rsplit("/", 1)[-1].rstrip(")") if op_name else m["op"]
-        for scope in scopes:
-            per = out.setdefault(scope, {})
-            per[primitive] = per.get(primitive, 0.0) + flops / len(scopes)
+        scopes = scope_of(op_name) if op_name else [""]
+        found += [(computation, scope, primitive, flops / len(scopes)) for scope in scopes]
+    runs = _runs(callers)
+    out: dict[str, dict[str, float]] = {}
+    for computation, scope, primitive, flops in found:
+        per = out.setdefault(scope, {})
+        per[primitive] = per.get(primitive, 0.0) + flops * runs(computation)
     return out
+
+
+def _runs(callers: dict[str, list[tuple[str, int]]]) -> Callable[[str], int]:
+    """How many times one call of the step runs each computation: the sum,
+    over the instructions that call it, of the times their own computation
+    runs times the times each call runs it (a loop's trip count); a
+    computation nothing calls (the entry) runs once."""
+    memo: dict[str, int] = {}
+
+    def runs(computation: str, seen: frozenset[str] = frozenset()) -> int:
+        if computation not in memo:
+            calls = [(c, n) for c, n in callers.get(computation, ()) if c not in seen]  # HLO calls no cycle
+            seen = seen | {computation}
+            memo[computation] = sum(runs(c, seen) * n for c, n in calls) if calls else 1
+        return memo[computation]
+
+    return runs
 
 
 def _merged(per_scope: dict[str, dict[str, float]]) -> dict[str, tuple[set[str], dict[str, float]]]:
