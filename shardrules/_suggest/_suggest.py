@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from .._errors import ShardRulesError
@@ -196,26 +197,14 @@ def drafted(
                 "dp (every device holds the model whole, as the file then says), or a mesh whose axis "
                 f"sizes divide the model's ({'hidden size ' + str(facts.hidden) if facts.hidden else 'sizes'})"
             )
-        for other in ("fsdp+tp", "fsdp", "dp"):
-            try:
-                layout = choose(other, sizes, **options)
-            except StrategyError:
-                continue
-            if layout.strategy == first.strategy:
-                continue
+        for layout in _other_layouts(("fsdp+tp", "fsdp", "dp"), first, sizes, options):
             why = f"{first.strategy} would leave {best.replicated.split(', over')[0]}"
             candidate = _write(kinds, facts, dataclasses.replace(layout, why=why), sizes, *settings)
             if not candidate.replicated:
                 best = candidate
                 break
     if strategy == "auto" and best.over_budget:  # another strategy may split more of the weights
-        for other in ("ep", "fsdp+tp", "fsdp"):
-            try:
-                layout = choose(other, sizes, **options)
-            except StrategyError:
-                continue
-            if layout.strategy == first.strategy:
-                continue
+        for layout in _other_layouts(("ep", "fsdp+tp", "fsdp"), first, sizes, options):
             layout = dataclasses.replace(layout, why=f"{first.strategy} is over the budget")
             candidate = _write(kinds, facts, layout, sizes, *settings)
             if not candidate.replicated and candidate.bytes_per_device < best.bytes_per_device:
@@ -223,6 +212,19 @@ def drafted(
             if not best.over_budget:
                 break
     return best
+
+
+def _other_layouts(
+    strategies: tuple[str, ...], first: Layout, sizes: dict[str, int], options: dict[str, Any]
+) -> Iterator[Layout]:
+    """The layouts of `strategies` that fit `sizes` and differ from `first`'s strategy, in order."""
+    for other in strategies:
+        try:
+            layout = choose(other, sizes, **options)
+        except StrategyError:
+            continue
+        if layout.strategy != first.strategy:
+            yield layout
 
 
 def _sizes(mesh: Any) -> dict[str, int]:
