@@ -129,7 +129,7 @@ def _layout(model, label: str, path: Path, shape: tuple[int, ...], axes: tuple[s
     import jax
 
     import shardrules as sr
-    from shardrules._tracing._cost import collectives
+    from shardrules._costs._cost import collectives
 
     mesh = jax.make_mesh(shape, axes)
     step = sr.jit(

@@ -11,6 +11,8 @@ params = sr.apply(params, rules, mesh)
 import importlib as _importlib
 import typing as _typing
 
+from ._costs._cost import Collective as Collective
+from ._costs._cost import StepCost as StepCost
 from ._errors import Diagnostic as Diagnostic
 from ._errors import GroupNotFoundError as GroupNotFoundError
 from ._errors import IncludeNotFoundError as IncludeNotFoundError
@@ -48,8 +50,6 @@ from ._tracing._compare import Comparison as Comparison
 from ._tracing._compare import LeafDifference as LeafDifference
 from ._tracing._constrain import auto_constrain as auto_constrain
 from ._tracing._constrain import constrain as constrain
-from ._tracing._cost import Collective as Collective
-from ._tracing._cost import StepCost as StepCost
 from ._tracing._jit import jit as jit
 from ._tracing._jit import set_agreement as _set_agreement
 from ._tracing._shard_map import shard_map as shard_map

@@ -3,7 +3,7 @@ map in docs/architecture.md.
 
 Stages sit in a stack, each importing only those below it:
 
-    _cli → _placement | _tracing → _planning → _interop → _language → _errors
+    _cli → _placement | _costs → _tracing → _planning → _interop → _language → _errors
     _cli → _convert → _language
     _cli → _suggest → _planning
     _cli → _reports → _planning
@@ -47,9 +47,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "_planning": PLANNING,
     "_placement": PLANNING | {"_placement"},
     "_tracing": PLANNING | {"_tracing"},
+    "_costs": PLANNING | {"_tracing", "_costs"},
     "_suggest": PLANNING | {"_suggest"},
     "_reports": PLANNING | {"_reports"},
-    "_cli": PLANNING | {"_placement", "_tracing", "_convert", "_suggest", "_reports", "_cli"},
+    "_cli": PLANNING | {"_placement", "_tracing", "_costs", "_convert", "_suggest", "_reports", "_cli"},
 }
 """For each stage (a folder, or a base module), the stages it may import."""
 
@@ -57,11 +58,15 @@ FRONT_DOORS: dict[str, frozenset[str]] = {
     "shardrules._planning._plan": frozenset(
         {"shardrules._reports._dump", "shardrules._reports._dumpread", "shardrules._reports._html"}
     ),
+    "shardrules._tracing._jit": frozenset({"shardrules._costs._step", "shardrules._costs._cost"}),
 }
 """The only imports up the stack: `Plan.to_json`, `Plan.from_json` and
 `Plan._repr_html_` are the plan's own doors to its file and its HTML page, so
 they import the report that writes (or reads) it when called, inside the
-method, never at the top: planning still loads, and works, without reports."""
+method, never at the top: planning still loads, and works, without reports.
+`RuleJit.cost` is the step's door to what it costs (`_costs`, the stage above
+tracing that compiles it for a target): imported inside the method, and the
+`StepCost` it returns named under `if TYPE_CHECKING:` only."""
 
 FACADE = {"__init__", "__main__"}  # the public names and `python -m shardrules`
 MAX_LINES = 400
@@ -159,12 +164,19 @@ def imported(path: Path, source: str) -> list[tuple[int, str]]:
 
 
 def _lines_in_functions(source: str) -> set[int]:
-    """The lines of `source` inside a function's body (where a lazy import sits)."""
+    """The lines of `source` inside a function's body (where a lazy import
+    sits) or under `if TYPE_CHECKING:` (an import for type checkers only,
+    never run)."""
     lines: set[int] = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for inner in node.body:
-                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
+            isinstance(node, ast.If) and _is_type_checking(node.test)
+        ):
+            body = node.body
+        else:
+            continue
+        for inner in body:
+            lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
     return lines
 
 
@@ -384,6 +396,8 @@ def test_the_plans_front_doors_are_imported_only_inside_its_methods() -> None:
     assert "_planning imports shardrules._reports._dump" in violations(plan, at_top)[0]
     other_report = "def f():\n    from .._reports._plandiff import compare\n"
     assert "imports shardrules._reports._plandiff" in violations(plan, other_report)[0]
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .._reports._dump import dumps\n"
+    assert violations(plan, typed) == []
     other_module = "def f():\n    from .._reports._dump import dumps\n"
     assert (
         "imports shardrules._reports._dump"

@@ -204,7 +204,7 @@ def test_the_computations_run_repeated_are_named_by_scope() -> None:
 
 
 def test_flops_by_scope_counts_a_dot_by_its_contracted_size() -> None:
-    from shardrules._tracing._flops import by_scope
+    from shardrules._costs._flops import by_scope
 
     hlo = """\
 ENTRY %main (a: f32[8,64], b: f32[64,32]) -> f32[8,32] {
@@ -244,7 +244,7 @@ ENTRY %main (a: f32[8,64], b: f32[64,32]) -> f32[8,32] {
 def test_flops_by_scope_counts_a_loop_body_once_per_trip() -> None:
     """A `scan` over layers runs its body once per layer: its FLOPs count
     that many times (XLA's own cost analysis counts the body once)."""
-    from shardrules._tracing._flops import by_scope
+    from shardrules._costs._flops import by_scope
 
     def stack(w, x):
         def body(h, wi):

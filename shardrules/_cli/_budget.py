@@ -35,7 +35,7 @@ def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
 
 def _flops_hint(cost: Any, decisions: Sequence[Any]) -> str:
     """SR122's hint: the computations that run repeated, and what to do."""
-    from .._tracing._flops import describe
+    from .._costs._flops import describe
 
     advice = (
         "lay those scopes out with activation rules (`explain --step` lists each decision; a gradient "

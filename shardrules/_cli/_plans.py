@@ -191,7 +191,7 @@ def run_diff(args: argparse.Namespace) -> int:
 def _recorded_costs(tables: dict[str, Table]) -> dict[str, Any] | None:
     """The costs two dumps written with `dump --step` record (as `StepCost`s),
     when both do; a note on standard error when only one does."""
-    from .._tracing._cost import cost_from_json
+    from .._costs._cost import cost_from_json
 
     recorded_by = {side: table.step_cost for side, table in tables.items()}
     if all(cost is None for cost in recorded_by.values()):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -90,6 +90,25 @@ class Comparison:
             f"{said}; largest difference at `{worst.path or '(output)'}` "
             f"{worst.shape}: {worst.max_abs:.3g} absolute, {worst.max_rel:.3g} relative"
         )
+
+
+def shapes_only(args: Sequence[Any]) -> tuple[Any, ...]:
+    """`args` with every array leaf a `ShapeDtypeStruct` with no layout."""
+
+    def one(leaf: Any) -> Any:
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+            return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype)
+        return leaf
+
+    return tuple(jax.tree.map(one, a) for a in args)
+
+
+def one_device_mesh(mesh: Any) -> Any:
+    """A mesh of `mesh`'s axis names and types, every axis of size 1, on one device."""
+    names = tuple(mesh.axis_names)
+    return jax.make_mesh(
+        (1,) * len(names), names, axis_types=tuple(mesh.axis_types), devices=[mesh.devices.flat[0]]
+    )
 
 
 def on_one_device(run: Callable[..., Any], args: tuple[Any, ...], mesh: Any) -> Any:

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 from jax.sharding import Mesh, NamedSharding
@@ -18,13 +18,15 @@ from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._quiet import quiet
 from . import _slips
-from ._compare import Comparison, compare_outputs, on_one_device
+from ._compare import Comparison, compare_outputs, on_one_device, one_device_mesh, shapes_only
 from ._compat import trace_state_clean
 from ._constrain import Traced, constrained
-from ._cost import StepCost, cost_of, one_device_mesh, shapes_only
 from ._explicit import Decision, is_explicit
 from ._groups import for_groups, moved, param_names, signature, typed
 from ._seen import ScopeOutput
+
+if TYPE_CHECKING:
+    from .._costs._cost import StepCost
 
 Groups = str | None | Sequence["Groups"]
 # Before a step first runs with an argument signature in a multi-process run,
@@ -350,14 +352,9 @@ class RuleJit:
         print(cost.ratio, cost.peak_bytes_per_device)   # 1.04, 4718592
         ```
         """
-        entry = self._entry(args)
-        with quiet():  # told once already, when the step was traced for its mesh
-            compiled = self.lower(*shapes_only(args)).compile()
-            one_device = None
-            if ideal:
-                one = one_device_mesh(entry.mesh)
-                one_device = on_one_device(self._like(one).lower, shapes_only(args), one).compile()
-        return cost_of(compiled, int(entry.mesh.devices.size), one_device)
+        from .._costs._step import step_cost  # the stage above: what a step costs
+
+        return step_cost(self, args, ideal=ideal)
 
     def compare(self, *args: Any, rtol: float = 1e-5, atol: float = 1e-6) -> Comparison:
         """Run the step on its mesh and on one device with the same inputs

@@ -19,12 +19,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-import numpy as np
-
 from .._planning._plan import format_bytes, format_flops
+from .._tracing._outputs import is_subscripts
 from ._flops import Repeated, repeated
-from ._outputs import is_subscripts
 
 _KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<kind>" + "|".join(_KINDS) + r")(?P<start>-start)?\(")
@@ -275,23 +272,4 @@ def cost_of(compiled: Any, devices: int, ideal: Any = None) -> StepCost:
         temp_bytes_per_device=temps,
         collectives=collectives(hlo),
         repeated=() if ideal is None else tuple(repeated(hlo, ideal.as_text() or "", devices)),
-    )
-
-
-def shapes_only(args: Sequence[Any]) -> tuple[Any, ...]:
-    """`args` with every array leaf a `ShapeDtypeStruct` with no layout."""
-
-    def one(leaf: Any) -> Any:
-        if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-            return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype)
-        return leaf
-
-    return tuple(jax.tree.map(one, a) for a in args)
-
-
-def one_device_mesh(mesh: Any) -> Any:
-    """A mesh of `mesh`'s axis names and types, every axis of size 1, on one device."""
-    names = tuple(mesh.axis_names)
-    return jax.make_mesh(
-        (1,) * len(names), names, axis_types=tuple(mesh.axis_types), devices=[mesh.devices.flat[0]]
     )
