@@ -13,6 +13,7 @@ import typing as _typing
 
 from ._costs._cost import Collective as Collective
 from ._costs._cost import StepCost as StepCost
+from ._costs._estimate import TimeEstimate as TimeEstimate
 from ._errors import Diagnostic as Diagnostic
 from ._errors import GroupNotFoundError as GroupNotFoundError
 from ._errors import IncludeNotFoundError as IncludeNotFoundError
@@ -20,6 +21,7 @@ from ._errors import MeshError as MeshError
 from ._errors import PlacementError as PlacementError
 from ._errors import PlanError as PlanError
 from ._errors import PlanFileError as PlanFileError
+from ._errors import TargetError as TargetError
 from ._errors import ProcessMismatchError as ProcessMismatchError
 from ._errors import RuleDefinitionError as RuleDefinitionError
 from ._errors import RuleSyntaxError as RuleSyntaxError
@@ -94,6 +96,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "PlanFileError",
+    "TargetError",
     "ProcessMismatchError",
     "Rule",
     "RuleDefinitionError",
@@ -103,6 +106,7 @@ __all__ = [
     "ShardRulesWarning",
     "Span",
     "StepCost",
+    "TimeEstimate",
     "TreeError",
     "apply",
     "assert_plan_matches",

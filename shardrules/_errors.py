@@ -253,6 +253,13 @@ class PlanFileError(ShardRulesError, ValueError):
     have, or leaves that no plan could hold (SR124)."""
 
 
+class TargetError(ShardRulesError, ValueError):
+    """A step cannot be costed for the target named (`step.cost(target=)`,
+    `--target`): a name that is neither a TPU topology nor a known GPU, a TPU
+    target without the TPU compiler (`pip install "shardrules[tpu]"`), or a
+    mesh whose sizes do not multiply to the target's chips (SR126)."""
+
+
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     """` did you mean `x`?` for the closest candidate, or `""`."""
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
@@ -289,6 +296,7 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
     "SR114": ProcessMismatchError,
     "SR109": TreeError,
     "SR124": PlanFileError,
+    "SR126": TargetError,
 }
 
 

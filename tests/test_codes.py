@@ -308,6 +308,9 @@ TESTED_ELSEWHERE = {
     "SR122",  # tests/test_cli_step.py
     "SR123",  # tests/test_cli_step.py
     "SR124",  # tests/test_plan_files.py: a plan file, not a rule file, is at fault
+    "SR126",  # tests/test_targets.py: a --target, not a rule file, is at fault
+    "SR127",  # tests/test_targets.py
+    "SR128",  # tests/test_targets.py
     "SR121",  # tests/test_leaf_kinds.py: a leaf, not a rule file, is at fault
     "SR206",
     "SR208",

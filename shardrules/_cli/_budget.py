@@ -134,3 +134,107 @@ def findings(
                 )
             )
     return found
+
+
+def _listed(items: Sequence[tuple[str, int]]) -> str:
+    return ", ".join(f"`{name}` {format_bytes(size)}" for name, size in items)
+
+
+def _fit_hint(cost: Any, step: Any, step_args: Sequence[Any]) -> str:
+    """SR127's hint: the largest arguments, values and collectives, and what to do."""
+    from .._costs._largest import largest_arguments
+
+    parts = []
+    arguments = largest_arguments(step, step_args)
+    if arguments:
+        parts.append(f"largest arguments per chip: {_listed(arguments)}")
+    if cost.largest:
+        parts.append(f"largest values the step makes: {_listed(cost.largest)}")
+    moved = sorted(cost.collectives, key=lambda c: -c.bytes_per_device)[:3]
+    if moved:
+        parts.append(
+            "collectives: "
+            + ", ".join(f"{c.kind} {format_bytes(c.bytes_per_device)} per step" for c in moved)
+        )
+    return "; ".join([*parts, "to fit, " + _memory_hint(cost, step.donate)])
+
+
+def target_findings(
+    cost: Any, step: Any, step_args: Sequence[Any], span: Span | None, args: Any
+) -> list[Diagnostic]:
+    """SR127 for a step whose peak does not fit its target chip's memory
+    (less `--hbm-headroom`), SR128 for one whose estimated step time is over
+    `--max-step-time`."""
+    from .._costs._verdict import chip_of, estimate_text, seconds_text
+
+    if cost.target is None:
+        return []
+    found = []
+    headroom = getattr(args, "hbm_headroom", None) or 0.0
+    chip = chip_of(cost.target)
+    usable = int(cost.hbm_bytes_per_device * (1 - headroom))
+    if cost.peak_bytes_per_device > usable:
+        kept = (
+            f" ({format_bytes(usable)} with {headroom:.0%} kept free by "
+            f"{_origin(args, 'hbm_headroom', '--hbm-headroom')})"
+            if headroom
+            else ""
+        )
+        found.append(
+            Diagnostic(
+                "SR127",
+                "error",
+                f"the step does not fit {cost.target}: it holds {format_bytes(cost.peak_bytes_per_device)} per "
+                f"chip at its peak and a {chip.name} has {format_bytes(cost.hbm_bytes_per_device)}{kept}, "
+                f"{format_bytes(cost.peak_bytes_per_device - usable)} over: arguments "
+                f"{format_bytes(cost.argument_bytes_per_device)}, outputs {format_bytes(cost.output_bytes_per_device)}, "
+                f"temporaries {format_bytes(cost.temp_bytes_per_device)}, generated code "
+                f"{format_bytes(cost.code_bytes_per_device)} ({'TPU' if cost.compiler == 'tpu' else 'CPU'} compiler)",
+                span,
+                None,
+                _fit_hint(cost, step, step_args),
+            )
+        )
+    limit = getattr(args, "max_step_time", None)
+    if limit is not None and cost.estimate is not None and cost.estimate.total_s > limit:
+        estimate = cost.estimate
+        found.append(
+            Diagnostic(
+                "SR128",
+                "error",
+                f"the step takes an estimated {seconds_text(estimate.total_s)} on {cost.target} (at most "
+                f"{seconds_text(limit)} allowed by {_origin(args, 'max_step_time', '--max-step-time')}): "
+                f"{estimate_text(estimate)}",
+                span,
+                None,
+                _time_hint(cost),
+            )
+        )
+    return found
+
+
+def _time_hint(cost: Any) -> str:
+    """SR128's hint: what the largest part of the estimate is made of."""
+    estimate = cost.estimate
+    if estimate.bound == "communication":
+        moved = sorted(cost.collectives, key=lambda c: -c.bytes_per_device)[:3]
+        where = "; ".join(
+            f"{c.kind} {format_bytes(c.bytes_per_device)} per step"
+            + (f" (from {', '.join(c.scopes[:2])})" if c.scopes else "")
+            for c in moved
+        )
+        return (
+            f"communication is the largest part: {where}. Lay the arrays those collectives move out so "
+            "that fewer bytes cross the mesh (`explain --step --cost` shows every collective), or use "
+            "fewer devices on the axes they run over"
+        )
+    if estimate.bound == "memory":
+        return (
+            f"memory traffic is the largest part ({format_bytes(cost.bytes_accessed_per_device)} read and "
+            "written per chip): shard the largest arrays over more of the mesh, or use a lower-precision dtype"
+        )
+    ratio = f" ({cost.ratio:.2f}x the ideal FLOPs)" if cost.ratio is not None else ""
+    return (
+        f"compute is the largest part{ratio}: split the computations each chip repeats over more of the mesh "
+        "(`lint --max-flops-ratio`), use a larger topology, or run the matrix multiplications in bf16"
+    )

@@ -108,6 +108,19 @@ def _ratio(key: str, value: Any, where: str) -> float:
     raise UsageError(f"{where}: must be a number above 0, e.g. 1.2, not {_toml(value)}")
 
 
+def _headroom(key: str, value: Any, where: str) -> float:
+    from ._options import fraction
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1:
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return fraction(value)
+        except argparse.ArgumentTypeError:
+            pass
+    raise UsageError(f'{where}: must be a share from 0 to under 1, e.g. 0.1 or "10%", not {_toml(value)}')
+
+
 def _globs(key: str, value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
         raise UsageError(f'{where}: must be a list of strings, e.g. ["tests/data"], not {_toml(value)}')
@@ -118,16 +131,19 @@ KEYS: dict[str, Callable[[str, Any, str], Any]] = {
     "device-memory": _size,
     "exclude": _globs,
     "group": _string,
+    "hbm-headroom": _headroom,
     "hosts": _hosts,
     "lint-included": _bool,
     "max-flops-ratio": _ratio,
     "max-peak-bytes": _size,
+    "max-step-time": _ratio,
     "mesh": _mesh,
     "replicated-threshold": _size,
     "replicated-tolerance": _tolerance,
     "shapes": _string,
     "step": _string,
     "strict": _bool,
+    "target": _string,
 }
 """Every key `[tool.shardrules]` may hold, with the check of its value."""
 
@@ -200,13 +216,16 @@ _OPTIONS = {
     "group": "group",
     "hosts": "hosts",
     "max-flops-ratio": "max_flops_ratio",
+    "hbm-headroom": "hbm_headroom",
     "max-peak-bytes": "max_peak_bytes",
+    "max-step-time": "max_step_time",
     "mesh": "mesh",
     "replicated-threshold": "replicated_threshold",
     "replicated-tolerance": "replicated_tolerance",
     "shapes": "shapes",
     "step": "step",
     "strict": "strict",
+    "target": "target",
 }
 
 

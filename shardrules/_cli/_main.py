@@ -152,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
         "on simulated devices, so that a golden plan catches a cost regression; FUNCTION(rules, mesh) "
         "returns a shardrules.jit step and a tuple of example arguments",
     )
+    _options.chip_option(dump)
     dump.add_argument("-o", "--output", metavar="FILE", help="where to write it (default, or -: stdout)")
     dump.set_defaults(run=_plans.run_dump)
 
@@ -169,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
     _options.step_option(
         diff, "compare what it costs each device under A's and B's rules (FLOPs, memory, collectives)"
     )
+    _options.chip_option(diff)
     diff.set_defaults(run=_plans.run_diff)
 
     _convert.add_parser(commands)
@@ -310,11 +312,26 @@ def _lint_command(args: argparse.Namespace) -> int:
         raise _lint.UsageError(f"no rule files (*.shard) in {', '.join(args.rules)}")
     if args.statistics and args.format == "github":
         raise _lint.UsageError("--statistics prints a table (text) or a list (json), not GitHub annotations")
-    for option, flag in (("max_flops_ratio", "--max-flops-ratio"), ("max_peak_bytes", "--max-peak-bytes")):
+    budgets = (
+        ("max_flops_ratio", "--max-flops-ratio"),
+        ("max_peak_bytes", "--max-peak-bytes"),
+        ("max_step_time", "--max-step-time"),
+        ("hbm_headroom", "--hbm-headroom"),
+        ("target", "--target"),
+    )
+    for option, flag in budgets:
+        if option == "target" and "target" in args.origins:  # the project's chips, used where a step is costed
+            continue
         if getattr(args, option) is not None and not args.step:
             raise _lint.UsageError(
                 f"{_origin(args, option, flag)} is a budget for a step: give one to compile with "
                 "--step MODULE:FUNCTION (or `step` in [tool.shardrules])"
+            )
+    for option, flag in budgets[2:4]:
+        if getattr(args, option) is not None and not args.target:
+            raise _lint.UsageError(
+                f"{_origin(args, option, flag)} needs the chips the step will run on: --target NAME "
+                "(e.g. v5p:8x8x4 or h100), or `target` in [tool.shardrules]"
             )
     inputs = _inputs(args)  # shapes are read once for all the files
     results = [_lint_one(path, args, inputs) for path in files]
@@ -341,8 +358,11 @@ def _explain_command(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise _lint.UsageError(f"--path {args.path!r}: {err}") from None
     _config.apply(args, _config.for_paths([args.rules]))
-    if args.cost and not args.step:
-        raise _lint.UsageError("--cost needs a step to compile: --step MODULE:FUNCTION")
+    said_target = args.target is not None and "target" not in args.origins  # on the command line
+    if (args.cost or said_target) and not args.step:
+        flag = "--cost" if args.cost else "--target"
+        raise _lint.UsageError(f"{flag} needs a step to compile: --step MODULE:FUNCTION")
+    args.cost = args.cost or said_target  # `target` in [tool.shardrules] is used when a cost is asked for
     if not args.shapes and not args.step:
         raise _lint.UsageError(
             "give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules] "

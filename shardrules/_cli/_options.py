@@ -83,16 +83,49 @@ def step_option(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+TARGET_HELP = (
+    "with --step: cost the step for the chips it will run on: a TPU topology as JAX names it "
+    "(v5e:4x4, v5p:8x8x4, v4:2x2x2, v6e:8x8; compiled by the TPU compiler with no TPU: "
+    'pip install "shardrules[tpu]"), or an NVIDIA GPU (h100, h200, b200, a100-80g; compiled on '
+    "simulated CPU devices, devices from the mesh); says whether the peak fits the chip's memory and "
+    "estimates the step time. The mesh's sizes must multiply to the topology's chips"
+)
+
+
+def chip_option(parser: argparse.ArgumentParser) -> None:
+    """`--target NAME`: the chips a `--step` is costed for (also `target` in `[tool.shardrules]`)."""
+    parser.add_argument("--target", metavar="NAME", default=None, help=TARGET_HELP)
+
+
 def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
-    """`--cost` (explain), or the budgets `--max-flops-ratio` and `--max-peak-bytes` (lint), of a `--step`."""
+    """`--cost` (explain), or the budgets `--max-flops-ratio`, `--max-peak-bytes`,
+    `--max-step-time` and `--hbm-headroom` (lint), of a `--step`; `--target` for both."""
+    chip_option(parser)
     if not lint:
         parser.add_argument(
             "--cost",
             action="store_true",
-            help="with --step: compile the step for the mesh (simulated devices) and print what it costs "
-            "each device: FLOPs against the one-device ideal, bytes, peak memory, collectives",
+            help="with --step: compile the step for the mesh (simulated devices, or --target's chips) and "
+            "print what it costs each device: FLOPs against the one-device ideal, bytes, peak memory, "
+            "collectives; with --target, whether it fits and its estimated step time",
         )
         return
+    parser.add_argument(
+        "--max-step-time",
+        type=_positive_float,
+        metavar="SECONDS",
+        default=None,
+        help="with --step and --target: fail (SR128) when the estimated time of one step on the target "
+        "is longer, e.g. 2.0",
+    )
+    parser.add_argument(
+        "--hbm-headroom",
+        type=fraction,
+        metavar="PCT",
+        default=None,
+        help="with --step and --target: the share of the chip's memory to keep free, e.g. 10%% or 0.1 "
+        "(default 0); a peak above the rest fails (SR127)",
+    )
     parser.add_argument(
         "--max-flops-ratio",
         type=_positive_float,
@@ -107,6 +140,18 @@ def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
         default=None,
         help="with --step: fail (SR123) when a device holds more than SIZE at once, e.g. 16GiB",
     )
+
+
+def fraction(text: str) -> float:
+    """A share from 0 to just under 1, written `10%` or `0.1`, for argparse."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share; write e.g. 10% or 0.1") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a share from 0% to under 100%, e.g. 10%")
+    return value
 
 
 def _positive_float(text: str) -> float:

@@ -66,6 +66,8 @@ def plan_file(path: str, tree: Any, mesh: dict[str, int] | None, group: str | No
 
 def run_dump(args: argparse.Namespace) -> int:
     _config.apply(args, _config.for_paths([args.rules]))
+    if args.target and not args.cost_step and "target" not in args.origins:
+        raise _lint.UsageError("--target costs a step: give one with --step MODULE:FUNCTION")
     tree = _shapes(args)
     mesh = _mesh(args.mesh, args.origins.get("mesh", "--mesh"))
     try:
@@ -74,7 +76,7 @@ def run_dump(args: argparse.Namespace) -> int:
         return EXIT_DIFFERENT
     if args.cost_step:
         try:
-            cost = _step_costs(args.cost_step, {"a": mesh}, {"a": args.rules})["a"]
+            cost = _step_costs(args.cost_step, {"a": mesh}, {"a": args.rules}, args.target)["a"]
         except ShardRulesError as err:  # the rules do not trace the step: nothing is written
             sys.stdout.flush()
             print(f"{args.rules}: --step {args.cost_step}:\n{err}", file=sys.stderr)
@@ -171,7 +173,13 @@ def run_diff(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     diff = compare(tables["a"], tables["b"])
     paths = {"a": args.a, "b": args.b}
-    costs = _step_costs(args.step, meshes, paths) if getattr(args, "step", None) else _recorded_costs(tables)
+    if getattr(args, "target", None) and not getattr(args, "step", None) and "target" not in args.origins:
+        raise _lint.UsageError("--target costs a step: give one with --step MODULE:FUNCTION")
+    costs = (
+        _step_costs(args.step, meshes, paths, args.target)
+        if getattr(args, "step", None)
+        else _recorded_costs(tables)
+    )
     if args.format == "json":
         found = diff.as_json()
         if costs is not None:
@@ -207,9 +215,12 @@ def _recorded_costs(tables: dict[str, Table]) -> dict[str, Any] | None:
     return {side: cost_from_json(cost) for side, cost in recorded_by.items() if cost is not None}
 
 
-def _step_costs(spec: str, meshes: dict[str, dict[str, int] | None], paths: dict[str, str]) -> dict[str, Any]:
+def _step_costs(
+    spec: str, meshes: dict[str, dict[str, int] | None], paths: dict[str, str], target: str | None = None
+) -> dict[str, Any]:
     """The cost of the step `spec` names under each side's rules and mesh (rule
-    files, not dumps): both of `diff --step`'s, or `dump --step`'s one."""
+    files, not dumps): both of `diff --step`'s, or `dump --step`'s one; for
+    the chips `target` names, when given."""
     found = {}
     for side, path in paths.items():
         if is_dump(path):
@@ -221,4 +232,4 @@ def _step_costs(spec: str, meshes: dict[str, dict[str, int] | None], paths: dict
         except ShardRulesError as err:
             raise _lint.UsageError(f"{path}: {err}") from None
         found[side] = (rules, meshes[side] if meshes[side] is not None else _file_sizes(path))
-    return _step.costs(spec, found)
+    return _step.costs(spec, found, target)

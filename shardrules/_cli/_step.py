@@ -58,9 +58,10 @@ def _ensure_devices(count: int) -> list[Any]:
     return devices[:count]
 
 
-def step_mesh(rules: RuleSet, sizes: Mapping[str, int]) -> Any:
+def step_mesh(rules: RuleSet, sizes: Mapping[str, int], target: str | None = None) -> Any:
     """The mesh a step is traced on: `sizes`, the types the `mesh` line states
-    (Explicit where it states none), simulated CPU devices."""
+    (Explicit where it states none), simulated CPU devices, or the devices of
+    the TPU topology `target` names (no CPU devices are needed for it)."""
     import jax
     from jax.sharding import AxisType
 
@@ -71,11 +72,45 @@ def step_mesh(rules: RuleSet, sizes: Mapping[str, int]) -> Any:
             "--step: the mesh line declares every axis `auto`, so XLA lays out every value and there is "
             "nothing for the rules to decide; state `explicit` axes to check a step for JAX's default meshes"
         )
+    if target is not None:
+        mesh = _target_mesh(target, sizes, types)
+        if mesh is not None:
+            return mesh
     devices = _ensure_devices(math.prod(sizes.values()))
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
 
 
-def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[Any, tuple[Any, ...], Any]:
+def _target_mesh(target: str, sizes: Mapping[str, int], types: tuple[Any, ...]) -> Any:
+    """The mesh of `sizes` on the TPU topology `target` names; `None` for a
+    GPU target (simulated CPU devices). A target that cannot be compiled
+    for is a usage error."""
+    from .._costs._targets import parse_target, target_mesh
+    from .._errors import TargetError
+
+    try:
+        chosen = parse_target(target)
+        if chosen.compiler != "tpu":
+            return None
+        return target_mesh(chosen, _Sizes(sizes, types))
+    except TargetError as err:
+        raise UsageError(f"--target: {err.diagnostics[0].message}; {err.hint}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    """A mesh's axis sizes and types without devices (what `target_mesh` lays out)."""
+
+    sizes: Mapping[str, int]
+    axis_types: tuple[Any, ...]
+
+    @property
+    def shape(self) -> Mapping[str, int]:
+        return self.sizes
+
+
+def trace(
+    spec: str, rules: RuleSet, sizes: Mapping[str, int] | None, target: str | None = None
+) -> tuple[Any, tuple[Any, ...], Any]:
     """The step `spec` names, for `rules` on a mesh of `sizes`, its example
     arguments, and one trace of it: its `Traced` (decisions, scope outputs,
     activation rules matching none).
@@ -86,10 +121,12 @@ def trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[A
     **Raises:** `UsageError` for a step that cannot be imported, called or
     traced, or that exits; `ShardRulesError` from the rules (SR117, SR103, ...)."""
     with output_to_stderr():
-        return _trace(spec, rules, sizes)
+        return _trace(spec, rules, sizes, target)
 
 
-def _trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[Any, tuple[Any, ...], Any]:
+def _trace(
+    spec: str, rules: RuleSet, sizes: Mapping[str, int] | None, target: str | None
+) -> tuple[Any, tuple[Any, ...], Any]:
     from .._tracing._jit import RuleJit
 
     try:
@@ -100,7 +137,7 @@ def _trace(spec: str, rules: RuleSet, sizes: Mapping[str, int] | None) -> tuple[
         raise UsageError(
             "--step needs the mesh's sizes: pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line"
         )
-    mesh = step_mesh(rules, sizes)
+    mesh = step_mesh(rules, sizes, target)
     try:
         made = factory(rules, mesh)
     except ShardRulesError:
@@ -258,12 +295,17 @@ def rows(decisions: Sequence[Any]) -> list[tuple[str, ...]]:
     return out
 
 
-def _cost(spec: str, step: Any, args: tuple[Any, ...]) -> Any:
-    """`step.cost(*args)` (what the step writes to standard output sent to
-    standard error), a failure to compile said as a usage error."""
+def _cost(spec: str, step: Any, args: tuple[Any, ...], target: str | None = None) -> Any:
+    """`step.cost(*args, target=target)` (what the step writes to standard
+    output sent to standard error), a failure to compile said as a usage
+    error, and a target that cannot be compiled for too."""
+    from .._errors import TargetError
+
     try:
         with output_to_stderr():
-            return step.cost(*args)
+            return step.cost(*args, target=target)
+    except TargetError as err:
+        raise UsageError(f"--target: {err.diagnostics[0].message}; {err.hint}") from None
     except ShardRulesError:
         raise
     except SystemExit as err:
@@ -290,7 +332,7 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         return
     args.step_sizes = sizes_for(rules, mesh)  # the axis sizes the step is traced on
     try:
-        step, step_args, traced = trace(spec, rules, args.step_sizes)
+        step, step_args, traced = trace(spec, rules, args.step_sizes, getattr(args, "target", None))
     except ShardRulesError as err:
         # the step's error replaces lint's warning about the same place (SR207 is both)
         raised = {(d.code, d.span) for d in err.diagnostics}
@@ -302,12 +344,14 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         args.step_plan = argument_plan(step, step_args, rules, args.step_sizes, args.group or "params")
     found = [*findings(traced.decisions, rules), *traced.unmatched]
     max_ratio, max_peak = getattr(args, "max_flops_ratio", None), getattr(args, "max_peak_bytes", None)
-    if getattr(args, "cost", False) or max_ratio is not None or max_peak is not None:
-        args.step_cost = _cost(spec, step, step_args)
+    target = getattr(args, "target", None)
+    if getattr(args, "cost", False) or max_ratio is not None or max_peak is not None or target is not None:
+        args.step_cost = _cost(spec, step, step_args, target)
         span = dict(rules.group_span_items).get("activations")
         found += _budget.findings(
             args.step_cost, traced.decisions, max_ratio, max_peak, span, args, step.donate
         )
+        found += _budget.target_findings(args.step_cost, step, step_args, span, args)
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *rules.kept(found)]))
 
 
@@ -330,17 +374,30 @@ def argument_plan(
     return plan(picked[0], rules, dict(sizes) if sizes is not None else None, group=group)
 
 
-def costs(spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None]]) -> dict[str, Any]:
+def costs(
+    spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None]], target: str | None = None
+) -> dict[str, Any]:
     """The `StepCost` of the step `spec` names under each side's rules and
-    mesh sizes (`diff --step`), traced and compiled on simulated devices."""
+    mesh sizes (`diff --step`), traced on simulated devices and compiled
+    there, or for the chips `target` names."""
     counts = [math.prod(sizes.values()) for _, sizes in sides.values() if sizes]
-    if counts:
+    if counts and not (target and _is_tpu(target)):
         _ensure_devices(max(counts))  # JAX starts once: with enough devices for both sides
     out = {}
     for side, (rules, sizes) in sides.items():
-        step, step_args, _ = trace(spec, rules, sizes)
-        out[side] = _cost(spec, step, step_args)
+        step, step_args, _ = trace(spec, rules, sizes, target)
+        out[side] = _cost(spec, step, step_args, target)
     return out
+
+
+def _is_tpu(target: str) -> bool:
+    from .._costs._targets import parse_target
+    from .._errors import TargetError
+
+    try:
+        return parse_target(target).compiler == "tpu"
+    except TargetError as err:
+        raise UsageError(f"--target: {err.diagnostics[0].message}; {err.hint}") from None
 
 
 def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:

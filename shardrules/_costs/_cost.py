@@ -21,7 +21,10 @@ from typing import Any
 
 from .._planning._plan import format_bytes, format_flops
 from .._tracing._outputs import is_subscripts
+from ._estimate import TimeEstimate, estimate_from_json
 from ._flops import Repeated, repeated
+from ._largest import largest_values
+from ._verdict import target_lines
 
 _KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<kind>" + "|".join(_KINDS) + r")(?P<start>-start)?\(")
@@ -68,10 +71,23 @@ class StepCost:
       split; 2.0, each device doing twice its share.
     - `bytes_accessed_per_device`: bytes one device reads and writes.
     - `peak_bytes_per_device`: arguments, outputs and temporaries held by one
-      device at once, less what outputs reuse of donated arguments.
+      device at once, less what outputs reuse of donated arguments; on a TPU
+      target, its generated code too (it lives in the chip's memory).
     - `argument_bytes_per_device`, `output_bytes_per_device`,
-      `temp_bytes_per_device`: its parts.
+      `temp_bytes_per_device`, `code_bytes_per_device`: its parts.
     - `collectives`: a `Collective` per kind the step runs.
+    - `target`: the `--target` it was costed for (`"v5p:8x8x4"`, `"h100"`),
+      `None` for the mesh's own devices.
+    - `compiler`: the platform whose compiler compiled it (`"cpu"`, `"tpu"`;
+      a GPU target is compiled on simulated CPU devices).
+    - `hbm_bytes_per_device`: the target chip's memory (`None` without a
+      target); `fits`: whether the peak is at most that.
+    - `estimate`: a `TimeEstimate` of one step on the target (compute,
+      memory and communication parts, MFU), from the chip's published
+      figures; `time_estimate_s`: its total. `None` without a target.
+    - `largest`: the largest values the compiled step makes, as `(scope and
+      type, bytes)`, most bytes first (what its temporaries hold); not
+      written by `to_json`.
     - `repeated`: the scopes whose devices compute more than their share of
       the one-device step's FLOPs of that scope, as `Repeated`s (a scope
       laid out on no mesh axis is computed whole on every device), most
@@ -88,7 +104,26 @@ class StepCost:
     output_bytes_per_device: int
     temp_bytes_per_device: int
     collectives: tuple[Collective, ...] = ()
+    target: str | None = None
+    compiler: str = "cpu"
+    code_bytes_per_device: int = 0
+    hbm_bytes_per_device: int | None = None
+    estimate: TimeEstimate | None = None
+    largest: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
     repeated: tuple[Repeated, ...] = dataclasses.field(default=(), compare=False)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the peak fits the target chip's memory (`None` without a target)."""
+        if self.hbm_bytes_per_device is None:
+            return None
+        return self.peak_bytes_per_device <= self.hbm_bytes_per_device
+
+    @property
+    def time_estimate_s(self) -> float | None:
+        """The estimated seconds of one step on the target (`estimate.total_s`;
+        `None` without a target): an estimate from published chip figures."""
+        return None if self.estimate is None else self.estimate.total_s
 
     @property
     def ratio(self) -> float | None:
@@ -100,7 +135,10 @@ class StepCost:
         """A JSON-ready dict of every attribute (and `ratio`)."""
         out = dataclasses.asdict(self)
         del out["repeated"]  # an explanation of the FLOPs, not a figure a plan file keeps
+        del out["largest"]
         out["ratio"] = self.ratio
+        out["fits"] = self.fits
+        out["estimate"] = None if self.estimate is None else self.estimate.to_json()
         out["collectives"] = [dataclasses.asdict(c) | {"scopes": list(c.scopes)} for c in self.collectives]
         return out
 
@@ -119,6 +157,7 @@ class StepCost:
             f"{format_bytes(self.argument_bytes_per_device)}, outputs {format_bytes(self.output_bytes_per_device)}, "
             f"temporaries {format_bytes(self.temp_bytes_per_device)})",
         ]
+        out += target_lines(self)
         if not self.collectives:
             out.append("collectives: none")
         for c in self.collectives:
@@ -134,9 +173,16 @@ class StepCost:
 
 def cost_from_json(data: dict[str, Any]) -> StepCost:
     """The `StepCost` a `to_json()` dict (as a plan file records it) holds."""
-    fields = {f.name for f in dataclasses.fields(StepCost)} - {"collectives", "repeated"}
+    later = {"target", "compiler", "code_bytes_per_device", "hbm_bytes_per_device", "estimate"}
+    fields = {f.name for f in dataclasses.fields(StepCost)} - {"collectives", "repeated", "calls", "largest"} - later
+    estimate = data.get("estimate")
     return StepCost(
         **{key: data[key] for key in fields},
+        target=data.get("target"),
+        compiler=data.get("compiler", "cpu"),
+        code_bytes_per_device=data.get("code_bytes_per_device", 0),
+        hbm_bytes_per_device=data.get("hbm_bytes_per_device"),
+        estimate=None if estimate is None else estimate_from_json(estimate),
         collectives=tuple(
             Collective(c["kind"], c["count"], c["bytes_per_device"], tuple(c["scopes"]))
             for c in data["collectives"]
@@ -248,9 +294,10 @@ def _number(cost: Any, key: str) -> float:
     return float((cost or {}).get(key, 0.0) or 0.0)
 
 
-def cost_of(compiled: Any, devices: int, ideal: Any = None) -> StepCost:
+def cost_of(compiled: Any, devices: int, ideal: Any = None, *, compiler: str = "cpu") -> StepCost:
     """The `StepCost` of a compiled step partitioned over `devices`, given
-    the same step compiled for one device (`None`: not known)."""
+    the same step compiled for one device (`None`: not known), by the
+    `compiler` of that platform (a TPU's generated code counts in its peak)."""
     ideal_flops = None if ideal is None else _number(ideal.cost_analysis(), "flops")
     hlo = compiled.as_text() or ""
     cost = compiled.cost_analysis()
@@ -261,15 +308,19 @@ def cost_of(compiled: Any, devices: int, ideal: Any = None) -> StepCost:
 
     arguments, outputs = stat("argument_size_in_bytes"), stat("output_size_in_bytes")
     temps, aliased = stat("temp_size_in_bytes"), stat("alias_size_in_bytes")
+    code = stat("generated_code_size_in_bytes") if compiler == "tpu" else 0
     return StepCost(
         devices=devices,
         flops_per_device=_number(cost, "flops"),
         ideal_flops_per_device=None if ideal_flops is None else ideal_flops / devices,
         bytes_accessed_per_device=_number(cost, "bytes accessed"),
-        peak_bytes_per_device=arguments + outputs + temps - aliased,
+        peak_bytes_per_device=arguments + outputs + temps + code - aliased,
         argument_bytes_per_device=arguments,
         output_bytes_per_device=outputs,
         temp_bytes_per_device=temps,
         collectives=collectives(hlo),
+        compiler=compiler,
+        code_bytes_per_device=code,
+        largest=tuple(largest_values(hlo)),
         repeated=() if ideal is None else tuple(repeated(hlo, ideal.as_text() or "", devices)),
     )

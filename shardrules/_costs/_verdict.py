@@ -1,0 +1,80 @@
+"""What a step's cost says about its target, in words: which compiler's
+figures they are, whether the peak fits the chip, and the estimated step
+time with its parts (`StepCost.lines`, `explain --step --cost`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._planning._plan import format_bytes
+from ._chips import CHIPS
+
+
+def seconds_text(seconds: float) -> str:
+    """`seconds` as `12.3 ms`, `1.20 s`, `45.0 µs`."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e9:.1f} ns"
+
+
+def chip_of(target: str) -> Any:
+    """The `Chip` a target name (as `StepCost.target` holds it) is of."""
+    return CHIPS[target.split(":", 1)[0]]
+
+
+def compiled_by(cost: Any) -> str:
+    """`"the TPU compiler for v5p:8x8x4 (TPU v5p)"`, or for a GPU target the
+    note that its figures are the CPU compiler's."""
+    chip = chip_of(cost.target)
+    if cost.compiler == "tpu":
+        return f"compiled by the TPU compiler for {cost.target} ({cost.devices} {chip.name} chips)"
+    return (
+        f"{cost.devices} x {chip.name}: compiled on simulated CPU devices (JAX cannot compile for a GPU "
+        "without one): FLOPs, memory and collectives are XLA's CPU compiler's, the time is the chip's"
+    )
+
+
+def fit_text(cost: Any, headroom: float = 0.0) -> str:
+    """`"fits: 8.8 MiB of 95.0 GiB (0.0%)"` or `"does not fit: ... over by ..."`,
+    with `headroom` (a fraction) of the chip's memory kept free."""
+    usable = int(cost.hbm_bytes_per_device * (1 - headroom))
+    share = cost.peak_bytes_per_device / cost.hbm_bytes_per_device
+    kept = f", {headroom:.0%} kept free" if headroom else ""
+    if cost.peak_bytes_per_device <= usable:
+        return (
+            f"fits: peak {format_bytes(cost.peak_bytes_per_device)} of {format_bytes(cost.hbm_bytes_per_device)} "
+            f"per chip ({share:.1%}{kept})"
+        )
+    return (
+        f"does not fit: peak {format_bytes(cost.peak_bytes_per_device)} per chip, over "
+        f"{format_bytes(usable)}{kept} by {format_bytes(cost.peak_bytes_per_device - usable)}"
+    )
+
+
+def estimate_text(estimate: Any) -> str:
+    """`"12.3 ms (estimate): max(compute 10.0 ms, memory 3.0 ms) + communication 2.3 ms (ici 2.3 ms); MFU 45%"`."""
+    links = ", ".join(f"{link} {seconds_text(s)}" for link, s in estimate.links if s > 0)
+    mfu = f"; MFU {estimate.mfu:.0%}" if estimate.mfu is not None else ""
+    return (
+        f"{seconds_text(estimate.total_s)} (estimate, {estimate.bound}-bound): max(compute "
+        f"{seconds_text(estimate.compute_s)} at {estimate.dtype} peak, memory {seconds_text(estimate.memory_s)}) "
+        f"+ communication {seconds_text(estimate.communication_s)}{f' ({links})' if links else ''}{mfu}"
+    )
+
+
+def target_lines(cost: Any) -> list[str]:
+    """The lines `StepCost.lines` adds for a target (none without one)."""
+    if cost.target is None:
+        return []
+    out = [f"target: {cost.target}, {compiled_by(cost)}"]
+    if cost.code_bytes_per_device:
+        out.append(f"generated code per device: {format_bytes(cost.code_bytes_per_device)} (in the peak)")
+    if cost.hbm_bytes_per_device is not None:
+        out.append(fit_text(cost))
+    if cost.estimate is not None:
+        out.append(f"step time: {estimate_text(cost.estimate)}")
+    return out
