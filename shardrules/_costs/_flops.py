@@ -14,9 +14,13 @@ collectives of `StepCost` are. The same sums of the one-device step, divided
 by the devices, are each scope's share: a scope whose devices compute more
 than their share runs repeated, and `replicated` ranks them by the FLOPs
 repeated. Each computation counts as many times as one call of the step
-runs it: a loop's body once per trip where XLA knows the trip count (a
+runs it: a loop's body once per trip where the HLO says the trip count (a
 `scan` over layers, once per layer), where XLA's own cost analysis counts it
 once. These are estimates made the same way for both programs.
+
+`flops(..., like_xla=True)` and `accessed` count an instruction as XLA's
+cost analysis does, for what it leaves out of a loop's other trips
+(`_hlo.loop_extra`).
 """
 
 from __future__ import annotations
@@ -149,7 +153,7 @@ def accessed(p: Program, i: Instruction) -> int:
     if not body:
         return sum(size(s) for s in i.operands) + size(i.shape)
     params = {int(m[1]): j for j in body if j.op == "parameter" and (m := re.match(r"(\d+)\)", j.args))}
-    root = next(j for j in reversed(body) if j.root)
+    root = next((j for j in reversed(body) if j.root), body[-1])
     ends = [root] if root.op != "tuple" else [j for n in operands_of(root.args) for j in body if j.name == n]
     reads = sum(_touched(params[k], body) if k in params else size(s) for k, s in enumerate(i.operands))
     return reads + sum(_touched(j, body) if j.op != "parameter" else size(j.shape) for j in ends)
@@ -158,7 +162,7 @@ def accessed(p: Program, i: Instruction) -> int:
 def by_scope(hlo: str) -> dict[str, dict[str, float]]:
     """Each scope's FLOPs in the compiled program `hlo` (optimised HLO text),
     by primitive: `{scope: {primitive: flops}}`. A loop's body and condition
-    count once per trip where XLA knows the trip count (a `scan` over
+    count once per trip where the HLO says the trip count (a `scan` over
     layers: once per layer), as the program runs them; XLA's own cost
     analysis counts them once."""
     from ._cost import scope_of  # `_cost` reads the collectives' scopes the same way, and imports this

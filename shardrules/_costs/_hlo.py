@@ -3,8 +3,9 @@
 One parser serves `StepCost` and `_flops`. `program` splits the text into
 computations and instructions, and knows how many times one call of the
 step runs each computation (`Program.runs`): a `while` loop's body once per
-trip (a `scan` over layers, once per layer), a fusion's or call's
-computation as often as the instructions that call it run. XLA's own cost
+trip (a `scan` over layers, once per layer; once where neither XLA's trip
+count nor the loop's counter says), a fusion's or call's computation as
+often as the instructions that call it run. XLA's own cost
 analysis counts each computation once per call site; `loop_extra` is the
 difference.
 
