@@ -359,6 +359,23 @@ def test_groups_none_and_pairs_and_mesh_axes():
     assert parse_groups(listed.replace("[4,2]T(1,0)", "0,2,4,6,1,3,5,7")) == parse_groups(listed)
 
 
+def test_a_collective_an_async_start_calls_counts_once():
+    hlo = """%wrapped (p: f32[8]) -> f32[64] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %ag = f32[64]{0} all-gather(%p), replica_groups={}, dimensions={0}
+}
+
+ENTRY %main (x: f32[8]) -> f32[64] {
+  %x = f32[8]{0} parameter(0)
+  %start = ((f32[8]{0}), f32[64]{0}, s32[]) async-start(%x), calls=%wrapped
+  %update = ((f32[8]{0}), f32[64]{0}, s32[]) async-update(%start), calls=%wrapped
+  ROOT %done = f32[64]{0} async-done(%update), calls=%wrapped
+}
+"""
+    (call,) = collective_calls(hlo)
+    assert (call.kind, call.bytes_per_device, call.runs, call.groups) == ("all-gather", 64 * 4, 1, None)
+
+
 _NO_TPU = importlib.util.find_spec("libtpu") is None
 
 

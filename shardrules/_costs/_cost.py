@@ -7,11 +7,12 @@ compiled step come its per-device FLOPs and bytes accessed
 temporaries), and, from its optimised HLO (read by `_hlo`), every
 collective with its result size and the scope of the operation it was made
 for (the HLO's `op_name` metadata). XLA's cost analysis counts a loop's body
-once; the FLOPs and bytes of its other trips are added where XLA knows the
-trip count (a `scan` over layers costs what the same layers unrolled do),
-and each collective counts once per trip. The ideal is the same step compiled for one device (a mesh of the
-same axis names, each of size 1), its FLOPs divided by the devices: what a
-perfect split would leave each device.
+once; the FLOPs and bytes of its other trips are added where the HLO says
+the trip count (XLA's, or the loop's counter: a `scan` over layers costs what
+the same layers unrolled do), and each collective counts once per trip. The
+ideal is the same step compiled for one device (a mesh of the same axis
+names, each of size 1), its FLOPs divided by the devices: what a perfect
+split would leave each device.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Collective:
     - `kind`: `"all-gather"`, `"all-reduce"`, `"reduce-scatter"`,
       `"all-to-all"` or `"collective-permute"`.
     - `count`: how many the step runs in one call: a collective in a loop's
-      body once per trip (where XLA knows the trip count), one that the TPU
+      body once per trip (where the HLO says the trip count), one that the TPU
       compiler writes in several pieces (an asynchronous one's start and
       done) once.
     - `bytes_per_device`: the size of their results on one device, summed
@@ -184,11 +185,11 @@ def _segments(path: str) -> tuple[list[str], bool]:
     return names, backward
 
 
-def scope_of(name: str) -> list[str]:
+def scope_of(op_name: str) -> list[str]:
     """The named scopes an HLO `op_name` names (several for a fused one,
     `(a/op:b/op)`), `SCOPE (backward)` under a `transpose`; `""` outside
     every scope."""
-    parts = _split(name, "/")
+    parts = _split(op_name, "/")
     while (
         parts
         and (outer := _WRAPPER.fullmatch(parts[0])) is not None
@@ -210,8 +211,12 @@ def collectives(hlo: str) -> tuple[Collective, ...]:
     """Every collective in the optimised HLO text `hlo`, by kind, each
     transfer as many times as one call of the step runs it (a loop's body's
     once per trip)."""
+    return _by_kind(collective_calls(hlo))
+
+
+def _by_kind(calls: Sequence[CollectiveCall]) -> tuple[Collective, ...]:
     found: dict[str, list[Any]] = {}
-    for call in collective_calls(hlo):
+    for call in calls:
         entry = found.setdefault(call.kind, [0, 0, {}])
         entry[0] += call.runs
         entry[1] += call.bytes_per_device * call.runs
@@ -236,6 +241,7 @@ def cost_of(compiled: Any, devices: int, ideal: Any = None) -> StepCost:
     the same step compiled for one device (`None`: not known)."""
     hlo = compiled.as_text() or ""
     extra_flops, extra_bytes = loop_extra(hlo)
+    calls = tuple(collective_calls(hlo))
     ideal_flops = None
     if ideal is not None:
         ideal_flops = _number(ideal.cost_analysis(), "flops") + loop_extra(ideal.as_text() or "")[0]
@@ -256,7 +262,7 @@ def cost_of(compiled: Any, devices: int, ideal: Any = None) -> StepCost:
         argument_bytes_per_device=arguments,
         output_bytes_per_device=outputs,
         temp_bytes_per_device=temps,
-        collectives=collectives(hlo),
+        collectives=_by_kind(calls),
         repeated=() if ideal is None else tuple(repeated(hlo, ideal.as_text() or "", devices)),
-        calls=tuple(collective_calls(hlo)),
+        calls=calls,
     )

@@ -148,7 +148,7 @@ def program(hlo: str) -> Program:
     named = {(i.computation, i.name): i for i in found}
     roots = {i.computation: i for i in found if i.root}
     callers: dict[str, list[tuple[Instruction, int]]] = {}
-    for i in found:
+    for i in (i for i in found if i.op not in ("async-update", "async-done")):  # their start calls it
         trips = _trip_count(i, named, roots) if i.op == "while" else None
         for called in _CALLED.finditer(i.args):
             times = (trips or 1) if called["how"] in ("body", "condition") else 1
