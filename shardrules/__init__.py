@@ -21,13 +21,13 @@ from ._errors import MeshError as MeshError
 from ._errors import PlacementError as PlacementError
 from ._errors import PlanError as PlanError
 from ._errors import PlanFileError as PlanFileError
-from ._errors import TargetError as TargetError
 from ._errors import ProcessMismatchError as ProcessMismatchError
 from ._errors import RuleDefinitionError as RuleDefinitionError
 from ._errors import RuleSyntaxError as RuleSyntaxError
 from ._errors import ShardRulesError as ShardRulesError
 from ._errors import ShardRulesWarning as ShardRulesWarning
 from ._errors import Span as Span
+from ._errors import TargetError as TargetError
 from ._errors import TreeError as TreeError
 from ._language._format import format_text as format_text
 from ._language._load import load as load
@@ -96,7 +96,6 @@ __all__ = [
     "Plan",
     "PlanError",
     "PlanFileError",
-    "TargetError",
     "ProcessMismatchError",
     "Rule",
     "RuleDefinitionError",
@@ -106,6 +105,7 @@ __all__ = [
     "ShardRulesWarning",
     "Span",
     "StepCost",
+    "TargetError",
     "TimeEstimate",
     "TreeError",
     "apply",

@@ -63,7 +63,12 @@ def mesh():
 
 @pytest.mark.parametrize(
     ("name", "key", "shape"),
-    [("v5p:8x8x4", "v5p", (8, 8, 4)), ("V5E:4x4", "v5e", (4, 4)), ("h100", "h100", ()), ("a100-80g", "a100-80g", ())],
+    [
+        ("v5p:8x8x4", "v5p", (8, 8, 4)),
+        ("V5E:4x4", "v5e", (4, 4)),
+        ("h100", "h100", ()),
+        ("a100-80g", "a100-80g", ()),
+    ],
 )
 def test_a_target_names_a_chip(name: str, key: str, shape: tuple[int, ...]) -> None:
     target = _targets.parse_target(name)
@@ -234,13 +239,20 @@ def test_lint_fails_a_step_that_does_not_fit_sr127(project, capsys) -> None:
     code, found = _lint(capsys, "--step", f"{module}:train_step", "--target", "a100-80g")
     assert code == 0 and not [f for f in found if f["code"] == "SR127"]
     # headroom: a share of the chip kept free
-    code, found = _lint(capsys, "--step", f"{module}:train_step", "--target", "a100-80g", "--hbm-headroom", "99.99%")
-    assert code == 1 and "kept free by --hbm-headroom" in next(f for f in found if f["code"] == "SR127")["message"]
+    code, found = _lint(
+        capsys, "--step", f"{module}:train_step", "--target", "a100-80g", "--hbm-headroom", "99.99%"
+    )
+    assert (
+        code == 1
+        and "kept free by --hbm-headroom" in next(f for f in found if f["code"] == "SR127")["message"]
+    )
 
 
 def test_lint_fails_a_step_over_its_time_sr128(project, capsys) -> None:
     _, module = project
-    code, found = _lint(capsys, "--step", f"{module}:train_step", "--target", "h100", "--max-step-time", "1e-9")
+    code, found = _lint(
+        capsys, "--step", f"{module}:train_step", "--target", "h100", "--max-step-time", "1e-9"
+    )
     assert code == 1
     (slow,) = [f for f in found if f["code"] == "SR128"]
     assert "the step takes an estimated" in slow["message"] and "on h100" in slow["message"]
@@ -281,7 +293,10 @@ def test_the_target_can_be_set_in_pyproject(project, capsys) -> None:
     )
     code, found = _lint(capsys)
     assert code == 1
-    assert "10% kept free by [tool.shardrules] hbm-headroom" in next(f for f in found if f["code"] == "SR127")["message"]
+    assert (
+        "10% kept free by [tool.shardrules] hbm-headroom"
+        in next(f for f in found if f["code"] == "SR127")["message"]
+    )
     (folder / "pyproject.toml").write_text('[tool.shardrules]\ntarget = "h100"\nhbm-headroom = 2\n')
     assert main(["lint", "model.shard"]) == 2
     assert "hbm-headroom" in capsys.readouterr().err
@@ -361,5 +376,7 @@ def test_the_done_when_command_runs_on_256_chips_with_no_tpu(project, capsys) ->
     assert main(["explain", "model.shard", *argv]) == 0
     out = capsys.readouterr().out
     assert "compiled by the TPU compiler for v5p:8x8x4 (256 TPU v5p chips)" in out
-    code, found = _lint(capsys, "--step", f"{module}:huge_step", "--mesh", "fsdp=2,model=2", "--target", "v5p:2x2x1")
+    code, found = _lint(
+        capsys, "--step", f"{module}:huge_step", "--mesh", "fsdp=2,model=2", "--target", "v5p:2x2x1"
+    )
     assert code == 1 and "does not fit v5p:2x2x1" in next(f for f in found if f["code"] == "SR127")["message"]

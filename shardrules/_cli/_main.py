@@ -320,7 +320,9 @@ def _lint_command(args: argparse.Namespace) -> int:
         ("target", "--target"),
     )
     for option, flag in budgets:
-        if option == "target" and "target" in args.origins:  # the project's chips, used where a step is costed
+        if (
+            option == "target" and "target" in args.origins
+        ):  # the project's chips, used where a step is costed
             continue
         if getattr(args, option) is not None and not args.step:
             raise _lint.UsageError(

@@ -4,17 +4,20 @@ XLA compiles a step for the mesh it runs on (simulated CPU devices do as
 well as real ones for this: the partitioned program is the same). From the
 compiled step come its per-device FLOPs and bytes accessed
 (`cost_analysis()`), its memory (`memory_analysis()`: arguments, outputs,
-temporaries), and, from its optimised HLO, every collective with its result
-size and the scope of the operation it was made for (the HLO's `op_name`
-metadata). The ideal is the same step compiled for one device (a mesh of the
-same axis names, each of size 1), its FLOPs divided by the devices: what a
-perfect split would leave each device.
+temporaries), and, from its optimised HLO (read by `_hlo`), every
+collective with its result size and the scope of the operation it was made
+for (the HLO's `op_name` metadata). XLA's cost analysis counts a loop's body
+once; the FLOPs and bytes of its other trips are added where the HLO says
+the trip count (XLA's, or the loop's counter: a `scan` over layers costs what
+the same layers unrolled do), and each collective counts once per trip. The
+ideal is the same step compiled for one device (a mesh of the same axis
+names, each of size 1), its FLOPs divided by the devices: what a perfect
+split would leave each device.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -23,15 +26,9 @@ from .._planning._plan import format_bytes, format_flops
 from .._tracing._outputs import is_subscripts
 from ._estimate import TimeEstimate, estimate_from_json
 from ._flops import Repeated, repeated
+from ._hlo import KINDS, CollectiveCall, collective_calls, loop_extra
 from ._largest import largest_values
 from ._verdict import target_lines
-
-_KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-_OP = re.compile(r"=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<kind>" + "|".join(_KINDS) + r")(?P<start>-start)?\(")
-_ARRAY = re.compile(r"(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\]")
-_COMMENT = re.compile(r"/\*.*?\*/")
-_OP_NAME = re.compile(r'op_name="(?P<name>[^"]*)"')
-_BITS = {"pred": 8, "s4": 4, "u4": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +39,12 @@ class Collective:
 
     - `kind`: `"all-gather"`, `"all-reduce"`, `"reduce-scatter"`,
       `"all-to-all"` or `"collective-permute"`.
-    - `count`: how many the step runs (each once per call; a loop's body's
-      count once).
-    - `bytes_per_device`: the size of their results on one device, summed.
+    - `count`: how many the step runs in one call: a collective in a loop's
+      body once per trip (where the HLO says the trip count), one that the TPU
+      compiler writes in several pieces (an asynchronous one's start and
+      done) once.
+    - `bytes_per_device`: the size of their results on one device, summed
+      over every run.
     - `scopes`: the named scopes of the operations they were made for, as
       the HLO's metadata says (`SCOPE (backward)` for the gradient's), most
       bytes first.
@@ -64,12 +64,13 @@ class StepCost:
 
     - `devices`: how many devices the step is partitioned over.
     - `flops_per_device`: XLA's count of floating-point operations one
-      device runs.
+      device runs, a loop's body counted once per trip (XLA counts it once).
     - `ideal_flops_per_device`: the one-device step's FLOPs divided by
       `devices` (`None` where it was not computed).
     - `ratio`: `flops_per_device / ideal_flops_per_device`: 1.0 is a perfect
       split; 2.0, each device doing twice its share.
-    - `bytes_accessed_per_device`: bytes one device reads and writes.
+    - `bytes_accessed_per_device`: bytes one device reads and writes (XLA's
+      count, a loop's body's once per trip).
     - `peak_bytes_per_device`: arguments, outputs and temporaries held by one
       device at once, less what outputs reuse of donated arguments; on a TPU
       target, its generated code too (it lives in the chip's memory).
@@ -93,6 +94,10 @@ class StepCost:
       laid out on no mesh axis is computed whole on every device), most
       FLOPs repeated first; what a `ratio` above 1 is made of. Empty
       without the one-device step; not written by `to_json`.
+    - `calls`: each collective transfer as a `CollectiveCall` (its bytes,
+      the times it runs, its replica groups, the operation it was made
+      for), what `collectives` sums; not written by `to_json`, empty in a
+      `StepCost` read back from JSON.
     """
 
     devices: int
@@ -111,6 +116,7 @@ class StepCost:
     estimate: TimeEstimate | None = None
     largest: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
     repeated: tuple[Repeated, ...] = dataclasses.field(default=(), compare=False)
+    calls: tuple[CollectiveCall, ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def fits(self) -> bool | None:
@@ -134,8 +140,11 @@ class StepCost:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of every attribute (and `ratio`)."""
         out = dataclasses.asdict(self)
-        del out["repeated"]  # an explanation of the FLOPs, not a figure a plan file keeps
-        del out["largest"]
+        del (
+            out["repeated"],
+            out["calls"],
+            out["largest"],
+        )  # explanations of the figures, not figures a plan file keeps
         out["ratio"] = self.ratio
         out["fits"] = self.fits
         out["estimate"] = None if self.estimate is None else self.estimate.to_json()
@@ -174,7 +183,11 @@ class StepCost:
 def cost_from_json(data: dict[str, Any]) -> StepCost:
     """The `StepCost` a `to_json()` dict (as a plan file records it) holds."""
     later = {"target", "compiler", "code_bytes_per_device", "hbm_bytes_per_device", "estimate"}
-    fields = {f.name for f in dataclasses.fields(StepCost)} - {"collectives", "repeated", "calls", "largest"} - later
+    fields = (
+        {f.name for f in dataclasses.fields(StepCost)}
+        - {"collectives", "repeated", "calls", "largest"}
+        - later
+    )
     estimate = data.get("estimate")
     return StepCost(
         **{key: data[key] for key in fields},
@@ -188,20 +201,6 @@ def cost_from_json(data: dict[str, Any]) -> StepCost:
             for c in data["collectives"]
         ),
     )
-
-
-def _size(shape: str) -> int:
-    """Bytes of an HLO result type (`f32[16,64]{1,0}`, or a tuple of them)."""
-    total = 0
-    for m in _ARRAY.finditer(shape):
-        dtype = m["dtype"]
-        bits = _BITS.get(dtype)
-        if bits is None:
-            digits = re.sub(r"^[a-z]+", "", dtype)
-            bits = int(digits) if digits else 8
-        dims = [int(d) for d in m["dims"].split(",") if d]
-        total += math.prod(dims) * bits // 8
-    return total
 
 
 def _split(text: str, sep: str) -> list[str]:
@@ -262,27 +261,23 @@ def scope_of(op_name: str) -> list[str]:
 
 
 def collectives(hlo: str) -> tuple[Collective, ...]:
-    """Every collective in the optimised HLO text `hlo`, by kind."""
+    """Every collective in the optimised HLO text `hlo`, by kind, each
+    transfer as many times as one call of the step runs it (a loop's body's
+    once per trip)."""
+    return _by_kind(collective_calls(hlo))
+
+
+def _by_kind(calls: Sequence[CollectiveCall]) -> tuple[Collective, ...]:
     found: dict[str, list[Any]] = {}
-    for line in hlo.splitlines():
-        line = _COMMENT.sub("", line)  # XLA numbers long tuples' elements: `/*index=5*/f32[4]`
-        m = _OP.search(line)
-        if m is None:
-            continue
-        size = _size(m["shape"])
-        if m["start"]:  # an async start's result holds its operands too: the last element is the output
-            arrays = list(_ARRAY.finditer(m["shape"]))
-            size = _size(arrays[-1].group(0)) if arrays else size
-        entry = found.setdefault(m["kind"], [0, 0, {}])
-        entry[0] += 1
-        entry[1] += size
-        name = _OP_NAME.search(line)
-        for scope in scope_of(name["name"]) if name else []:
-            if scope:
-                entry[2][scope] = entry[2].get(scope, 0) + size
+    for call in calls:
+        entry = found.setdefault(call.kind, [0, 0, {}])
+        entry[0] += call.runs
+        entry[1] += call.bytes_per_device * call.runs
+        for scope in call.scopes:
+            entry[2][scope] = entry[2].get(scope, 0) + call.bytes_per_device * call.runs
     return tuple(
         Collective(kind, count, nbytes, tuple(sorted(scopes, key=lambda s: -scopes[s])))
-        for kind in _KINDS
+        for kind in KINDS
         if kind in found
         for count, nbytes, scopes in [found[kind]]
     )
@@ -298,8 +293,12 @@ def cost_of(compiled: Any, devices: int, ideal: Any = None, *, compiler: str = "
     """The `StepCost` of a compiled step partitioned over `devices`, given
     the same step compiled for one device (`None`: not known), by the
     `compiler` of that platform (a TPU's generated code counts in its peak)."""
-    ideal_flops = None if ideal is None else _number(ideal.cost_analysis(), "flops")
     hlo = compiled.as_text() or ""
+    extra_flops, extra_bytes = loop_extra(hlo)
+    calls = tuple(collective_calls(hlo))
+    ideal_flops = None
+    if ideal is not None:
+        ideal_flops = _number(ideal.cost_analysis(), "flops") + loop_extra(ideal.as_text() or "")[0]
     cost = compiled.cost_analysis()
     memory = compiled.memory_analysis()
 
@@ -311,16 +310,17 @@ def cost_of(compiled: Any, devices: int, ideal: Any = None, *, compiler: str = "
     code = stat("generated_code_size_in_bytes") if compiler == "tpu" else 0
     return StepCost(
         devices=devices,
-        flops_per_device=_number(cost, "flops"),
+        flops_per_device=_number(cost, "flops") + extra_flops,
         ideal_flops_per_device=None if ideal_flops is None else ideal_flops / devices,
-        bytes_accessed_per_device=_number(cost, "bytes accessed"),
+        bytes_accessed_per_device=_number(cost, "bytes accessed") + extra_bytes,
         peak_bytes_per_device=arguments + outputs + temps + code - aliased,
         argument_bytes_per_device=arguments,
         output_bytes_per_device=outputs,
         temp_bytes_per_device=temps,
-        collectives=collectives(hlo),
+        collectives=_by_kind(calls),
         compiler=compiler,
         code_bytes_per_device=code,
         largest=tuple(largest_values(hlo)),
         repeated=() if ideal is None else tuple(repeated(hlo, ideal.as_text() or "", devices)),
+        calls=calls,
     )

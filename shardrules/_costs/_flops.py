@@ -14,9 +14,13 @@ collectives of `StepCost` are. The same sums of the one-device step, divided
 by the devices, are each scope's share: a scope whose devices compute more
 than their share runs repeated, and `replicated` ranks them by the FLOPs
 repeated. Each computation counts as many times as one call of the step
-runs it: a loop's body once per trip where XLA knows the trip count (a
+runs it: a loop's body once per trip where the HLO says the trip count (a
 `scan` over layers, once per layer), where XLA's own cost analysis counts it
 once. These are estimates made the same way for both programs.
+
+`flops(..., like_xla=True)` and `accessed` count an instruction as XLA's
+cost analysis does, for what it leaves out of a loop's other trips
+(`_hlo.loop_extra`).
 """
 
 from __future__ import annotations
@@ -24,16 +28,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-_LINE = re.compile(
-    r"^\s*(?:ROOT\s+)?%(?P<name>[^\s=]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+(?P<op>[a-z][\w\-]*)\((?P<args>.*)$"
-)
-_PARAMETERS = re.compile(r"^\s*%?[\w.\-]+\s*\((?P<params>.*)\)\s*->")
-_PARAMETER = re.compile(r"(?P<name>[\w.\-]+):\s*(?P<shape>[a-z]+[0-9]*\[[0-9,]*\])")
-_ARRAY = re.compile(r"[a-z]+[0-9]*\[(?P<dims>[0-9,]*)\]")
-_OPERAND = re.compile(r"%(?P<name>[^\s,)]+)")
-_OP_NAME = re.compile(r'op_name="(?P<name>[^"]*)"')
+from ._hlo import CONTROL, Instruction, Program, elements, op_name, operands_of, program, size
+
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<dims>[0-9,]*)\}")
 _LABELS = re.compile(r"dim_labels=[^_\s]*_(?P<kernel>[^-\s]*)->")
 
@@ -78,119 +76,110 @@ class Repeated:
         return self.flops_per_device / self.share if self.share else math.inf
 
 
-def _dims(shape: str) -> list[int]:
-    m = _ARRAY.search(shape)
+_NOTHING = frozenset(("parameter", "constant", "tuple", "get-tuple-element", "bitcast"))
+"""Opcodes XLA's cost analysis counts no bytes for."""
+
+
+def dims(shape: str) -> list[int]:
+    """The dimensions of the first array of an HLO type."""
+    m = re.search(r"\[(?P<dims>[0-9,]*)\]", shape)
     return [int(d) for d in m["dims"].split(",") if d] if m else []
 
 
-def _elements(shape: str) -> int:
-    """The elements of an HLO type (`f32[16,64]{1,0}`, or a tuple of them)."""
-    return sum(math.prod(int(d) for d in m["dims"].split(",") if d) for m in _ARRAY.finditer(shape))
+_TRANSCENDENTAL = frozenset((
+    "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic", "power", "rsqrt", "sqrt",
+    "cbrt", "tanh", "sine", "cosine", "tan", "atan2", "erf",
+))  # fmt: skip
+"""Opcodes XLA's cost analysis counts as transcendentals, not FLOPs."""
 
 
-def _operands(args: str) -> list[str]:
-    """The names of an instruction's operands (the text after its `(`)."""
-    depth, end = 1, len(args)
-    for i, ch in enumerate(args):
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0:
-            end = i
-            break
-    return [m["name"] for m in _OPERAND.finditer(args[:end])]
-
-
-def _flops(op: str, shape: str, args: str, shapes: dict[str, str]) -> float:
-    """The FLOPs of one instruction (`shapes`: each name's type, so far)."""
-    if op in _FREE or op.endswith(("-start", "-done")):
+def flops(i: Instruction, *, like_xla: bool = False) -> float:
+    """The FLOPs of one instruction, once. `like_xla`: as XLA's cost
+    analysis counts them, a conversion once per element and a
+    transcendental (`tanh`, `exponential`) as none."""
+    if like_xla and (i.op == "convert" or i.op in _TRANSCENDENTAL):
+        return float(elements(i.shape)) if i.op == "convert" else 0.0
+    if i.op in _FREE or i.op.endswith(("-start", "-done")):
         return 0.0
-    out = _elements(shape)
-    operands = [shapes.get(name, "") for name in _operands(args)]
-    if op == "dot":
-        m = _CONTRACTING.search(args)
-        lhs = _dims(operands[0]) if operands else []
+    out = elements(i.shape)
+    if i.op == "dot":
+        m = _CONTRACTING.search(i.args)
+        lhs = dims(i.operands[0]) if i.operands else []
         contracted = (
             math.prod(lhs[int(d)] for d in m["dims"].split(",") if d and int(d) < len(lhs)) if m else 1
         )
         return 2.0 * out * contracted
-    if op == "convolution":
-        labels, kernel = _LABELS.search(args), _dims(operands[1]) if len(operands) > 1 else []
+    if i.op == "convolution":
+        labels, kernel = _LABELS.search(i.args), dims(i.operands[1]) if len(i.operands) > 1 else []
         if labels and len(labels["kernel"]) == len(kernel) and "o" in labels["kernel"]:
             # each output element: a kernel window over its input features (of its group)
             return 2.0 * out * math.prod(kernel) / max(kernel[labels["kernel"].index("o")], 1)
         return 2.0 * out
-    if op in ("reduce", "reduce-window") and operands:
-        return float(sum(_elements(s) for s in operands[: max(len(operands) // 2, 1)]))
+    if i.op in ("reduce", "reduce-window") and i.operands:
+        return float(sum(elements(s) for s in i.operands[: max(len(i.operands) // 2, 1)]))
     return float(out)
 
 
-_COMPUTATION = re.compile(r"^\s*%?(?P<name>[\w.\-]+)\s*\(")
-_CALLED = re.compile(
-    r"\b(?P<how>body|condition|calls|branch_computations|true_computation|false_computation)=(?P<names>\{[^}]*\}|%[\w.\-]+)"
-)
-_TRIPS = re.compile(r'"known_trip_count":\{"n":"(?P<n>\d+)"\}')
+def _touched(i: Instruction, body: list[Instruction]) -> int:
+    """Bytes of a fusion's operand or result that its computation `body`
+    touches: a parameter read only by `dynamic-slice`s, their slices; one
+    only updated in place (`dynamic-update-slice`'s first operand), none;
+    a `dynamic-update-slice` result, its update; else the whole array."""
+    if i.op == "dynamic-update-slice":
+        return size(i.operands[1]) if len(i.operands) > 1 else size(i.shape)
+    if i.op != "parameter":
+        return size(i.shape)
+    users = [(j, operands_of(j.args).index(i.name)) for j in body if i.name in operands_of(j.args)]
+    if users and all(j.op == "dynamic-slice" and k == 0 for j, k in users):
+        return sum(size(j.shape) for j, _ in users)
+    if users and all(j.op == "dynamic-update-slice" and k == 0 for j, k in users):
+        return 0
+    return size(i.shape)
+
+
+def accessed(p: Program, i: Instruction) -> int:
+    """Bytes an instruction reads and writes as XLA's cost analysis counts
+    them: its operands and its result, of a slice or an in-place update
+    only the part moved, a fusion as one instruction (by what its
+    computation touches of each operand and result)."""
+    if i.op in _NOTHING or i.op in CONTROL:
+        return 0
+    if i.op == "dynamic-slice":  # the slice read and written, and the indices
+        return 2 * size(i.shape) + sum(size(s) for s in i.operands[1:])
+    if i.op == "dynamic-update-slice":  # the update read and written in place
+        return sum(size(s) for s in i.operands[1:]) + size(i.operands[1] if len(i.operands) > 1 else "")
+    called = re.search(r"\bcalls=%(?P<name>[\w.\-]+)", i.args) if i.op == "fusion" else None
+    body = p.computations.get(called["name"], []) if called else []
+    if not body:
+        return sum(size(s) for s in i.operands) + size(i.shape)
+    params = {int(m[1]): j for j in body if j.op == "parameter" and (m := re.match(r"(\d+)\)", j.args))}
+    root = next((j for j in reversed(body) if j.root), body[-1])
+    ends = [root] if root.op != "tuple" else [j for n in operands_of(root.args) for j in body if j.name == n]
+    reads = sum(_touched(params[k], body) if k in params else size(s) for k, s in enumerate(i.operands))
+    return reads + sum(_touched(j, body) if j.op != "parameter" else size(j.shape) for j in ends)
 
 
 def by_scope(hlo: str) -> dict[str, dict[str, float]]:
     """Each scope's FLOPs in the compiled program `hlo` (optimised HLO text),
     by primitive: `{scope: {primitive: flops}}`. A loop's body and condition
-    count once per trip where XLA knows the trip count (a `scan` over
+    count once per trip where the HLO says the trip count (a `scan` over
     layers: once per layer), as the program runs them; XLA's own cost
     analysis counts them once."""
     from ._cost import scope_of  # `_cost` reads the collectives' scopes the same way, and imports this
 
-    shapes: dict[str, str] = {}
-    found: list[tuple[str, str, str, float]] = []  # (computation, scope, primitive, flops)
-    callers: dict[str, list[tuple[str, int]]] = {}  # computation -> (caller, times per call)
-    computation = ""
-    for line in hlo.splitlines():
-        signature = line.removeprefix("ENTRY ")
-        header = _PARAMETERS.match(signature)
-        if header is not None and "=" not in signature.split("(", 1)[0]:  # a computation's signature
-            for m in _PARAMETER.finditer(header["params"]):  # names repeat across computations
-                shapes[m["name"]] = m["shape"]
-            named = _COMPUTATION.match(signature)
-            computation = named["name"] if named else ""
-            continue
-        m = _LINE.match(line)
-        if m is None:
-            continue
-        shapes[m["name"]] = m["shape"]
-        trips = _TRIPS.search(line) if m["op"] == "while" else None
-        for called in _CALLED.finditer(m["args"]):
-            times = int(trips["n"]) if trips and called["how"] in ("body", "condition") else 1
-            for callee in _OPERAND.finditer(called["names"]):
-                callers.setdefault(callee["name"], []).append((computation, times))
-        flops = _flops(m["op"], m["shape"], m["args"], shapes)
-        if not flops:
-            continue
-        name = _OP_NAME.search(line)
-        op_name = name["name"] if name else ""
-        primitive = op_name.rsplit("/", 1)[-1].rstrip(")") if op_name else m["op"]
-        scopes = scope_of(op_name) if op_name else [""]
-        found += [(computation, scope, primitive, flops / len(scopes)) for scope in scopes]
-    runs = _runs(callers)
+    p = program(hlo)
     out: dict[str, dict[str, float]] = {}
-    for computation, scope, primitive, flops in found:
-        per = out.setdefault(scope, {})
-        per[primitive] = per.get(primitive, 0.0) + flops * runs(computation)
+    for i in p.instructions:
+        count = flops(i)
+        if not count:
+            continue
+        name = op_name(i)
+        primitive = name.rsplit("/", 1)[-1].rstrip(")") if name else i.op
+        scopes = scope_of(name) if name else [""]
+        for scope in scopes:
+            per = out.setdefault(scope, {})
+            per[primitive] = per.get(primitive, 0.0) + count / len(scopes) * p.runs(i.computation)
     return out
-
-
-def _runs(callers: dict[str, list[tuple[str, int]]]) -> Callable[[str], int]:
-    """How many times one call of the step runs each computation: the sum,
-    over the instructions that call it, of the times their own computation
-    runs times the times each call runs it (a loop's trip count); a
-    computation nothing calls (the entry) runs once."""
-    memo: dict[str, int] = {}
-
-    def runs(computation: str, seen: frozenset[str] = frozenset()) -> int:
-        if computation not in memo:
-            calls = [(c, n) for c, n in callers.get(computation, ()) if c not in seen]  # HLO calls no cycle
-            seen = seen | {computation}
-            memo[computation] = sum(runs(c, seen) * n for c, n in calls) if calls else 1
-        return memo[computation]
-
-    return runs
 
 
 def _merged(per_scope: dict[str, dict[str, float]]) -> dict[str, tuple[set[str], dict[str, float]]]:

@@ -7,7 +7,6 @@ named by the scope its metadata gives)."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,24 +14,13 @@ import jax
 import numpy as np
 
 from .._interop._paths import path_str
+from ._hlo import op_name, program, size
 
-_VALUE = re.compile(
-    r"^\s*(?:ROOT\s+)?%(?P<name>[^\s=]+)\s*=\s*(?P<type>[a-z]+[0-9]*)\[(?P<dims>[0-9,]*)\][^ ]*\s+(?P<op>[a-z][\w\-]*)\("
-)
-_OP_NAME = re.compile(r'op_name="(?P<name>[^"]*)"')
 _NOT_VALUES = frozenset((
-    "parameter", "constant", "get-tuple-element", "bitcast", "tuple", "copy-start", "copy-done",
-    "all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "after-all",
+    "parameter", "constant", "get-tuple-element", "bitcast", "tuple", "copy-done", "after-all",
+    "all-gather-done", "all-reduce-done", "collective-permute-done", "async-done", "async-update",
 ))  # fmt: skip
-_BITS = {"pred": 8, "s4": 4, "u4": 4}
-
-
-def _bytes(dtype: str, dims: Sequence[int]) -> int:
-    bits = _BITS.get(dtype)
-    if bits is None:
-        digits = re.sub(r"^[a-z]+", "", dtype)
-        bits = int(digits) if digits else 8
-    return math.prod(dims) * bits // 8
+"""Opcodes that make no new value (views, the ends of asynchronous work)."""
 
 
 def largest_values(hlo: str, count: int = 3) -> list[tuple[str, int]]:
@@ -42,23 +30,16 @@ def largest_values(hlo: str, count: int = 3) -> list[tuple[str, int]]:
     scope its metadata names)."""
     from ._cost import scope_of
 
+    p = program(hlo)
     found: dict[str, int] = {}
-    in_fusion = False
-    for line in hlo.splitlines():
-        stripped = line.lstrip()
-        if not line.startswith(" ") and "{" in line:  # a computation's header
-            in_fusion = "fused" in stripped.split("(", 1)[0] or stripped.startswith("%fused")
+    for i in p.instructions:
+        if i.op in _NOT_VALUES or p.called_by_fusion(i.computation):
             continue
-        m = _VALUE.match(line)
-        if in_fusion or m is None or m["op"] in _NOT_VALUES:
-            continue
-        dims = [int(d) for d in m["dims"].split(",") if d]
-        size = _bytes(m["type"], dims)
-        named = _OP_NAME.search(line)
-        scopes = [s for s in scope_of(named["name"])] if named else []
+        named = op_name(i)
+        scopes = scope_of(named) if named else []
         where = scopes[0] if scopes and scopes[0] else "(no scope)"
-        key = f"{where}: {m['type']}[{','.join(map(str, dims))}]"
-        found[key] = max(found.get(key, 0), size)
+        key = f"{where}: {i.shape.split('{', 1)[0]}"
+        found[key] = max(found.get(key, 0), size(i.shape))
     return sorted(found.items(), key=lambda kv: -kv[1])[:count]
 
 
@@ -81,7 +62,8 @@ def largest_arguments(step: Any, args: Sequence[Any], count: int = 3) -> list[tu
             if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
                 continue
             shape = tuple(np.shape(leaf))
-            local = layout.shard_shape(shape) if hasattr(layout, "shard_shape") else shape
+            shard_shape = getattr(layout, "shard_shape", None)
+            local = shard_shape(shape) if shard_shape is not None else shape
             name = path_str(keys) or "(the argument)"
             found.append((f"argument {position}: {name}", math.prod(local) * np.dtype(leaf.dtype).itemsize))
     return sorted(found, key=lambda kv: -kv[1])[:count]

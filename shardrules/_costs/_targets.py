@@ -59,8 +59,10 @@ class Target:
         return "tpu" if self.chip.platform == "tpu" else "cpu"
 
 
-_KNOWN = ", ".join([f"{key}:SHAPE" for key, c in CHIPS.items() if c.platform == "tpu"]) + ", " + ", ".join(
-    key for key, c in CHIPS.items() if c.platform == "gpu"
+_KNOWN = (
+    ", ".join([f"{key}:SHAPE" for key, c in CHIPS.items() if c.platform == "tpu"])
+    + ", "
+    + ", ".join(key for key, c in CHIPS.items() if c.platform == "gpu")
 )
 
 
