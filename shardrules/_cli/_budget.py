@@ -185,7 +185,7 @@ def target_findings(
                 "SR127",
                 "error",
                 f"the step does not fit {cost.target}: it holds {format_bytes(cost.peak_bytes_per_device)} per "
-                f"chip at its peak and a {chip.name} has {format_bytes(cost.hbm_bytes_per_device)}{kept}, "
+                f"chip at its peak and the chip ({chip.name}) has {format_bytes(cost.hbm_bytes_per_device)}{kept}, "
                 f"{format_bytes(cost.peak_bytes_per_device - usable)} over: arguments "
                 f"{format_bytes(cost.argument_bytes_per_device)}, outputs {format_bytes(cost.output_bytes_per_device)}, "
                 f"temporaries {format_bytes(cost.temp_bytes_per_device)}, generated code "
@@ -204,7 +204,7 @@ def target_findings(
                 "error",
                 f"the step takes an estimated {seconds_text(estimate.total_s)} on {cost.target} (at most "
                 f"{seconds_text(limit)} allowed by {_origin(args, 'max_step_time', '--max-step-time')}): "
-                f"{estimate_text(estimate)}",
+                f"{estimate_text(estimate, total=False)}",
                 span,
                 None,
                 _time_hint(cost),

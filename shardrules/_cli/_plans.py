@@ -20,7 +20,7 @@ from .._reports._costfile import recorded
 from .._reports._dump import Table, dumps, table_of
 from .._reports._dumpread import loads
 from .._reports._plandiff import compare
-from . import _config, _lint, _options, _render, _step
+from . import _config, _lint, _options, _render, _stepcost
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
@@ -191,7 +191,7 @@ def run_diff(args: argparse.Namespace) -> int:
         if costs is not None:
             sys.stdout.write("\n")
             _render.write_table(
-                _step.cost_rows(costs), sys.stdout, _render.use_rich(sys.stdout), _step.COST_HEADER
+                _stepcost.cost_rows(costs), sys.stdout, _render.use_rich(sys.stdout), _stepcost.COST_HEADER
             )
     return EXIT_OK if diff.equal else EXIT_DIFFERENT
 
@@ -232,4 +232,4 @@ def _step_costs(
         except ShardRulesError as err:
             raise _lint.UsageError(f"{path}: {err}") from None
         found[side] = (rules, meshes[side] if meshes[side] is not None else _file_sizes(path))
-    return _step.costs(spec, found, target)
+    return _stepcost.costs(spec, found, target)

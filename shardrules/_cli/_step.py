@@ -25,7 +25,7 @@ from typing import Any
 
 from .._errors import Diagnostic, ShardRulesError
 from .._language._rules import RuleSet
-from .._planning._plan import format_bytes, spec_str
+from .._planning._plan import spec_str
 from .._planning._shapes import ShapeSourceError, import_callable
 from .._pspec import entries
 from .._quiet import quiet
@@ -372,59 +372,3 @@ def argument_plan(
     if len(picked) != 1:
         return None
     return plan(picked[0], rules, dict(sizes) if sizes is not None else None, group=group)
-
-
-def costs(
-    spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None]], target: str | None = None
-) -> dict[str, Any]:
-    """The `StepCost` of the step `spec` names under each side's rules and
-    mesh sizes (`diff --step`), traced on simulated devices and compiled
-    there, or for the chips `target` names."""
-    counts = [math.prod(sizes.values()) for _, sizes in sides.values() if sizes]
-    if counts and not (target and _is_tpu(target)):
-        _ensure_devices(max(counts))  # JAX starts once: with enough devices for both sides
-    out = {}
-    for side, (rules, sizes) in sides.items():
-        step, step_args, _ = trace(spec, rules, sizes, target)
-        out[side] = _cost(spec, step, step_args, target)
-    return out
-
-
-def _is_tpu(target: str) -> bool:
-    from .._costs._targets import parse_target
-    from .._errors import TargetError
-
-    try:
-        return parse_target(target).compiler == "tpu"
-    except TargetError as err:
-        raise UsageError(f"--target: {err.diagnostics[0].message}; {err.hint}") from None
-
-
-def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """`diff --step`'s table: each measure of the two sides' costs, and B over A."""
-    from .._planning._plan import format_flops
-
-    a, b = costs["a"], costs["b"]
-
-    def collective_bytes(cost: Any) -> int:
-        return sum(c.bytes_per_device for c in cost.collectives)
-
-    def ratio(x: float | None, y: float | None) -> str:
-        return f"{y / x:.2f}x" if x and y is not None else "-"
-
-    measures = [
-        ("devices", str(a.devices), str(b.devices), ratio(a.devices, b.devices)),
-        ("FLOPs per device", format_flops(a.flops_per_device), format_flops(b.flops_per_device),
-         ratio(a.flops_per_device, b.flops_per_device)),
-        ("against the ideal", "-" if a.ratio is None else f"{a.ratio:.2f}x",
-         "-" if b.ratio is None else f"{b.ratio:.2f}x",
-         ratio(a.ratio, b.ratio)),
-        ("peak memory per device", format_bytes(a.peak_bytes_per_device), format_bytes(b.peak_bytes_per_device),
-         ratio(a.peak_bytes_per_device, b.peak_bytes_per_device)),
-        ("collectives per device", format_bytes(collective_bytes(a)), format_bytes(collective_bytes(b)),
-         ratio(collective_bytes(a), collective_bytes(b))),
-    ]  # fmt: skip
-    return measures
-
-
-COST_HEADER = ("step cost", "A", "B", "B / A")

@@ -64,6 +64,6 @@ def largest_arguments(step: Any, args: Sequence[Any], count: int = 3) -> list[tu
             shape = tuple(np.shape(leaf))
             shard_shape = getattr(layout, "shard_shape", None)
             local = shard_shape(shape) if shard_shape is not None else shape
-            name = path_str(keys) or "(the argument)"
-            found.append((f"argument {position}: {name}", math.prod(local) * np.dtype(leaf.dtype).itemsize))
+            name = f"argument {position}" + (f": {path_str(keys)}" if keys else "")
+            found.append((name, math.prod(local) * np.dtype(leaf.dtype).itemsize))
     return sorted(found, key=lambda kv: -kv[1])[:count]

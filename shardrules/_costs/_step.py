@@ -22,17 +22,30 @@ from ._hlo import axes_of, matmul_flops_by_dtype
 from ._targets import Target, parse_target, target_mesh
 
 
+def _compile(lowered: Any, tpu: bool) -> Any:
+    """`lowered.compile()`; for a TPU, a program over the chip's memory is
+    compiled all the same (the TPU compiler refuses one by default, saying
+    only by how much), so that its figures say where the memory goes."""
+    try:
+        return lowered.compile()
+    except Exception as err:
+        if not (tpu and "RESOURCE_EXHAUSTED" in str(err)):
+            raise
+        return lowered.compile(compiler_options={"xla_tpu_no_crash_on_oom": True})
+
+
 def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: bool) -> tuple[Any, Any]:
     """`step` (a `RuleJit`) compiled on `mesh` (`own`: the mesh it runs on)
     for arguments shaped like `args`, and (with `ideal`) on one device of it."""
     shapes = shapes_only(args)
+    tpu = mesh.devices.flat[0].platform == "tpu"
     with quiet():  # told once already, when the step was traced for its mesh
         on_mesh = step if own else step._like(mesh)
-        compiled = on_mesh.lower(*shapes).compile()
+        compiled = _compile(on_mesh.lower(*shapes), tpu)
         one_device = None
         if ideal:
             one = one_device_mesh(mesh)
-            one_device = on_one_device(step._like(one).lower, shapes, one).compile()
+            one_device = _compile(on_one_device(step._like(one).lower, shapes, one), tpu)
     return compiled, one_device
 
 

@@ -121,6 +121,8 @@ def tpu_devices(name: str) -> tuple[Any, ...]:
         )
     for key, value in _QUIET_START.items():
         os.environ.setdefault(key, value)
+    chips = math.prod(int(n) for n in name.split(":", 1)[1].split("x"))
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", _cloud_name(name.split(":", 1)[0], chips))
     from jax.experimental import topologies
 
     options = {"chip_config_name": "megacore"} if name.startswith("v4:") else {}
@@ -171,6 +173,14 @@ def target_mesh(target: Target, mesh: Any) -> Any:
 
 _CLOUD = re.compile(r"(?P<kind>v4|v5p|v5litepod|v5e|v6e)-(?P<n>[0-9]+)")
 _CLOUD_KEYS = {"v4": "v4", "v5p": "v5p", "v5litepod": "v5e", "v5e": "v5e", "v6e": "v6e"}
+
+
+def _cloud_name(key: str, chips: int) -> str:
+    """Cloud TPU's accelerator type for `chips` chips of `key` (`v5litepod-16`;
+    v4 and v5p count TensorCores): what libtpu asks for at start-up."""
+    return {"v4": f"v4-{2 * chips}", "v5p": f"v5p-{2 * chips}", "v5e": f"v5litepod-{chips}"}.get(
+        key, f"{key}-{chips}"
+    )
 
 
 def _shape_of(key: str, count: int, dims: int) -> str:

@@ -55,12 +55,19 @@ def fit_text(cost: Any, headroom: float = 0.0) -> str:
     )
 
 
-def estimate_text(estimate: Any) -> str:
-    """`"12.3 ms (estimate): max(compute 10.0 ms, memory 3.0 ms) + communication 2.3 ms (ici 2.3 ms); MFU 45%"`."""
+def estimate_text(estimate: Any, total: bool = True) -> str:
+    """`"12.3 ms (estimate, compute-bound): max(compute 10.0 ms at bf16 peak,
+    memory 3.0 ms) + communication 2.3 ms (ici 2.3 ms); MFU 45%"` (without
+    `total`, from `compute-bound:` on)."""
     links = ", ".join(f"{link} {seconds_text(s)}" for link, s in estimate.links if s > 0)
     mfu = f"; MFU {estimate.mfu:.0%}" if estimate.mfu is not None else ""
+    said = (
+        f"{seconds_text(estimate.total_s)} (estimate, {estimate.bound}-bound)"
+        if total
+        else f"{estimate.bound}-bound"
+    )
     return (
-        f"{seconds_text(estimate.total_s)} (estimate, {estimate.bound}-bound): max(compute "
+        f"{said}: max(compute "
         f"{seconds_text(estimate.compute_s)} at {estimate.dtype} peak, memory {seconds_text(estimate.memory_s)}) "
         f"+ communication {seconds_text(estimate.communication_s)}{f' ({links})' if links else ''}{mfu}"
     )

@@ -340,33 +340,22 @@ class RuleJit:
             return entry.jitted(*args)
 
     def cost(self, *args: Any, ideal: bool = True, target: str | None = None) -> StepCost:
-        """What one call with arguments like `args` costs each device, read off
-        the compiled step (nothing is allocated or run; arrays or
-        `jax.ShapeDtypeStruct`s): a `StepCost` with the FLOPs, bytes accessed,
-        peak memory and collectives per device (a loop's body once per trip),
-        and, with `ideal`, the one-device step's FLOPs over the devices (the
-        step compiled on a mesh of the same axis names, each of size 1), their
-        `ratio` and the scopes over it (`repeated`).
-
-        With `target`, for the chips it names, before anyone has them: a TPU
-        topology as JAX names it (`"v5e:4x4"`, `"v5p:8x8x4"`: the step is
-        compiled by the TPU compiler, which `pip install "shardrules[tpu]"`
-        installs; no TPU is needed) or an NVIDIA GPU (`"h100"`, `"h200"`,
-        `"b200"`, `"a100-80g"`: compiled on the mesh's simulated devices, and
-        said so). The mesh's sizes must multiply to the topology's chips. The
-        cost then says whether the peak `fits` the chip's memory and
-        estimates the step's time (`time_estimate_s`, `estimate`).
+        """What one call with arguments like `args` (arrays or
+        `jax.ShapeDtypeStruct`s) costs each device, read off the compiled
+        step: a `StepCost` (FLOPs, bytes, peak memory, collectives; a loop's
+        body once per trip) and, with `ideal`, the one-device step's FLOPs
+        over the devices, their `ratio` and the scopes over it (`repeated`).
+        With `target`, for the chips it names: a TPU topology (`"v5p:8x8x4"`,
+        compiled by the TPU compiler with no TPU: `pip install
+        "shardrules[tpu]"`) or a GPU (`"h100"`, compiled on the mesh's
+        devices), whose sizes multiply to the mesh's; the cost says whether
+        it `fits` and estimates its time (`time_estimate_s`). **Raises:**
+        `TargetError` (SR126) for a target that cannot be compiled for.
 
         ```python
-        cost = step.cost(params, batch)
-        print(cost.ratio, cost.peak_bytes_per_device)   # 1.04, 4718592
         cost = step.cost(params, batch, target="v5e:2x4")
-        print(cost.fits, cost.time_estimate_s)          # True, 0.00021
+        print(cost.ratio, cost.fits, cost.time_estimate_s)   # 1.04 True 0.00021
         ```
-
-        **Raises:** `TargetError` (SR126) for a target that cannot be
-        compiled for (unknown, libtpu missing, mesh sizes that do not
-        multiply to its chips).
         """
         from .._costs._step import step_cost  # the stage above: what a step costs
 
