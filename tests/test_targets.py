@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.sharding import AxisType
 
 import shardrules as sr
 from shardrules._cli._main import main
@@ -55,7 +56,7 @@ def _jit(mesh):
 
 @pytest.fixture
 def mesh():
-    return jax.make_mesh((4, 2), ("fsdp", "model"))
+    return jax.make_mesh((4, 2), ("fsdp", "model"), axis_types=(AxisType.Explicit,) * 2)
 
 
 # --- naming a target -------------------------------------------------------------------------------
@@ -197,6 +198,7 @@ STEP = """\
 import jax
 import jax.numpy as jnp
 import shardrules as sr
+from jax.sharding import AxisType
 
 def step(p, x):
     def loss(p):
