@@ -138,12 +138,16 @@ REFUSED = {
     ),
     "version true": (
         _edit(0, '"version": 1', '"version": true'),
-        "version true; this shardrules reads versions 1 and 2",
+        "version true; this shardrules reads versions 1, 2 and 3",
     ),
     "version 1.0": (_edit(0, '"version": 1', '"version": 1.0'), "version 1.0"),
-    "version 3": (
+    "version 4": (
+        _edit(0, '"version": 1', '"version": 4'),
+        "version 4; this shardrules reads versions 1, 2 and 3",
+    ),
+    "version 3 without a cost": (
         _edit(0, '"version": 1', '"version": 3'),
-        "version 3; this shardrules reads versions 1 and 2",
+        "the file lacks the key 'step_cost'",
     ),
     "version 2 without a cost": (
         _edit(0, '"version": 1', '"version": 2'),

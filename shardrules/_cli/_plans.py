@@ -180,6 +180,9 @@ def run_diff(args: argparse.Namespace) -> int:
         if getattr(args, "step", None)
         else _recorded_costs(tables)
     )
+    note = None if costs is None else _stepcost.target_note(costs)
+    if note is not None:
+        print(f"shardrules diff: note: {note}", file=sys.stderr)
     if args.format == "json":
         found = diff.as_json()
         if costs is not None:

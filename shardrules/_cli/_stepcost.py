@@ -65,7 +65,56 @@ def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:
         ("collectives per device", format_bytes(collective_bytes(a)), format_bytes(collective_bytes(b)),
          ratio(collective_bytes(a), collective_bytes(b))),
     ]  # fmt: skip
+    if a.target is not None or b.target is not None:
+        measures += target_rows(a, b, ratio)
     return measures
+
+
+def target_rows(a: Any, b: Any, ratio: Any) -> list[tuple[str, ...]]:
+    """The rows of `cost_rows` for a target: each side's (`-` for a side
+    without one), the compiler, whether the peak fits the chip's memory, the
+    estimated step time and MFU."""
+    from .._costs._verdict import seconds_text
+
+    def fits(cost: Any) -> str:
+        if cost.fits is None:
+            return "-"
+        share = cost.peak_bytes_per_device / cost.hbm_bytes_per_device
+        return f"{'yes' if cost.fits else 'no'} ({share:.1%} of {format_bytes(cost.hbm_bytes_per_device)})"
+
+    def time(cost: Any) -> str:
+        return "-" if cost.estimate is None else seconds_text(cost.estimate.total_s)
+
+    def mfu(cost: Any) -> float | None:
+        return None if cost.estimate is None else cost.estimate.mfu
+
+    same = a.target == b.target
+    return [
+        ("target", a.target or "-", b.target or "-", "same" if same else "differs"),
+        ("compiler", a.compiler if a.target else "-", b.compiler if b.target else "-", "-"),
+        ("fits the chip's memory", fits(a), fits(b), "-"),
+        ("step time (estimate)", time(a), time(b), ratio(a.time_estimate_s, b.time_estimate_s)),
+        ("MFU (estimate)", "-" if mfu(a) is None else f"{mfu(a):.1%}", "-" if mfu(b) is None else f"{mfu(b):.1%}",
+         ratio(mfu(a), mfu(b))),
+    ]  # fmt: skip
+
+
+def target_note(costs: Mapping[str, Any]) -> str | None:
+    """What to keep in mind when the two costs are not for the same target:
+    only one side has one, or each its own (`None` when they agree)."""
+    a, b = costs["a"].target, costs["b"].target
+    if a == b:
+        return None
+    if a is None or b is None:
+        side, name = ("B", b) if a is None else ("A", a)
+        return (
+            f"only {side} is costed for a target ({name}); the other on simulated CPU devices: their "
+            "FLOPs, memory and collectives may come from different compilers, and only one has a time estimate"
+        )
+    return (
+        f"A is costed for {a} and B for {b}: each side's figures are its own target's (its compiler, "
+        "its chip's memory and speed)"
+    )
 
 
 COST_HEADER = ("step cost", "A", "B", "B / A")

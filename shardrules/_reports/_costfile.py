@@ -1,6 +1,7 @@
 """A step's cost in a plan file: how `shardrules dump --step` writes it (the
-`step_cost` key of version 2), how a reader checks it, and how two recorded
-costs compare (`diff` of two dumps, golden plans).
+`step_cost` key of version 2; version 3 adds a target's keys, `_targetfile`),
+how a reader checks it, and how two recorded costs compare (`diff` of two
+dumps, golden plans).
 
 A cost reaches this module as plain data, the dict `StepCost.to_json()` gives
 (plus the step's `MODULE:FUNCTION` under `step`), so that reports need
@@ -16,7 +17,8 @@ from typing import Any
 
 from .._errors import PlanFileError
 from .._planning._mesh import MAX_DEVICES
-from ._refuse import fail, shown
+from ._refuse import cost_fail, exact_keys, figure, shown
+from ._targetfile import TARGET_KEYS, read_target, recorded_target, target_changes, target_lines, target_rows
 
 COST_KEYS = (
     "step",
@@ -39,6 +41,8 @@ _WHOLE = (
     "output_bytes_per_device",
     "temp_bytes_per_device",
 )
+VERSION_WITH_TARGET = 3
+"""The file's version whose `step_cost` holds a target's keys (`TARGET_KEYS`)."""
 RTOL = 0.02
 """How far a recorded figure may move before a golden plan calls it a change."""
 
@@ -53,6 +57,8 @@ def recorded(cost: Any, step: str | None = None) -> dict[str, Any]:
         {key: (list(c[key]) if key == "scopes" else c[key]) for key in COLLECTIVE_KEYS}
         for c in data.get("collectives") or ()
     ]
+    if data.get("target") is not None:  # costed for a target: version 3
+        out |= recorded_target(data)
     return out
 
 
@@ -65,91 +71,67 @@ def cost_text(cost: dict[str, Any]) -> str:
     lines = [f'    "{key}": {_value(cost[key])}' for key in COST_KEYS if key != "collectives"]
     rows = [f"      {_value(c)}" for c in cost["collectives"]]
     lines.append('    "collectives": [' + ("\n" + ",\n".join(rows) + "\n    ]" if rows else "]"))
+    if "target" in cost:
+        lines += target_lines(cost)
     return "{\n" + ",\n".join(lines) + "\n  }"
 
 
-_HINT = "write the file again with `shardrules dump --step` instead of editing it by hand"
-
-
-def _fail(what: str) -> PlanFileError:
-    return fail(what, hint=_HINT)
-
-
-MAX_FIGURE = 10**30
-"""The largest figure a file may record (FLOPs, bytes, counts): far beyond any
-step (a zettabyte), and small enough to compute with as a float."""
-
-
-def _number(value: Any, where: str, *, whole: bool = False, null: bool = False, least: int = 0) -> Any:
-    if value is None and null:
-        return None
-    kinds = int if whole else (int, float)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, kinds)
-        or value != value  # NaN
-        or not least <= value <= MAX_FIGURE
-    ):
-        kind = "a whole number" if whole else "a number"
-        raise _fail(
-            f"{where} is {kind} from {least} to 10^30{' or null' if null else ''}, not {shown(value)}"
-        )
-    return value
-
-
-def _exact_keys(value: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(f"{where} is an object with the keys {', '.join(keys)}, not {shown(value)}")
-    extra = [k for k in value if k not in keys]
-    missing = [k for k in keys if k not in value]
-    if extra:
-        raise _fail(
-            f"{where} has the key {shown(extra[0])}, which the format does not have (it has {', '.join(keys)})"
-        )
-    if missing:
-        raise _fail(f"{where} lacks the key {missing[0]!r}")
-    return value
-
-
-def read_cost(value: Any) -> dict[str, Any]:
-    """`"step_cost"` read strictly: its keys, their types and ranges (each
-    figure at most `MAX_FIGURE`), a ratio its FLOPs make, the collectives one
-    per kind in the writer's order. `PlanFileError` (SR124) for anything else."""
+def read_cost(value: Any, version: int | None = None) -> dict[str, Any]:
+    """`"step_cost"` of a file of `version` (2, or 3 with a target's keys;
+    `None`: 3 when it has `"target"`) read strictly: its keys, their types
+    and ranges (each figure at most `MAX_FIGURE`), a ratio its FLOPs make, the
+    collectives one per kind in the writer's order, a target's figures that
+    agree (`_targetfile`). `PlanFileError` (SR124) for anything else."""
     where = '"step_cost"'
-    data = _exact_keys(value, COST_KEYS, where)
+    if version is None:
+        version = VERSION_WITH_TARGET if isinstance(value, dict) and "target" in value else 2
+    if version < VERSION_WITH_TARGET and isinstance(value, dict):
+        later = next((key for key in TARGET_KEYS if key in value), None)
+        if later is not None:
+            raise cost_fail(
+                f'{where} has "{later}", a key of version {VERSION_WITH_TARGET} (a cost for a --target), '
+                f"but the file says version {version}"
+            )
+    data = exact_keys(value, COST_KEYS + TARGET_KEYS if version >= VERSION_WITH_TARGET else COST_KEYS, where)
     if data["step"] is not None and (not isinstance(data["step"], str) or not data["step"]):
-        raise _fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {shown(data["step"])}')
-    devices = _number(data["devices"], f'{where}: "devices"', whole=True, least=1)
+        raise cost_fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {shown(data["step"])}')
+    devices = figure(data["devices"], f'{where}: "devices"', whole=True, least=1)
     if devices > MAX_DEVICES:
-        raise _fail(f'{where}: "devices" is from 1 to {MAX_DEVICES}, not {devices}')
-    flops = _number(data["flops_per_device"], f'{where}: "flops_per_device"')
-    ideal = _number(data["ideal_flops_per_device"], f'{where}: "ideal_flops_per_device"', null=True)
-    ratio = _number(data["ratio"], f'{where}: "ratio"', null=True)
+        raise cost_fail(f'{where}: "devices" is from 1 to {MAX_DEVICES}, not {devices}')
+    flops = figure(data["flops_per_device"], f'{where}: "flops_per_device"')
+    ideal = figure(data["ideal_flops_per_device"], f'{where}: "ideal_flops_per_device"', null=True)
+    ratio = figure(data["ratio"], f'{where}: "ratio"', null=True)
     expected = float(flops) / float(ideal) if ideal else None  # both at most 10^30: no overflow
     if expected is None and ratio is not None:
-        raise _fail(
+        raise cost_fail(
             f'{where}: "ratio" is null when "ideal_flops_per_device" is null or 0, not {shown(ratio)}'
         )
     if expected is not None and (ratio is None or not math.isclose(ratio, expected, rel_tol=1e-9)):
-        raise _fail(f'{where}: "ratio" is {shown(ratio)}, but its FLOPs make {expected!r}')
-    _number(data["bytes_accessed_per_device"], f'{where}: "bytes_accessed_per_device"')
+        raise cost_fail(f'{where}: "ratio" is {shown(ratio)}, but its FLOPs make {expected!r}')
+    figure(data["bytes_accessed_per_device"], f'{where}: "bytes_accessed_per_device"')
     for key in _WHOLE:
-        _number(data[key], f'{where}: "{key}"', whole=True)
+        figure(data[key], f'{where}: "{key}"', whole=True)
     if not isinstance(data["collectives"], list):
-        raise _fail(f'{where}: "collectives" is a list of objects, not {shown(data["collectives"])}')
+        raise cost_fail(f'{where}: "collectives" is a list of objects, not {shown(data["collectives"])}')
     order = -1
     for i, c in enumerate(data["collectives"]):
-        c = _exact_keys(c, COLLECTIVE_KEYS, f"{where}: collective {i}")
+        c = exact_keys(c, COLLECTIVE_KEYS, f"{where}: collective {i}")
         kind = c["kind"]
         if not isinstance(kind, str) or kind not in KINDS:
-            raise _fail(f"{where}: collective {i} has the kind {shown(kind)}; kinds are {', '.join(KINDS)}")
+            raise cost_fail(
+                f"{where}: collective {i} has the kind {shown(kind)}; kinds are {', '.join(KINDS)}"
+            )
         if KINDS.index(kind) <= order:
-            raise _fail(f"{where}: {kind} is listed twice or out of order (the order is {', '.join(KINDS)})")
+            raise cost_fail(
+                f"{where}: {kind} is listed twice or out of order (the order is {', '.join(KINDS)})"
+            )
         order = KINDS.index(kind)
-        _number(c["count"], f"{where}: the count of {kind}", whole=True, least=1)
-        _number(c["bytes_per_device"], f"{where}: the bytes of {kind}", whole=True)
+        figure(c["count"], f"{where}: the count of {kind}", whole=True, least=1)
+        figure(c["bytes_per_device"], f"{where}: the bytes of {kind}", whole=True)
         if not isinstance(c["scopes"], list) or not all(isinstance(x, str) for x in c["scopes"]):
-            raise _fail(f"{where}: the scopes of {kind} are a list of names, not {shown(c['scopes'])}")
+            raise cost_fail(f"{where}: the scopes of {kind} are a list of names, not {shown(c['scopes'])}")
+    if version >= VERSION_WITH_TARGET:
+        read_target(data, where)
     return data
 
 
@@ -187,9 +169,11 @@ def figures(cost: dict[str, Any]) -> dict[str, float | None]:
 
 
 def cost_changes(old: dict[str, Any], new: dict[str, Any], rtol: float = RTOL) -> list[str]:
-    """What moved by more than `rtol` (relative) from `old` to `new`, one line each."""
+    """What moved by more than `rtol` (relative) from `old` to `new`, one
+    line each; for a target, another target, the peak fitting its chip or
+    not, and the estimated step time (`_targetfile.target_changes`)."""
     a, b = figures(old), figures(new)
-    out = []
+    out = target_changes(old, new, rtol)
     if old["devices"] != new["devices"]:
         out.append(f"devices: {old['devices']} -> {new['devices']}")
     for name in dict.fromkeys([*a, *b]):
@@ -210,8 +194,9 @@ def _figure(value: float | None) -> str:
 
 
 def cost_rows(cost: dict[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, str]]]:
-    """The cost as a report shows it: (measure, value) rows, and a (kind,
-    count, bytes per device, scopes) row per kind of collective."""
+    """The cost as a report shows it: (measure, value) rows (a target's
+    among them), and a (kind, count, bytes per device, scopes) row per kind
+    of collective."""
     from .._planning._plan import format_bytes, format_flops
 
     ratio = (
@@ -228,6 +213,7 @@ def cost_rows(cost: dict[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[s
         ("  arguments", format_bytes(cost["argument_bytes_per_device"])),
         ("  outputs", format_bytes(cost["output_bytes_per_device"])),
         ("  temporaries", format_bytes(cost["temp_bytes_per_device"])),
+        *target_rows(cost),
     ]
     collectives = [
         (c["kind"], str(c["count"]), format_bytes(c["bytes_per_device"]), ", ".join(c["scopes"]) or "-")

@@ -29,14 +29,17 @@ from .._planning._dtypes import named_dtype
 from .._planning._mesh import sizes_of
 from .._planning._plan import LeafPlans, Plan
 from .._pspec import entries
-from ._costfile import cost_text
+from ._costfile import VERSION_WITH_TARGET, cost_text
 
 FORMAT = "shardrules-plan"
 VERSION = 1
 VERSION_WITH_COST = 2
 """Version 2 is version 1 and one key more, `step_cost` (what a train step
 costs each device under the plan, `shardrules dump --step`). A plan without a
-cost is written as version 1, byte for byte as before."""
+cost is written as version 1, byte for byte as before. Version 3
+(`VERSION_WITH_TARGET`) is version 2 with a target's keys in `step_cost`
+(`dump --step --target NAME`, see `_targetfile`); a cost without a target is
+written as version 2, byte for byte as before."""
 
 Entry = None | str | tuple[str, ...]
 Kind = tuple[tuple[int, ...] | None, str | None, tuple[Entry, ...] | None, str, int]
@@ -55,7 +58,14 @@ class Table:
     paths: list[str]
     kinds: list[int]
     parts: list[Kind]
-    step_cost: dict[str, Any] | None = None  # `_costfile.recorded`: version 2's `step_cost`
+    step_cost: dict[str, Any] | None = None  # `_costfile.recorded`: version 2's (3's) `step_cost`
+
+    @property
+    def version(self) -> int:
+        """The file's version: 1 without a cost, 2 with one, 3 with one for a target."""
+        if self.step_cost is None:
+            return VERSION
+        return VERSION_WITH_TARGET if self.step_cost.get("target") is not None else VERSION_WITH_COST
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -171,7 +181,7 @@ def dumps(table: Table) -> str:
     total = sum(nbytes_of(table.parts[kind]) for kind in kinds)
     head = [
         ("format", FORMAT),
-        ("version", VERSION if table.step_cost is None else VERSION_WITH_COST),
+        ("version", table.version),
         ("rules", table.rules),
         ("group", table.group),
         ("mesh", mesh),

@@ -1,14 +1,15 @@
 """Reading a plan file back, strictly: what `Plan.from_json`, `shardrules diff`
-and `assert_plan_matches` accept (version 1 of the format `_dump` writes).
+and `assert_plan_matches` accept (versions 1, 2 and 3 of the format `_dump`
+writes; the step cost of 2 and 3 is `_costfile`'s to read).
 
 A file is read only if some plan could have written it, so that a hand edit
 gone wrong is an error naming what is wrong (`PlanFileError`, SR124), never a
 plan read differently from what the file says:
 
 - JSON without a key written twice in one object, with `"format":
-  "shardrules-plan"` and `"version": 1` (a whole number; another version is
-  refused naming the one this reads);
-- exactly the keys of version 1, at the top, on each mesh axis and on each
+  "shardrules-plan"` and `"version"` 1, 2 or 3 (a whole number; another
+  version is refused naming those this reads);
+- exactly the keys of its version (2 and 3 add `step_cost`), at the top, on each mesh axis and on each
   leaf: an unknown key (a typo, or a key of a later version) is refused. A
   later version that adds keys writes a higher version number, so a reader
   never drops what it does not know;
@@ -23,7 +24,9 @@ plan read differently from what the file says:
   the mesh once each, dividing each dimension evenly; bytes per device that
   follow from shape, dtype, spec and mesh; the header's totals those of the
   leaves. A leaf that is not an array has no shape, dtype or spec and the
-  rule `not an array`.
+  rule `not an array`;
+- in version 2, a `step_cost` as `_costfile.read_cost` reads it; in version
+  3, one with a target's keys too (`_targetfile`), which version 2 refuses.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from .._planning._dtypes import jax_holds, named_dtype
 from .._planning._mesh import MAX_DEVICES
 from .._planning._shapes import MAX_RANK, shape_problem
 from .._planning._shapes import shown as named
-from ._costfile import read_cost
+from ._costfile import VERSION_WITH_TARGET, read_cost
 from ._dump import FORMAT, VERSION, VERSION_WITH_COST, Entry, Kind, Table, nbytes_of
 from ._refuse import fail, shown
 
@@ -55,7 +58,7 @@ HEADER_KEYS = (
     "total_bytes",
     "leaves",
 )
-HEADER_KEYS_WITH_COST = (*HEADER_KEYS[:-1], "step_cost", "leaves")  # version 2
+HEADER_KEYS_WITH_COST = (*HEADER_KEYS[:-1], "step_cost", "leaves")  # versions 2 and 3
 AXIS_KEYS = ("name", "size", "type")
 LEAF_KEYS = ("path", "shape", "dtype", "spec", "rule", "bytes")
 AXIS_TYPES = ("explicit", "auto", "manual", "unknown")
@@ -137,10 +140,11 @@ def _header(data: Any) -> Header:
     if (
         not isinstance(version, int)
         or isinstance(version, bool)
-        or version not in (VERSION, VERSION_WITH_COST)
+        or version not in (VERSION, VERSION_WITH_COST, VERSION_WITH_TARGET)
     ):
         raise fail(
-            f"version {shown(version)}; this shardrules reads versions {VERSION} and {VERSION_WITH_COST}",
+            f"version {shown(version)}; this shardrules reads versions {VERSION}, {VERSION_WITH_COST} "
+            f"and {VERSION_WITH_TARGET}",
             hint="read it with the shardrules that wrote it, or write it again with this one",
         )
     if version == VERSION and "step_cost" in data:
@@ -159,7 +163,7 @@ def _header(data: Any) -> Header:
         _mesh(data["mesh"]),
         totals,
         data["leaves"],
-        None if version == VERSION else read_cost(data["step_cost"]),
+        None if version == VERSION else read_cost(data["step_cost"], version),
     )
 
 

@@ -46,8 +46,12 @@ def assert_plan_matches(
       the file records it (as `shardrules dump --step` does), and a later
       run fails when its FLOPs, their ratio to the ideal, peak or accessed
       bytes, or a kind of collective's count or bytes moved by more than
-      `rtol`, or a kind of collective came or went. A file that records a
-      cost needs one.
+      `rtol`, or a kind of collective came or went. A cost for a target
+      (`step.cost(*args, target="v5p:8x8x4")`) is recorded with it (version
+      3 of the file), and fails as well when the target is another (or came
+      or went), when the peak fits the chip's memory and did not (or the
+      other way), or when the estimated step time moved by more than
+      `rtol`. A file that records a cost needs one.
     - `rtol`: how far (relative) each recorded figure may move, default 2%:
       what another XLA release may shift without any change of layout.
     - `update`: write `plan` (and `cost`) to `path` instead of comparing
