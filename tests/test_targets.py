@@ -22,8 +22,8 @@ from jax.sharding import AxisType
 import shardrules as sr
 from shardrules._cli._main import main
 from shardrules._costs import _targets
-from shardrules._costs._chips import CHIPS, GiB
 from shardrules._costs._estimate import communication_seconds, estimate
+from shardrules._planning._chips import CHIPS, GiB
 
 RULES = """\
 mesh fsdp, model

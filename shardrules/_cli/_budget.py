@@ -165,7 +165,8 @@ def target_findings(
     """SR127 for a step whose peak does not fit its target chip's memory
     (less `--hbm-headroom`), SR128 for one whose estimated step time is over
     `--max-step-time`."""
-    from .._costs._verdict import chip_of, estimate_text, seconds_text
+    from .._costs._verdict import chip_of, estimate_text
+    from .._planning._units import format_seconds
 
     if cost.target is None:
         return []
@@ -202,8 +203,8 @@ def target_findings(
             Diagnostic(
                 "SR128",
                 "error",
-                f"the step takes an estimated {seconds_text(estimate.total_s)} on {cost.target} (at most "
-                f"{seconds_text(limit)} allowed by {_origin(args, 'max_step_time', '--max-step-time')}): "
+                f"the step takes an estimated {format_seconds(estimate.total_s)} on {cost.target} (at most "
+                f"{format_seconds(limit)} allowed by {_origin(args, 'max_step_time', '--max-step-time')}): "
                 f"{estimate_text(estimate, total=False)}",
                 span,
                 None,

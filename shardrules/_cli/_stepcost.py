@@ -74,7 +74,7 @@ def target_rows(a: Any, b: Any, ratio: Any) -> list[tuple[str, ...]]:
     """The rows of `cost_rows` for a target: each side's (`-` for a side
     without one), the compiler, whether the peak fits the chip's memory, the
     estimated step time and MFU."""
-    from .._costs._verdict import seconds_text
+    from .._planning._units import format_seconds as seconds_text
 
     def fits(cost: Any) -> str:
         if cost.fits is None:

@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._chips import Chip, dtype_class
+from .._planning._chips import Chip, dtype_class
 
 _RING = {
     "all-gather": lambda n: (n - 1) / n,

@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from .._errors import Diagnostic, TargetError
-from ._chips import CHIPS, TPU_DEVICE_KINDS, Chip
+from .._planning._chips import CHIPS, TPU_DEVICE_KINDS, Chip
 
 _TOPOLOGY = re.compile(r"(?P<version>v[0-9]+[a-z]*):(?P<shape>[0-9]+(?:x[0-9]+){1,2})")
 _QUIET_START = {

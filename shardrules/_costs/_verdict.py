@@ -6,19 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._planning._plan import format_bytes
-from ._chips import CHIPS
-
-
-def seconds_text(seconds: float) -> str:
-    """`seconds` as `12.3 ms`, `1.20 s`, `45.0 µs`."""
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    if seconds >= 1e-6:
-        return f"{seconds * 1e6:.1f} µs"
-    return f"{seconds * 1e9:.1f} ns"
+from .._planning._chips import CHIPS
+from .._planning._units import format_bytes, format_seconds
 
 
 def chip_of(target: str) -> Any:
@@ -59,17 +48,17 @@ def estimate_text(estimate: Any, total: bool = True) -> str:
     """`"12.3 ms (estimate, compute-bound): max(compute 10.0 ms at bf16 peak,
     memory 3.0 ms) + communication 2.3 ms (ici 2.3 ms); MFU 45%"` (without
     `total`, from `compute-bound:` on)."""
-    links = ", ".join(f"{link} {seconds_text(s)}" for link, s in estimate.links if s > 0)
+    links = ", ".join(f"{link} {format_seconds(s)}" for link, s in estimate.links if s > 0)
     mfu = f"; MFU {estimate.mfu:.0%}" if estimate.mfu is not None else ""
     said = (
-        f"{seconds_text(estimate.total_s)} (estimate, {estimate.bound}-bound)"
+        f"{format_seconds(estimate.total_s)} (estimate, {estimate.bound}-bound)"
         if total
         else f"{estimate.bound}-bound"
     )
     return (
         f"{said}: max(compute "
-        f"{seconds_text(estimate.compute_s)} at {estimate.dtype} peak, memory {seconds_text(estimate.memory_s)}) "
-        f"+ communication {seconds_text(estimate.communication_s)}{f' ({links})' if links else ''}{mfu}"
+        f"{format_seconds(estimate.compute_s)} at {estimate.dtype} peak, memory {format_seconds(estimate.memory_s)}) "
+        f"+ communication {format_seconds(estimate.communication_s)}{f' ({links})' if links else ''}{mfu}"
     )
 
 

@@ -19,6 +19,8 @@ from .._gcpause import paused
 from .._language._rules import Rule, RuleSet
 from .._pspec import described
 from ._mesh import MeshLike, axis_types_text, sizes_of
+from ._units import format_bytes as format_bytes
+from ._units import format_flops as format_flops
 
 Why = Literal["rule", "default", "scalar", "size-1", "key", "not an array", "unmatched", "error"]
 
@@ -378,20 +380,3 @@ def spec_repr(spec: Any) -> str:
 def plural(n: int, noun: str, nouns: str = "") -> str:
     """`plural(1, "array")` → `"1 array"`; `plural(3, "array")` → `"3 arrays"`."""
     return f"{n} {noun}" if n == 1 else f"{n} {nouns or noun + 's'}"
-
-
-def format_flops(value: float | None) -> str:
-    """`2.5e9` → `"2.50 GFLOP"`, `512` → `"512 FLOP"`; `None` → `"-"`."""
-    units = (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3))
-    unit, size = next(((u, s) for u, s in units if value is not None and value >= s), ("FLOP", 0))
-    return "-" if value is None else f"{value / size:.2f} {unit}" if size else f"{value:.0f} FLOP"
-
-
-def format_bytes(n: float) -> str:
-    """`1536` → `"1.5 KiB"`."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")

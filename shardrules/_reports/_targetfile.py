@@ -7,11 +7,9 @@ fits that memory, and the estimated step time, an object of one key per line
 seconds, the peak FLOPs and useful FLOPs its MFU is made of). Here it is
 written, read strictly, compared between two costs and shown in reports.
 
-Reports may not import `_costs`, where the chip table lives (reports stand
-beside tracing and costing, see tests/test_architecture.py): a recorded
-target's chip is checked against the keys listed here, which a test holds
-to `_costs._chips.CHIPS`, and a TPU topology's form (`v5e:2x4`) against a
-pattern of its own.
+A recorded target's chip is checked against the chip table
+(`_planning/_chips.py`, which costing uses too), and a TPU topology's form
+(`v5e:2x4`) against a pattern of its own (reports do not import `_costs`).
 """
 
 from __future__ import annotations
@@ -21,7 +19,8 @@ import math
 import re
 from typing import Any
 
-from .._planning._plan import format_bytes
+from .._planning._chips import CHIPS
+from .._planning._units import format_bytes, format_seconds
 from ._refuse import cost_fail, exact_keys, figure, shown
 
 TARGET_KEYS = ("target", "compiler", "code_bytes_per_device", "hbm_bytes_per_device", "fits", "estimate")
@@ -37,8 +36,8 @@ ESTIMATE_KEYS = (
     "peak_flops",
     "model_flops_per_device",
 )
-TPU_CHIPS = ("v4", "v5e", "v5p", "v6e")
-GPU_CHIPS = ("h100", "h200", "b200", "a100-80g")
+TPU_CHIPS = tuple(key for key, chip in CHIPS.items() if chip.platform == "tpu")
+GPU_CHIPS = tuple(key for key, chip in CHIPS.items() if chip.platform == "gpu")
 DTYPES = ("bf16", "f32", "fp8", "int8")
 LINKS = {"tpu": ("ici",), "cpu": ("network", "nvlink")}
 """The links a compiler's collectives are timed on: a TPU slice's ICI; a GPU
@@ -163,18 +162,6 @@ def _read_estimate(value: Any, compiler: str, where: str) -> None:
         )
 
 
-def seconds_text(seconds: float) -> str:
-    """`12.3 ms`, `1.20 s`, `45.0 µs`: as `StepCost`'s lines say a time (a
-    test holds the two to the same text; reports may not import `_costs`)."""
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    if seconds >= 1e-6:
-        return f"{seconds * 1e6:.1f} µs"
-    return f"{seconds * 1e9:.1f} ns"
-
-
 def _yes(fits: bool) -> str:
     return "yes" if fits else "no"
 
@@ -192,7 +179,7 @@ def target_changes(old: dict[str, Any], new: dict[str, Any], rtol: float) -> lis
     x, y = old["estimate"]["total_s"], new["estimate"]["total_s"]
     if not math.isclose(x, y, rel_tol=rtol):
         change = f" ({y / x:.2f}x)" if x else ""
-        out.append(f"estimated step time: {seconds_text(x)} -> {seconds_text(y)}{change}")
+        out.append(f"estimated step time: {format_seconds(x)} -> {format_seconds(y)}{change}")
     return out
 
 
@@ -213,7 +200,7 @@ def target_rows(cost: dict[str, Any]) -> list[tuple[str, str]]:
         if cost["compiler"] == "tpu"
         else "XLA's CPU compiler, on simulated devices (FLOPs, memory and collectives); the time is the chip's"
     )
-    links = ", ".join(f"{link} {seconds_text(s)}" for link, s in estimate["links"].items() if s > 0)
+    links = ", ".join(f"{link} {format_seconds(s)}" for link, s in estimate["links"].items() if s > 0)
     rows = [("target", cost["target"]), ("compiled by", compiler)]
     if cost["code_bytes_per_device"]:
         rows.append(
@@ -221,10 +208,10 @@ def target_rows(cost: dict[str, Any]) -> list[tuple[str, str]]:
         )
     rows += [
         ("fits the chip's memory", fit_words(cost["peak_bytes_per_device"], cost["hbm_bytes_per_device"])),
-        ("step time (estimate)", f"{seconds_text(estimate['total_s'])}, {estimate['bound']}-bound"),
-        ("  compute", f"{seconds_text(estimate['compute_s'])} at {estimate['dtype']} peak"),
-        ("  memory", seconds_text(estimate["memory_s"])),
-        ("  communication", seconds_text(estimate["communication_s"]) + (f" ({links})" if links else "")),
+        ("step time (estimate)", f"{format_seconds(estimate['total_s'])}, {estimate['bound']}-bound"),
+        ("  compute", f"{format_seconds(estimate['compute_s'])} at {estimate['dtype']} peak"),
+        ("  memory", format_seconds(estimate["memory_s"])),
+        ("  communication", format_seconds(estimate["communication_s"]) + (f" ({links})" if links else "")),
         ("MFU (estimate)", "-" if estimate["mfu"] is None else f"{estimate['mfu']:.1%}"),
     ]
     return rows
