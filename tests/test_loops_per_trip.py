@@ -428,3 +428,64 @@ class TestOnTheTpuCompiler:
         total = sum(c.bytes_per_device for c in tpu.collectives)
         assert 1 / 1.5 <= total / sum(c.bytes_per_device for c in cpu.collectives) <= 1.5
         assert _by_kind(tpu)["all-reduce"][0] == _by_kind(cpu)["all-reduce"][0] == 2 * L
+
+
+def _attention_step(unroll):
+    """Layers whose product is batched (`bst,btd->bsd`, as attention's): the
+    TPU compiler writes such a product as a convolution whose window, as
+    long as the batch, covers one element of an input dilated as much."""
+
+    def layer(x, w):
+        scores = jnp.einsum("bsd,btd->bst", x, x) / D
+        return jnp.tanh(jnp.einsum("bst,btd->bsd", scores, x) @ w)
+
+    def loss(params, x):
+        if unroll:
+            for i in range(L):
+                x = layer(x, params["w"][i])
+        else:
+            x = jax.lax.scan(lambda h, w: (layer(h, w), None), x, params["w"])[0]
+        return jnp.sum(x**2)
+
+    def step(params, batch):
+        gp, gx = jax.grad(loss, argnums=(0, 1))(params, batch["x"])
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, gp), {"x": batch["x"] - 0.1 * gx}
+
+    return step
+
+
+ATTENTION = 'rules params:\n  default -> replicated\nrules inputs:\n  "x" -> (fsdp, _, _)\n'
+ATTENTION_ARGS = ({"w": S((L, D, D), jnp.bfloat16)}, {"x": S((16, 128, D), jnp.bfloat16)})
+
+
+def test_a_convolution_over_a_dilated_input_counts_the_elements_its_window_covers():
+    """A convolution's FLOPs per output element: its input features times
+    the real input elements its window covers, `ceil(size / lhs_dilate)` per
+    dimension (XLA's count): a window of 128 over an input dilated by 128
+    covers one."""
+    from shardrules._costs._flops import flops
+    from shardrules._costs._hlo import program
+
+    def conv(window: str) -> float:
+        hlo = (
+            "ENTRY %main (a: bf16[128,512,64], b: bf16[128,64,32]) -> bf16[128,512,32] {\n"
+            "  %a = bf16[128,512,64]{2,1,0} parameter(0)\n"
+            "  %b = bf16[128,64,32]{2,1,0} parameter(1)\n"
+            f"  ROOT %c = bf16[128,512,32]{{2,1,0}} convolution(%a, %b), window={{{window}}}, "
+            "dim_labels=0fb_0io->0bf\n}\n"
+        )
+        return flops(program(hlo).computations["main"][-1])
+
+    out = 128 * 512 * 32
+    assert conv("size=128 stride=127 lhs_dilate=128") == 2 * out * 64  # one element: a batched product
+    assert conv("size=128 pad=127_127") == 2 * out * 64 * 128  # every element of the window
+    assert conv("size=128 lhs_dilate=32") == 2 * out * 64 * 4
+
+
+@pytest.mark.skipif(_NO_TPU, reason="libtpu is not installed: pip install 'shardrules[tpu]'")
+def test_a_scan_over_batched_products_costs_what_it_does_unrolled_on_the_tpu(tpu_mesh):
+    compiled = [_compiled(_attention_step(u), ATTENTION, tpu_mesh, *ATTENTION_ARGS) for u in (False, True)]
+    scanned, unrolled = (cost_of(c, 8) for c in compiled)
+    assert scanned.flops_per_device == pytest.approx(unrolled.flops_per_device, rel=0.05)
+    # unrolled, with no loop to add trips to, the count is XLA's own
+    assert _raw_flops(compiled[1]) == pytest.approx(unrolled.flops_per_device, rel=1e-6)

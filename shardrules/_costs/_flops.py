@@ -110,14 +110,33 @@ def flops(i: Instruction, *, like_xla: bool = False) -> float:
         )
         return 2.0 * out * contracted
     if i.op == "convolution":
-        labels, kernel = _LABELS.search(i.args), dims(i.operands[1]) if len(i.operands) > 1 else []
-        if labels and len(labels["kernel"]) == len(kernel) and "o" in labels["kernel"]:
-            # each output element: a kernel window over its input features (of its group)
-            return 2.0 * out * math.prod(kernel) / max(kernel[labels["kernel"].index("o")], 1)
-        return 2.0 * out
+        return 2.0 * out * _window(i)
     if i.op in ("reduce", "reduce-window") and i.operands:
         return float(sum(elements(s) for s in i.operands[: max(len(i.operands) // 2, 1)]))
     return float(out)
+
+
+_DILATE = re.compile(r"lhs_dilate=(?P<dilate>[0-9x]+)")
+
+
+def _window(i: Instruction) -> float:
+    """The multiply-adds of one output element of a convolution: its input
+    features (of its group) times the input elements its window covers. A
+    window over an input dilated by `lhs_dilate` covers `ceil(size / dilate)`
+    real elements per dimension: the TPU compiler writes a batched matmul as
+    a convolution whose window as long as the batch covers one element."""
+    labels, kernel = _LABELS.search(i.args), dims(i.operands[1]) if len(i.operands) > 1 else []
+    spec = labels["kernel"] if labels else ""
+    if len(spec) != len(kernel) or "o" not in spec or "i" not in spec:
+        return 1.0
+    dilated = _DILATE.search(i.args)
+    dilate = [int(d) for d in dilated["dilate"].split("x")] if dilated else []
+    covered = 1.0
+    for axis, label in enumerate(spec):
+        if label.isdigit():
+            d = dilate[int(label)] if int(label) < len(dilate) else 1
+            covered *= math.ceil(kernel[axis] / d)
+    return kernel[spec.index("i")] * covered
 
 
 def _touched(i: Instruction, body: list[Instruction]) -> int:
