@@ -186,6 +186,12 @@ def test_scopes_of_hlo_op_names():
     assert scope_of("jit(sgd)/transpose(jvp(down))/dot_general") == ["down (backward)"]
     assert scope_of("jit(f)/(transpose(jvp(a))/dot_general:jvp(b/c)/mul)") == ["a (backward)", "b/c"]
     assert scope_of("jit(f)/add") == [""]
+    # what JAX's loops and calls add is not a scope of the model's
+    body = "jit(step)/transpose(jvp(layers))/while/body/closed_call/attn/ctx/dot_general"
+    assert scope_of(body) == ["layers/attn/ctx (backward)"]
+    assert scope_of("jit(f)/cond/branch_1_fun/mlp/add") == ["mlp"]
+    assert scope_of("jit(f)/while/cond/lt") == [""]
+    assert scope_of("jit(f)/while/mlp/add") == ["while/mlp"]  # a scope named `while`, not a loop's
 
 
 def test_collectives_from_hlo_text():

@@ -273,7 +273,9 @@ def any_cost(draw: st.DrawFn) -> dict | None:
     version = draw(st.sampled_from((1, 2, 3)))
     if version == 1:
         return None
-    flops, ideal = draw(finite), draw(st.one_of(st.none(), finite))
+    # FLOPs are counts: an ideal is none, 0, or at least one FLOP (a tiny float would make a ratio
+    # beyond any figure a file may hold, which no step gives)
+    flops, ideal = draw(finite), draw(st.one_of(st.none(), st.just(0.0), st.floats(1, 1e18)))
     kinds = sorted(draw(st.lists(st.sampled_from(KINDS), unique=True, max_size=5)), key=KINDS.index)
     target = draw(st.sampled_from(["h100", "b200", "a100-80g", "v5e:2x4", "v5p:2x2x2", "v4:2x2x2"]))
     on_tpu = target.startswith("v")

@@ -414,3 +414,62 @@ def test_the_done_when_command_runs_on_256_chips_with_no_tpu(project, capsys) ->
         capsys, "--step", f"{module}:huge_step", "--mesh", "fsdp=2,model=2", "--target", "v5p:2x2x1"
     )
     assert code == 1 and "does not fit v5p:2x2x1" in next(f for f in found if f["code"] == "SR127")["message"]
+
+
+# --- what a new user met ---------------------------------------------------------------------------
+
+
+def test_a_gpu_target_times_bfloat16_products_at_the_bfloat16_rate_and_says_what_the_cpu_widens(mesh) -> None:
+    """XLA's CPU compiler runs bfloat16 products in float32: the estimate's
+    compute part takes the dtype from the program as the model wrote it,
+    and a note says the bytes are the CPU compiler's."""
+    step = _jit(mesh)
+    bf16 = step.cost(*_args(dtype=jnp.bfloat16), target="h100")
+    f32 = step.cost(*_args(), target="h100")
+    assert (bf16.estimate.dtype, f32.estimate.dtype) == ("bf16", "f32")
+    assert bf16.estimate.compute_s < f32.estimate.compute_s
+    assert any("bfloat16" in note and "float32" in note for note in bf16.notes)
+    assert not f32.notes
+    assert "note: the model computes in bfloat16" in str(bf16)
+
+
+def test_the_products_by_dtype_are_read_before_the_compiler_widens_them() -> None:
+    from shardrules._costs._step import products_by_dtype
+
+    f = jax.jit(lambda a, b, c: jnp.tanh(a @ b) @ c.astype(jnp.float32))
+    S = jax.ShapeDtypeStruct
+    text = f.lower(S((4, 8), jnp.bfloat16), S((8, 2), jnp.bfloat16), S((2, 16), jnp.bfloat16)).as_text(
+        dialect="hlo"
+    )
+    assert products_by_dtype(text) == {"bf16": 2 * 4 * 2 * 8, "f32": 2 * 4 * 16 * 2}
+
+
+def test_a_mesh_without_devices_is_refused_where_devices_are_needed() -> None:
+    abstract = jax.sharding.AbstractMesh((4, 2), ("fsdp", "model"))
+    step = _jit(abstract)
+    with pytest.raises(TypeError, match="a mesh without devices is costed only for a TPU topology"):
+        step.cost(*_args(), target="h100")
+
+
+@tpu
+def test_a_mesh_without_devices_is_costed_for_a_tpu_topology() -> None:
+    """An `AbstractMesh` of 256 is enough: the topology gives the devices,
+    and the ideal is compiled on one CPU device."""
+    abstract = jax.sharding.AbstractMesh((64, 4), ("fsdp", "model"))
+    cost = _jit(abstract).cost(*_args(width=2048), target="v5p:8x8x4")
+    assert (cost.devices, cost.compiler) == (256, "tpu")
+    # the ideal is the one-device program's FLOPs on the CPU compiler: what the mesh's own cost has
+    mesh = jax.make_mesh((4, 2), ("fsdp", "model"), axis_types=(AxisType.Explicit,) * 2)
+    on_cpu = _jit(mesh).cost(*_args(width=2048))
+    assert cost.ideal_flops_per_device * 256 == on_cpu.ideal_flops_per_device * 8
+
+
+@tpu
+def test_a_step_too_big_for_one_chip_still_has_its_ideal() -> None:
+    """The ideal is the one-device step's FLOPs on the CPU compiler: a step
+    that no chip holds whole (the TPU compiler refuses it) keeps its ratio."""
+    mesh = jax.make_mesh(
+        (2, 2), ("fsdp", "model"), axis_types=(AxisType.Explicit,) * 2, devices=jax.devices()[:4]
+    )
+    cost = _jit(mesh).cost(*_args(width=65536), target="v5p:2x2x1")  # 128 GiB of weights
+    assert cost.fits is False and cost.ideal_flops_per_device and cost.ratio and not cost.notes

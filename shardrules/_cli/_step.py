@@ -91,6 +91,7 @@ def _target_mesh(target: str, sizes: Mapping[str, int], types: tuple[Any, ...]) 
         chosen = parse_target(target)
         if chosen.compiler != "tpu":
             return None
+        _ensure_devices(1)  # JAX on the CPU: the device a TPU target's ideal is compiled on
         return target_mesh(chosen, _Sizes(sizes, types))
     except TargetError as err:
         raise UsageError(f"--target: {err.diagnostics[0].message}; {err.hint}") from None

@@ -86,6 +86,9 @@ class StepCost:
     - `estimate`: a `TimeEstimate` of one step on the target (compute,
       memory and communication parts, MFU), from the chip's published
       figures; `time_estimate_s`: its total. `None` without a target.
+    - `notes`: what the figures leave out or may overstate, in words (no
+      ideal where the one-device step does not compile; a GPU target's
+      bfloat16 run as float32 by the CPU compiler).
     - `largest`: the largest values the compiled step makes, as `(scope and
       type, bytes)`, most bytes first (what its temporaries hold); not
       written by `to_json`.
@@ -115,6 +118,7 @@ class StepCost:
     hbm_bytes_per_device: int | None = None
     estimate: TimeEstimate | None = None
     largest: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
+    notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     repeated: tuple[Repeated, ...] = dataclasses.field(default=(), compare=False)
     calls: tuple[CollectiveCall, ...] = dataclasses.field(default=(), compare=False)
 
@@ -140,11 +144,9 @@ class StepCost:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of every attribute (and `ratio`)."""
         out = dataclasses.asdict(self)
-        del (
-            out["repeated"],
-            out["calls"],
-            out["largest"],
-        )  # explanations of the figures, not figures a plan file keeps
+        for explanation in ("repeated", "calls", "largest"):  # explanations of the figures, not figures
+            del out[explanation]
+        out["notes"] = list(self.notes)
         out["ratio"] = self.ratio
         out["fits"] = self.fits
         out["estimate"] = None if self.estimate is None else self.estimate.to_json()
@@ -167,6 +169,7 @@ class StepCost:
             f"temporaries {format_bytes(self.temp_bytes_per_device)})",
         ]
         out += target_lines(self)
+        out += [f"note: {note}" for note in self.notes]
         if not self.collectives:
             out.append("collectives: none")
         for c in self.collectives:
@@ -185,7 +188,7 @@ def cost_from_json(data: dict[str, Any]) -> StepCost:
     later = {"target", "compiler", "code_bytes_per_device", "hbm_bytes_per_device", "estimate"}
     fields = (
         {f.name for f in dataclasses.fields(StepCost)}
-        - {"collectives", "repeated", "calls", "largest"}
+        - {"collectives", "repeated", "calls", "largest", "notes"}
         - later
     )
     estimate = data.get("estimate")
@@ -196,6 +199,7 @@ def cost_from_json(data: dict[str, Any]) -> StepCost:
         code_bytes_per_device=data.get("code_bytes_per_device", 0),
         hbm_bytes_per_device=data.get("hbm_bytes_per_device"),
         estimate=None if estimate is None else estimate_from_json(estimate),
+        notes=tuple(data.get("notes", ())),
         collectives=tuple(
             Collective(c["kind"], c["count"], c["bytes_per_device"], tuple(c["scopes"]))
             for c in data["collectives"]
@@ -238,6 +242,29 @@ def _segments(path: str) -> tuple[list[str], bool]:
     return names, backward
 
 
+_LOOP_PARTS = {"while": ("body", "cond"), "cond": ("branch",)}
+_CALLS = {"closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "checkpoint", "remat"}
+
+
+def _own(names: list[str]) -> list[str]:
+    """`names` without the segments JAX's loops and calls add to a scope
+    (`layers/while/body/closed_call/attn` is `layers/attn`)."""
+    out: list[str] = []
+    skip = False
+    for i, name in enumerate(names):
+        if skip:
+            skip = False
+            continue
+        follows = _LOOP_PARTS.get(name)
+        if follows is not None and i + 1 < len(names) and names[i + 1].startswith(follows):
+            skip = True
+            continue
+        if name in _CALLS:
+            continue
+        out.append(name)
+    return out
+
+
 def scope_of(op_name: str) -> list[str]:
     """The named scopes an HLO `op_name` names (several for a fused one,
     `(a/op:b/op)`), `SCOPE (backward)` under a `transpose`; `""` outside
@@ -255,7 +282,7 @@ def scope_of(op_name: str) -> list[str]:
     for piece in _split(text[1:-1], ":") if fused else [text]:
         pieces = _split(piece, "/")
         names, backward = _segments("/".join(pieces[:-1]))  # the last is the primitive
-        scope = "/".join(names)
+        scope = "/".join(_own(names))
         out.append(f"{scope} (backward)" if backward and scope else scope)
     return out
 

@@ -12,6 +12,8 @@ fit in and the figures of the time estimate.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from typing import Any
 
 from .._quiet import quiet
@@ -31,22 +33,76 @@ def _compile(lowered: Any, tpu: bool) -> Any:
     except Exception as err:
         if not (tpu and "RESOURCE_EXHAUSTED" in str(err)):
             raise
-        return lowered.compile(compiler_options={"xla_tpu_no_crash_on_oom": True})
+        try:
+            return lowered.compile(compiler_options={"xla_tpu_no_crash_on_oom": True})
+        except Exception as again:
+            raise RuntimeError(
+                f"the TPU compiler refuses the step: {_first_line(err)}; compiled past the chip's memory "
+                f"all the same, it says: {_first_line(again)}"
+            ) from None
 
 
-def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: bool) -> tuple[Any, Any]:
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().split("\n", 1)[0]
+
+
+@dataclasses.dataclass
+class _Compiled:
+    """A step compiled on a mesh: the program, its text before XLA's
+    optimisations (the dtypes the model's own code asks for), and the
+    one-device program (`None`: not asked for, or not compiled: `notes` say why)."""
+
+    compiled: Any
+    before: str
+    one_device: Any = None
+    notes: tuple[str, ...] = ()
+
+
+def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: bool) -> _Compiled:
     """`step` (a `RuleJit`) compiled on `mesh` (`own`: the mesh it runs on)
     for arguments shaped like `args`, and (with `ideal`) on one device of it."""
     shapes = shapes_only(args)
     tpu = mesh.devices.flat[0].platform == "tpu"
     with quiet():  # told once already, when the step was traced for its mesh
         on_mesh = step if own else step._like(mesh)
-        compiled = _compile(on_mesh.lower(*shapes), tpu)
-        one_device = None
+        lowered = on_mesh.lower(*shapes)
+        out = _Compiled(_compile(lowered, tpu), lowered.as_text(dialect="hlo"))
         if ideal:
-            one = one_device_mesh(mesh)
-            one_device = _compile(on_one_device(step._like(one).lower, shapes, one), tpu)
-    return compiled, one_device
+            one = _cpu_device_mesh(mesh) if tpu else one_device_mesh(mesh)
+            try:
+                out.one_device = on_one_device(step._like(one).lower, shapes, one).compile()
+            except Exception as err:  # the ideal is a reference: the step's own figures stand without it
+                out.notes = (
+                    f"no ideal: the step does not compile for one device ({_first_line(err)}); "
+                    "FLOPs are not set against it",
+                )
+    return out
+
+
+def _cpu_device_mesh(mesh: Any) -> Any:
+    """A mesh of `mesh`'s axis names and types, every axis of size 1, on one
+    CPU device: a TPU target's ideal. The one-device step's FLOPs are counted
+    by XLA's CPU compiler, which never refuses a program for its memory (the
+    TPU compiler refuses most steps worth sharding, on one chip) and compiles
+    it in a fraction of the time."""
+    import jax
+
+    names = tuple(mesh.axis_names)
+    device = jax.devices("cpu")[0]
+    return jax.make_mesh((1,) * len(names), names, axis_types=tuple(mesh.axis_types), devices=[device])
+
+
+def _target_mesh(step: Any, args: tuple[Any, ...], chosen: Target) -> tuple[Any, bool]:
+    """The mesh `step` is costed on for `chosen`, and whether it is the
+    step's own: its mesh laid out on a TPU topology (an `AbstractMesh` will
+    do), or the mesh it runs on (a GPU target)."""
+    from jax.sharding import Mesh
+
+    if step.mesh is not None and not isinstance(step.mesh, Mesh) and chosen.compiler == "tpu":
+        return target_mesh(chosen, step.mesh), False  # sizes and types without devices
+    entry = step._entry(args, stacklevel=5)
+    mesh = target_mesh(chosen, entry.mesh)
+    return mesh, mesh is entry.mesh
 
 
 def step_cost(
@@ -57,22 +113,34 @@ def step_cost(
     (a TPU topology or a GPU model), and, with `ideal`, for one device of it.
 
     **Raises:** `TargetError` (SR126) for a target that cannot be compiled for."""
-    entry = step._entry(args, stacklevel=4)
     if target is None:
-        compiled, one_device = _compiled(step, entry.mesh, args, ideal, own=True)
-        return cost_of(compiled, int(entry.mesh.devices.size), one_device)
+        entry = step._entry(args, stacklevel=4)
+        made = _compiled(step, entry.mesh, args, ideal, own=True)
+        cost = cost_of(made.compiled, int(entry.mesh.devices.size), made.one_device)
+        return dataclasses.replace(cost, notes=made.notes)
     chosen = target if isinstance(target, Target) else parse_target(target)
-    mesh = target_mesh(chosen, entry.mesh)
-    compiled, one_device = _compiled(step, mesh, args, ideal, own=mesh is entry.mesh)
-    cost = cost_of(compiled, int(mesh.devices.size), one_device, compiler=chosen.compiler)
-    return on_target(cost, chosen, mesh, compiled.as_text() or "")
+    mesh, own = _target_mesh(step, args, chosen)
+    made = _compiled(step, mesh, args, ideal, own=own)
+    cost = cost_of(made.compiled, int(mesh.devices.size), made.one_device, compiler=chosen.compiler)
+    return on_target(dataclasses.replace(cost, notes=made.notes), chosen, mesh, made)
 
 
-def on_target(cost: StepCost, target: Target, mesh: Any, hlo: str) -> StepCost:
+def on_target(cost: StepCost, target: Target, mesh: Any, made: _Compiled) -> StepCost:
     """`cost` with what `target`'s chip says of it: its memory, and the
-    estimated step time (`hlo`: the compiled step's text, for its matrix
-    multiplications' dtypes)."""
+    estimated step time (the matrix multiplications' dtypes from the
+    compiled program on a TPU; on a GPU target, from the program before the
+    CPU compiler, which runs bfloat16 arithmetic in float32)."""
     chip = target.chip
+    compiled = made.compiled.as_text() or ""
+    by_dtype = matmul_flops_by_dtype(compiled) if target.compiler == "tpu" else products_by_dtype(made.before)
+    notes = cost.notes
+    if target.compiler != "tpu" and _narrow(by_dtype):
+        notes += (
+            "the model computes in bfloat16 (or narrower), and the CPU compiler runs much of that in float32 "
+            "(its collectives too): bytes accessed, temporaries and collective bytes can be up to twice a "
+            "GPU's, and the estimate's memory and communication parts with them; the compute part is "
+            "timed at the chip's bfloat16 rate",
+        )
     shape = tuple(mesh.devices.shape)
     axes = [len(axes_of(call.groups, shape)) for call in cost.calls]
     node_of = [d.id // chip.node_size for d in mesh.devices.flat] if chip.node_size else None
@@ -80,12 +148,13 @@ def on_target(cost: StepCost, target: Target, mesh: Any, hlo: str) -> StepCost:
     return dataclasses.replace(
         cost,
         target=target.name,
+        notes=notes,
         hbm_bytes_per_device=chip.hbm_bytes,
         estimate=estimate(
             chip,
             flops=cost.flops_per_device,
             bytes_accessed=cost.bytes_accessed_per_device,
-            by_dtype=matmul_flops_by_dtype(hlo),
+            by_dtype=by_dtype,
             calls=cost.calls,
             devices=cost.devices,
             axes=axes,
@@ -93,3 +162,43 @@ def on_target(cost: StepCost, target: Target, mesh: Any, hlo: str) -> StepCost:
             model_flops=model,
         ),
     )
+
+
+def _narrow(by_dtype: dict[str, float]) -> bool:
+    """Whether most matrix-multiplication FLOPs have operands narrower than float32."""
+    narrow = sum(n for d, n in by_dtype.items() if d not in ("f32", "f64"))
+    return narrow > sum(by_dtype.values()) / 2
+
+
+_DEFINED = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<dtype>[a-z]+[0-9a-z]*)\[(?P<dims>[0-9,]*)\]"
+)
+_PRODUCT = re.compile(r"\s(?P<op>dot|convolution)\(%?(?P<lhs>[\w.\-]+),\s*%?(?P<rhs>[\w.\-]+)\)")
+_CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<dims>[0-9,]*)\}")
+
+
+def products_by_dtype(text: str) -> dict[str, float]:
+    """The FLOPs of the matrix products of an HLO module as the model's code
+    wrote it (`Lowered.as_text(dialect="hlo")`, before XLA's optimisations
+    change their types), by their operands' element type; each product once
+    (what matters is the share of each type)."""
+    shapes: dict[str, tuple[str, list[int]]] = {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        defined = _DEFINED.match(line)
+        if defined is None:
+            continue
+        dims = [int(d) for d in defined["dims"].split(",") if d]
+        shapes[defined["name"]] = (defined["dtype"], dims)
+        product = _PRODUCT.search(line)
+        if product is None or product["lhs"] not in shapes or product["rhs"] not in shapes:
+            continue
+        dtype, lhs = shapes[product["lhs"]]
+        contracted = _CONTRACTING.search(line) if product["op"] == "dot" else None
+        if contracted:
+            size = math.prod(lhs[int(d)] for d in contracted["dims"].split(",") if d and int(d) < len(lhs))
+        else:  # a convolution: its kernel's elements over its output features
+            kernel = shapes[product["rhs"]][1]
+            size = math.prod(kernel) // max(max(kernel, default=1), 1)
+        out[dtype] = out.get(dtype, 0.0) + 2.0 * math.prod(dims) * size
+    return out

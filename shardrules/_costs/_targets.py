@@ -154,7 +154,9 @@ def target_mesh(target: Target, mesh: Any) -> Any:
 
     devices = tpu_devices(target.name)
     sizes = dict(mesh.shape)
-    if getattr(mesh, "devices", None) is not None and set(mesh.devices.flat) == set(devices):
+    from jax.sharding import Mesh
+
+    if isinstance(mesh, Mesh) and set(mesh.devices.flat) == set(devices):
         return mesh  # already on the topology (a step traced there)
     have = math.prod(sizes.values())
     if have != len(devices):

@@ -156,7 +156,11 @@ class RuleJit:
         mesh = (
             self.mesh if self.mesh is not None else _mesh.resolve(None, self.rules, concrete=True, what="jit")
         )
-        assert isinstance(mesh, Mesh)
+        if not isinstance(mesh, Mesh):
+            raise TypeError(
+                f"sr.jit(..., mesh={type(mesh).__name__}(...)): a mesh without devices is costed only for a TPU "
+                "topology (`step.cost(*args, target='v5p:8x8x4')`); to run the step, give a `jax.sharding.Mesh`"
+            )
         return mesh
 
     def _key(self, args: tuple[Any, ...]) -> Any:
@@ -340,17 +344,14 @@ class RuleJit:
             return entry.jitted(*args)
 
     def cost(self, *args: Any, ideal: bool = True, target: str | None = None) -> StepCost:
-        """What one call with arguments like `args` (arrays or
-        `jax.ShapeDtypeStruct`s) costs each device, read off the compiled
-        step: a `StepCost` (FLOPs, bytes, peak memory, collectives; a loop's
-        body once per trip) and, with `ideal`, the one-device step's FLOPs
-        over the devices, their `ratio` and the scopes over it (`repeated`).
+        """What one call with arguments like `args` (arrays or shapes) costs
+        each device: a `StepCost` (FLOPs, bytes, peak memory, collectives, a
+        loop's body per trip) and, with `ideal`, the one-device step's FLOPs
+        over the devices, their `ratio`, the scopes over it (`repeated`).
         With `target`, for the chips it names: a TPU topology (`"v5p:8x8x4"`,
-        compiled by the TPU compiler with no TPU: `pip install
-        "shardrules[tpu]"`) or a GPU (`"h100"`, compiled on the mesh's
-        devices), whose sizes multiply to the mesh's; the cost says whether
-        it `fits` and estimates its time (`time_estimate_s`). **Raises:**
-        `TargetError` (SR126) for a target that cannot be compiled for.
+        by the TPU compiler with no TPU: `pip install "shardrules[tpu]"`) or
+        a GPU (`"h100"`); the cost says whether it `fits` and estimates its
+        time (`time_estimate_s`). **Raises:** `TargetError` (SR126).
 
         ```python
         cost = step.cost(params, batch, target="v5e:2x4")
