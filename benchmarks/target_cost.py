@@ -19,15 +19,12 @@ Two train steps, each on two TPU topologies:
   `fsdp` slice: 256 on `v5p:8x8x4` (`fsdp=64, model=4`), 16 on `v5e:4x4`
   (`fsdp=4, model=4`), and 4 (one per slice) on `v5e:4x4` as well.
 
-For each: the wall time of `step.cost(*args, target=..., ideal=False)` from
-cold caches (`jax.clear_caches()` first), split into the TPU compiler's time,
-our reading of the compiled HLO (`_costs`) and the rest (tracing and
-lowering); and its figures: peak memory per chip and its parts, whether it
-fits, the estimated step time with its parts, FLOPs per chip, collective bytes
-per chip. `ideal=False` because the one-chip ideal `step.cost` compiles by
-default cannot be compiled for the 7B-like step at 256 sequences (one value
-of 128 GiB on a 95 GiB chip: `step.cost` raises); the ideal (and so the
-ratio and the MFU shown) is the CPU run's one-device step instead.
+For each: the wall time of `step.cost(*args, target=...)` from cold caches
+(`jax.clear_caches()` first), split into the TPU compiler's time, our reading
+of the compiled HLO (`_costs`) and the rest (tracing, lowering, and the
+ideal: the one-device step compiled on one CPU device); and its figures: peak
+memory per chip and its parts, whether it fits, the estimated step time with
+its parts, FLOPs per chip against the ideal, collective bytes per chip.
 Beside each, the same step costed on as many simulated CPU devices as the
 mesh has (`step.cost(*args)`, no target; a process of its own, since the
 number of CPU devices is fixed when JAX starts) and the ratios TPU / CPU.
@@ -163,9 +160,7 @@ def _worker(row: str, compiler: str) -> dict:
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sr.ShardRulesWarning)
-        # On the TPU, no one-chip ideal (`ideal=False`): compiled for one chip, the 7B-like step at 256
-        # sequences runs out of the compiler's memory (see RESULTS.md); the CPU's ideal stands in for it.
-        cost = step.cost(*args, target=target, ideal=False) if compiler == "tpu" else step.cost(*args)
+        cost = step.cost(*args, target=target) if compiler == "tpu" else step.cost(*args)
     seconds = time.perf_counter() - start
     parts = {}
     if timer is not None:
@@ -209,7 +204,7 @@ def _ratio(a: float, b: float) -> str:
 
 def _tables(pairs: list[tuple[dict, dict]]) -> list[str]:
     lines = [
-        "| row | target | mesh | batch | `step.cost(target=)` s (TPU compile / HLO reading / trace + lower) "
+        "| row | target | mesh | batch | `step.cost(target=)` s (compiles: the topology's and the ideal's on one CPU device / HLO reading / trace + lower) "
         "| CPU `step.cost` s | peak / chip (arguments, outputs, temporaries, code) | fits "
         "| estimate s (compute / memory / communication) | bound | MFU | FLOPs / chip (x ideal) "
         "| collectives / chip |",
@@ -222,9 +217,9 @@ def _tables(pairs: list[tuple[dict, dict]]) -> list[str]:
             lines.append(f"| {tpu['row']} | {target} | {mesh} | {rows} | {tpu['error']} | | | | | | | | |")
             continue
         c, e, p = tpu["cost"], tpu["cost"]["estimate"], tpu["parts"]
-        ideal = cpu["cost"]["ideal_flops_per_device"] if "cost" in cpu else None
+        ideal = c["ideal_flops_per_device"]
         ratio = f"{c['flops_per_device'] / ideal:.2f}x" if ideal else "-"
-        mfu = f"{ideal / (e['total_s'] * e['peak_flops']):.1%}" if ideal else "-"
+        mfu = f"{e['mfu']:.1%}" if e["mfu"] is not None else "-"
         cpu_s = f"{cpu['seconds']:.1f}" if "seconds" in cpu else cpu.get("error", "-")
         lines.append(
             f"| {tpu['row']} | {target} | {mesh} | {rows} "

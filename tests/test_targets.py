@@ -214,6 +214,9 @@ def make(width):
 def train_step(rules, mesh):
     return sr.jit(step, rules, mesh, in_groups=("params", "inputs"), out_groups="params"), make(256)
 
+def shapes():
+    return make(256)[0]
+
 def medium_step(rules, mesh):
     return sr.jit(step, rules, mesh, in_groups=("params", "inputs"), out_groups="params"), make(2048)
 
@@ -473,3 +476,58 @@ def test_a_step_too_big_for_one_chip_still_has_its_ideal() -> None:
     )
     cost = _jit(mesh).cost(*_args(width=65536), target="v5p:2x2x1")  # 128 GiB of weights
     assert cost.fits is False and cost.ideal_flops_per_device and cost.ratio and not cost.notes
+
+
+def test_lint_says_how_a_step_it_passes_does_on_its_target(project, capsys) -> None:
+    _, module = project
+    assert main(["lint", "model.shard", "--step", f"{module}:train_step", "--target", "h100"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if "the step on h100" in line]
+    assert line.startswith(
+        "model.shard: the step on h100 (the CPU compiler's figures, the chip's time): fits: peak "
+    )
+    assert "per step (estimate, " in line
+
+
+def test_the_command_line_names_sr126(project, capsys) -> None:
+    _, module = project
+    assert main(["lint", "model.shard", "--step", f"{module}:train_step", "--target", "tpu-v5p"]) == 2
+    assert "--target: SR126 unknown target 'tpu-v5p'" in capsys.readouterr().err
+
+
+def test_a_headroom_written_as_a_percentage_without_its_sign_is_refused_with_both_forms(
+    project, capsys
+) -> None:
+    _, module = project
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "lint",
+                "model.shard",
+                "--step",
+                f"{module}:train_step",
+                "--target",
+                "h100",
+                "--hbm-headroom",
+                "10",
+            ]
+        )
+    assert "'10': a share is written 10% or 0.1" in capsys.readouterr().err
+
+
+def test_a_step_in_pyproject_does_not_stop_a_diff_of_two_dumps(project, capsys) -> None:
+    folder, module = project
+    for name in ("a", "b"):
+        argv = ["dump", "model.shard", "--shapes", f"{module}:shapes", "-o", f"{name}.json"]
+        assert main(argv) == 0
+    (folder / "pyproject.toml").write_text(
+        f'[tool.shardrules]\nstep = "{module}:train_step"\ntarget = "h100"\n'
+    )
+    assert main(["diff", "a.json", "b.json"]) == 0, capsys.readouterr().err
+
+
+def test_a_tuple_value_is_named_by_its_count_in_sr127s_hint() -> None:
+    from shardrules._costs._largest import _type_text
+
+    assert _type_text("(f32[16384,65536]{1,0}, f32[65536]{0})") == "2 values"
+    assert _type_text("bf16[8,4096]{1,0:T(8,128)(2,1)}") == "bf16[8,4096]"

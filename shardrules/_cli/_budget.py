@@ -154,7 +154,7 @@ def _fit_hint(cost: Any, step: Any, step_args: Sequence[Any]) -> str:
     if moved:
         parts.append(
             "collectives: "
-            + ", ".join(f"{c.kind} {format_bytes(c.bytes_per_device)} per step" for c in moved)
+            + ", ".join(f"{c.kind} {format_bytes(c.bytes_per_device)} per device" for c in moved)
         )
     return "; ".join([*parts, "to fit, " + _memory_hint(cost, step.donate)])
 
@@ -220,7 +220,7 @@ def _time_hint(cost: Any) -> str:
     if estimate.bound == "communication":
         moved = sorted(cost.collectives, key=lambda c: -c.bytes_per_device)[:3]
         where = "; ".join(
-            f"{c.kind} {format_bytes(c.bytes_per_device)} per step"
+            f"{c.kind} {format_bytes(c.bytes_per_device)} per device"
             + (f" (from {', '.join(c.scopes[:2])})" if c.scopes else "")
             for c in moved
         )

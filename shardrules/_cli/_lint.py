@@ -97,6 +97,7 @@ class Result:
     sources: Mapping[str, str]
     plan: Plan | None = None
     hosts: int | None = None
+    step_cost: Any = None  # a `--step`'s `StepCost`, where it was compiled for its cost
 
     @property
     def errors(self) -> int:

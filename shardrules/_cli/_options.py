@@ -149,8 +149,10 @@ def fraction(text: str) -> float:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a share; write e.g. 10% or 0.1") from None
+    if 1 <= value < 100 and not raw.endswith("%"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a share is written {value:g}% or {value / 100:g}")
     if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a share from 0% to under 100%, e.g. 10%")
+        raise argparse.ArgumentTypeError(f"{text!r}: give a share from 0% to under 100%, e.g. 10% or 0.1")
     return value
 
 

@@ -173,6 +173,8 @@ def run_diff(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     diff = compare(tables["a"], tables["b"])
     paths = {"a": args.a, "b": args.b}
+    if "step" in args.origins and any(is_dump(p) for p in paths.values()):
+        args.step = None  # `step` in [tool.shardrules] is for rule files: dumps bring their own costs
     if getattr(args, "target", None) and not getattr(args, "step", None) and "target" not in args.origins:
         raise _lint.UsageError("--target costs a step: give one with --step MODULE:FUNCTION")
     costs = (

@@ -40,6 +40,10 @@ def write_text(results: Sequence[Result], out: TextIO, *, all_leaves: bool = Fal
         if result.hosts is not None and result.plan is not None and isinstance(result.plan.mesh, Mapping):
             out.write(f"{result.file}: {format_bytes(result.plan.bytes_per_device)} per device; ")
             out.write(host_line(result.plan, result.hosts) + "\n")
+        if getattr(result.step_cost, "target", None) is not None:
+            from .._costs._verdict import verdict
+
+            out.write(f"{result.file}: {verdict(result.step_cost)}\n")
     _summary(results, grouped, out)
 
 

@@ -94,7 +94,7 @@ def _target_mesh(target: str, sizes: Mapping[str, int], types: tuple[Any, ...]) 
         _ensure_devices(1)  # JAX on the CPU: the device a TPU target's ideal is compiled on
         return target_mesh(chosen, _Sizes(sizes, types))
     except TargetError as err:
-        raise UsageError(f"--target: {err.diagnostics[0].message}; {err.hint}") from None
+        raise UsageError(f"--target: SR126 {err.diagnostics[0].message}; {err.hint}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,7 +306,7 @@ def _cost(spec: str, step: Any, args: tuple[Any, ...], target: str | None = None
         with output_to_stderr():
             return step.cost(*args, target=target)
     except TargetError as err:
-        raise UsageError(f"--target: {err.diagnostics[0].message}; {err.hint}") from None
+        raise UsageError(f"--target: SR126 {err.diagnostics[0].message}; {err.hint}") from None
     except ShardRulesError:
         raise
     except SystemExit as err:
@@ -347,7 +347,7 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
     max_ratio, max_peak = getattr(args, "max_flops_ratio", None), getattr(args, "max_peak_bytes", None)
     target = getattr(args, "target", None)
     if getattr(args, "cost", False) or max_ratio is not None or max_peak is not None or target is not None:
-        args.step_cost = _cost(spec, step, step_args, target)
+        args.step_cost = result.step_cost = _cost(spec, step, step_args, target)
         span = dict(rules.group_span_items).get("activations")
         found += _budget.findings(
             args.step_cost, traced.decisions, max_ratio, max_peak, span, args, step.donate

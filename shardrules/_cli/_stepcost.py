@@ -38,7 +38,7 @@ def _is_tpu(target: str) -> bool:
     try:
         return parse_target(target).compiler == "tpu"
     except TargetError as err:
-        raise UsageError(f"--target: {err.diagnostics[0].message}; {err.hint}") from None
+        raise UsageError(f"--target: SR126 {err.diagnostics[0].message}; {err.hint}") from None
 
 
 def cost_rows(costs: Mapping[str, Any]) -> list[tuple[str, ...]]:

@@ -7,6 +7,7 @@ named by the scope its metadata gives)."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,9 +39,20 @@ def largest_values(hlo: str, count: int = 3) -> list[tuple[str, int]]:
         named = op_name(i)
         scopes = scope_of(named) if named else []
         where = scopes[0] if scopes and scopes[0] else "(no scope)"
-        key = f"{where}: {i.shape.split('{', 1)[0]}"
+        key = f"{where}: {_type_text(i.shape)}"
         found[key] = max(found.get(key, 0), size(i.shape))
     return sorted(found.items(), key=lambda kv: -kv[1])[:count]
+
+
+_LAYOUT = re.compile(r"\{[^{}]*\}")
+
+
+def _type_text(shape: str) -> str:
+    """An HLO type without its layouts (`f32[8,4096]`); a tuple as its count of values."""
+    plain = _LAYOUT.sub("", shape).replace("/*", "").strip()
+    if plain.startswith("("):
+        return f"{plain.count('[')} values"
+    return plain
 
 
 def largest_arguments(step: Any, args: Sequence[Any], count: int = 3) -> list[tuple[str, int]]:

@@ -165,7 +165,7 @@ def target_mesh(target: Target, mesh: Any) -> Any:
         raise _error(
             f"the mesh {shown} has {have} devices and the target {target.name} has {len(devices)} "
             f"({target.chip.name}, {chips} chips)",
-            f"give the mesh sizes that multiply to {len(devices)} (--mesh), or a topology of {have} "
+            f"give the mesh sizes that multiply to {len(devices)} (`--mesh` on the command line), or a topology of {have} "
             f"chips{_topology_of(target, have)}",
         )
     return jax.make_mesh(

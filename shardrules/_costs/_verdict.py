@@ -74,3 +74,23 @@ def target_lines(cost: Any) -> list[str]:
     if cost.estimate is not None:
         out.append(f"step time: {estimate_text(cost.estimate)}")
     return out
+
+
+def verdict(cost: Any) -> str:
+    """One line for `lint`: the step on its target, whether it fits and its
+    estimated time (`"the step on v5p:8x8x4 (the TPU compiler's figures):
+    fits: peak 65.0 MiB of 95.0 GiB per chip (0.1%); 846.4 µs per step
+    (estimate, communication-bound), MFU 12%"`)."""
+    whose = (
+        "the TPU compiler's figures"
+        if cost.compiler == "tpu"
+        else "the CPU compiler's figures, the chip's time"
+    )
+    said = [f"the step on {cost.target} ({whose})"]
+    if cost.hbm_bytes_per_device is not None:
+        said.append(fit_text(cost))
+    if cost.estimate is not None:
+        e = cost.estimate
+        mfu = f", MFU {e.mfu:.0%}" if e.mfu is not None else ""
+        said.append(f"{format_seconds(e.total_s)} per step (estimate, {e.bound}-bound){mfu}")
+    return ": ".join(said[:2]) + "".join(f"; {part}" for part in said[2:])
