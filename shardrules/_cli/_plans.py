@@ -177,11 +177,8 @@ def run_diff(args: argparse.Namespace) -> int:
         args.step = None  # `step` in [tool.shardrules] is for rule files: dumps bring their own costs
     if getattr(args, "target", None) and not getattr(args, "step", None) and "target" not in args.origins:
         raise _lint.UsageError("--target costs a step: give one with --step MODULE:FUNCTION")
-    costs = (
-        _step_costs(args.step, meshes, paths, args.target)
-        if getattr(args, "step", None)
-        else _recorded_costs(tables)
-    )
+    step: str | None = getattr(args, "step", None)
+    costs = _step_costs(step, meshes, paths, args.target) if step else _recorded_costs(tables)
     note = None if costs is None else _stepcost.target_note(costs)
     if note is not None:
         print(f"shardrules diff: note: {note}", file=sys.stderr)
