@@ -243,7 +243,15 @@ def _segments(path: str) -> tuple[list[str], bool]:
 
 
 _LOOP_PARTS = {"while": ("body", "cond"), "cond": ("branch",)}
-_CALLS = {"closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "checkpoint", "remat"}
+_CALLS = {
+    "closed_call",
+    "core_call",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "checkpoint",
+    "remat",
+    "rematted_computation",
+}
 
 
 def _own(names: list[str]) -> list[str]:
