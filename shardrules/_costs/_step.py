@@ -12,7 +12,6 @@ fit in and the figures of the time estimate.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Any
 
@@ -171,34 +170,34 @@ def _narrow(by_dtype: dict[str, float]) -> bool:
 
 
 _DEFINED = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<dtype>[a-z]+[0-9a-z]*)\[(?P<dims>[0-9,]*)\]"
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>[a-z]+[0-9a-z]*\[[0-9,]*\]\S*)\s"
 )
-_PRODUCT = re.compile(r"\s(?P<op>dot|convolution)\(%?(?P<lhs>[\w.\-]+),\s*%?(?P<rhs>[\w.\-]+)\)")
-_CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<dims>[0-9,]*)\}")
+_PRODUCT = re.compile(r"\s(?P<op>dot|convolution)\((?P<args>%?(?P<lhs>[\w.\-]+),\s*%?(?P<rhs>[\w.\-]+)\).*)$")
 
 
 def products_by_dtype(text: str) -> dict[str, float]:
     """The FLOPs of the matrix products of an HLO module as the model's code
     wrote it (`Lowered.as_text(dialect="hlo")`, before XLA's optimisations
-    change their types), by their operands' element type; each product once
-    (what matters is the share of each type)."""
-    shapes: dict[str, tuple[str, list[int]]] = {}
+    change their types), by their operands' element type, each counted as
+    `_flops` counts it; each product once (what matters is each type's share).
+    That text names values without `%`, which `_hlo.program` reads."""
+    from ._flops import flops
+    from ._hlo import Instruction
+
+    shapes: dict[str, str] = {}
     out: dict[str, float] = {}
     for line in text.splitlines():
         defined = _DEFINED.match(line)
         if defined is None:
             continue
-        dims = [int(d) for d in defined["dims"].split(",") if d]
-        shapes[defined["name"]] = (defined["dtype"], dims)
+        shapes[defined["name"]] = defined["shape"]
         product = _PRODUCT.search(line)
         if product is None or product["lhs"] not in shapes or product["rhs"] not in shapes:
             continue
-        dtype, lhs = shapes[product["lhs"]]
-        contracted = _CONTRACTING.search(line) if product["op"] == "dot" else None
-        if contracted:
-            size = math.prod(lhs[int(d)] for d in contracted["dims"].split(",") if d and int(d) < len(lhs))
-        else:  # a convolution: its kernel's elements over its output features
-            kernel = shapes[product["rhs"]][1]
-            size = math.prod(kernel) // max(max(kernel, default=1), 1)
-        out[dtype] = out.get(dtype, 0.0) + 2.0 * math.prod(dims) * size
+        lhs, rhs = shapes[product["lhs"]], shapes[product["rhs"]]
+        i = Instruction(
+            "", defined["name"], defined["shape"], product["op"], product["args"], False, (lhs, rhs)
+        )
+        dtype = lhs.split("[", 1)[0]
+        out[dtype] = out.get(dtype, 0.0) + flops(i)
     return out
