@@ -168,7 +168,9 @@ def _parser() -> argparse.ArgumentParser:
     _plans.add_options(diff, sides=True)
     diff.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     _options.step_option(
-        diff, "compare what it costs each device under A's and B's rules (FLOPs, memory, collectives)"
+        diff,
+        "compare what it costs each device under A's and B's rules (FLOPs, memory, collectives); "
+        "without --shapes, compare the plans of each group its sr.jit names for its example arguments",
     )
     _options.chip_option(diff)
     diff.set_defaults(run=_plans.run_diff)

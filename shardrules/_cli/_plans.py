@@ -20,7 +20,7 @@ from .._reports._costfile import recorded
 from .._reports._dump import Table, dumps, table_of
 from .._reports._dumpread import loads
 from .._reports._plandiff import compare
-from . import _config, _lint, _options, _render, _stepcost
+from . import _config, _lint, _options, _render, _step, _stepcost, _stepplans
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
@@ -40,9 +40,16 @@ def _mesh(value: Any, where: str) -> dict[str, int] | None:
     return _lint.parse_mesh(value, where)
 
 
-def _shapes(args: argparse.Namespace) -> Any:
+def _shapes(args: argparse.Namespace, diff: bool = False) -> Any:
     if not args.shapes:
-        raise _lint.UsageError("give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules]")
+        also = (
+            " (or, with two rule files, a step whose example arguments give them: --step MODULE:FUNCTION)"
+            if diff
+            else ""
+        )
+        raise _lint.UsageError(
+            f"give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules]{also}"
+        )
     return _lint.read_shapes(args.shapes, args.origins.get("shapes", "--shapes"))
 
 
@@ -77,9 +84,9 @@ def run_dump(args: argparse.Namespace) -> int:
     if args.cost_step:
         try:
             cost = _step_costs(args.cost_step, {"a": mesh}, {"a": args.rules}, args.target)["a"]
-        except ShardRulesError as err:  # the rules do not trace the step: nothing is written
+        except _StepFailed as failed:  # the rules do not trace the step: nothing is written
             sys.stdout.flush()
-            print(f"{args.rules}: --step {args.cost_step}:\n{err}", file=sys.stderr)
+            print(f"{args.rules}: --step {args.cost_step}:\n{failed.error}", file=sys.stderr)
             return EXIT_DIFFERENT
         table = dataclasses.replace(table, step_cost=recorded(cost, args.cost_step))
     _lint.write_output(dumps(table), args.output)
@@ -159,43 +166,101 @@ def run_diff(args: argparse.Namespace) -> int:
         )
         for side, value in (("a", args.mesh_a), ("b", args.mesh_b))
     }
-    tree = None if is_dump(args.a) and is_dump(args.b) else _shapes(args)
-    tables = {}
-    for side in ("a", "b"):
-        path = getattr(args, side)
-        try:
-            tables[side] = (
-                read_dump(path)
-                if is_dump(path)
-                else table_of(plan_file(path, tree, meshes[side], args.group))
-            )
-        except PlanFailed:
-            return EXIT_ERROR
-    diff = compare(tables["a"], tables["b"])
     paths = {"a": args.a, "b": args.b}
     if "step" in args.origins and any(is_dump(p) for p in paths.values()):
         args.step = None  # `step` in [tool.shardrules] is for rule files: dumps bring their own costs
     if getattr(args, "target", None) and not getattr(args, "step", None) and "target" not in args.origins:
         raise _lint.UsageError("--target costs a step: give one with --step MODULE:FUNCTION")
     step: str | None = getattr(args, "step", None)
-    costs = _step_costs(step, meshes, paths, args.target) if step else _recorded_costs(tables)
+    from_step = step is not None and not args.shapes  # the step's example arguments give the trees
+    try:
+        made = None if step is None else _made_steps(step, meshes, paths, args.target)  # refuses dumps
+        pairs = (
+            _step_tables(step, made, meshes, paths, args)
+            if step and made and from_step
+            else _tables(args, meshes)
+        )
+        costs = _costs_of(step, made, paths, args.target) if step and made else _recorded_costs(pairs[0])
+    except PlanFailed:
+        return EXIT_ERROR
+    except _StepFailed as failed:
+        sys.stdout.flush()
+        print(f"{failed.path}: --step {step}:\n{failed.error}", file=sys.stderr)
+        return EXIT_ERROR
+    diffs = [compare(tables["a"], tables["b"]) for tables in pairs]
     note = None if costs is None else _stepcost.target_note(costs)
     if note is not None:
         print(f"shardrules diff: note: {note}", file=sys.stderr)
     if args.format == "json":
-        found = diff.as_json()
+        found = _groups_json(diffs) if from_step else diffs[0].as_json()
         if costs is not None:
             found["step_cost"] = {side: cost.to_json() for side, cost in costs.items()}
         json.dump(found, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(diff.text() + "\n")
+        sys.stdout.write("\n\n".join(diff.text() for diff in diffs) + "\n")
         if costs is not None:
             sys.stdout.write("\n")
             _render.write_table(
                 _stepcost.cost_rows(costs), sys.stdout, _render.use_rich(sys.stdout), _stepcost.COST_HEADER
             )
-    return EXIT_OK if diff.equal else EXIT_DIFFERENT
+    return EXIT_OK if all(diff.equal for diff in diffs) else EXIT_DIFFERENT
+
+
+class _StepFailed(Exception):
+    """The step does not trace or compile under one side's rules (a `ShardRulesError`)."""
+
+    def __init__(self, path: str, error: ShardRulesError) -> None:
+        super().__init__(path)
+        self.path, self.error = path, error
+
+
+def _tables(args: argparse.Namespace, meshes: dict[str, dict[str, int] | None]) -> list[dict[str, Table]]:
+    """The one pair of tables of `--shapes` (dumps: their own): A's and B's."""
+    both_dumps = is_dump(args.a) and is_dump(args.b)
+    tree = None if both_dumps else _shapes(args, diff=True)
+    tables = {}
+    for side in ("a", "b"):
+        path = getattr(args, side)
+        tables[side] = (
+            read_dump(path) if is_dump(path) else table_of(plan_file(path, tree, meshes[side], args.group))
+        )
+    return [tables]
+
+
+def _step_tables(
+    step: str,
+    made: dict[str, tuple[Any, tuple[Any, ...]]],
+    meshes: dict[str, dict[str, int] | None],
+    paths: dict[str, str],
+    args: argparse.Namespace,
+) -> list[dict[str, Table]]:
+    """A pair of tables per group the step's `in_groups` name (`--group`: that
+    one), each side's planned for its own example arguments."""
+    trees = {side: _stepplans.argument_trees(step, *made[side]) for side in ("a", "b")}
+
+    def plan(side: str, tree: Any, group: str) -> Table:
+        return table_of(plan_file(paths[side], tree, meshes[side], group))
+
+    return _stepplans.pairs(step, trees, args.group, plan)
+
+
+def _groups_json(diffs: list[Any]) -> dict[str, Any]:
+    """`diff --step --format json` with no `--shapes`: one diff per group."""
+    return {"equal": all(d.equal for d in diffs), "groups": [d.as_json() for d in diffs]}
+
+
+def _costs_of(
+    step: str, made: dict[str, tuple[Any, tuple[Any, ...]]], paths: dict[str, str], target: str | None
+) -> dict[str, Any]:
+    """Each side's step (`_made_steps`) traced and compiled: its `StepCost`."""
+    found = {}
+    for side, (made_step, step_args) in made.items():
+        try:
+            found[side] = _stepcost.cost_of(step, made_step, step_args, target)
+        except ShardRulesError as err:  # the rules do not trace the step
+            raise _StepFailed(paths[side], err) from None
+    return found
 
 
 def _recorded_costs(tables: dict[str, Table]) -> dict[str, Any] | None:
@@ -217,12 +282,12 @@ def _recorded_costs(tables: dict[str, Table]) -> dict[str, Any] | None:
     return {side: cost_from_json(cost) for side, cost in recorded_by.items() if cost is not None}
 
 
-def _step_costs(
+def _made_steps(
     spec: str, meshes: dict[str, dict[str, int] | None], paths: dict[str, str], target: str | None = None
-) -> dict[str, Any]:
-    """The cost of the step `spec` names under each side's rules and mesh (rule
-    files, not dumps): both of `diff --step`'s, or `dump --step`'s one; for
-    the chips `target` names, when given."""
+) -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    """The step `spec` names and its example arguments under each side's rules
+    and mesh (rule files, not dumps): both of `diff --step`'s, or `dump
+    --step`'s one; traced later, for the chips `target` names when given."""
     found = {}
     for side, path in paths.items():
         if is_dump(path):
@@ -234,4 +299,19 @@ def _step_costs(
         except ShardRulesError as err:
             raise _lint.UsageError(f"{path}: {err}") from None
         found[side] = (rules, meshes[side] if meshes[side] is not None else _file_sizes(path))
-    return _stepcost.costs(spec, found, target)
+    _stepcost.start(found, target)
+    made = {}
+    for side, (rules, sizes) in found.items():
+        try:
+            made[side] = _step.make_step(spec, rules, sizes, target)
+        except ShardRulesError as err:  # the rules refuse the step's own arguments or mesh
+            raise _StepFailed(paths[side], err) from None
+    return made
+
+
+def _step_costs(
+    spec: str, meshes: dict[str, dict[str, int] | None], paths: dict[str, str], target: str | None = None
+) -> dict[str, Any]:
+    """The cost of the step `spec` names under each side's rules and mesh."""
+    made = _made_steps(spec, meshes, paths, target)
+    return _costs_of(spec, made, paths, target)

@@ -121,52 +121,61 @@ def trace(
 
     **Raises:** `UsageError` for a step that cannot be imported, called or
     traced, or that exits; `ShardRulesError` from the rules (SR117, SR103, ...)."""
-    with output_to_stderr():
-        return _trace(spec, rules, sizes, target)
+    step, args = make_step(spec, rules, sizes, target)
+    return step, args, trace_step(spec, step, args)
 
 
-def _trace(
-    spec: str, rules: RuleSet, sizes: Mapping[str, int] | None, target: str | None
-) -> tuple[Any, tuple[Any, ...], Any]:
+def make_step(
+    spec: str, rules: RuleSet, sizes: Mapping[str, int] | None, target: str | None = None
+) -> tuple[Any, tuple[Any, ...]]:
+    """The step `spec` names, for `rules` on a mesh of `sizes`, and its example
+    arguments, not traced yet (`trace`'s first half; its standard output sent
+    to standard error)."""
     from .._tracing._jit import RuleJit
 
-    try:
-        factory = import_callable(spec, _EXAMPLE)
-    except ShapeSourceError as err:
-        raise UsageError(f"--step {err}") from None
-    if sizes is None:
-        raise UsageError(
-            "--step needs the mesh's sizes: pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line"
-        )
-    mesh = step_mesh(rules, sizes, target)
-    try:
-        made = factory(rules, mesh)
-    except ShardRulesError:
-        raise
-    except SystemExit as err:
-        raise UsageError(
-            f"--step {spec}: calling it with (rules, mesh) {exited(err)}; it must return the step and "
-            "its example arguments"
-        ) from None
-    except Exception as err:
-        raise UsageError(
-            f"--step {spec}: calling it with (rules, mesh) raised {type(err).__name__}: {err}"
-        ) from None
+    with output_to_stderr():
+        try:
+            factory = import_callable(spec, _EXAMPLE)
+        except ShapeSourceError as err:
+            raise UsageError(f"--step {err}") from None
+        if sizes is None:
+            raise UsageError(
+                "--step needs the mesh's sizes: pass --mesh AXIS=SIZE,... or give every axis a number in the "
+                "mesh line"
+            )
+        mesh = step_mesh(rules, sizes, target)
+        try:
+            result = factory(rules, mesh)
+        except ShardRulesError:
+            raise
+        except SystemExit as err:
+            raise UsageError(
+                f"--step {spec}: calling it with (rules, mesh) {exited(err)}; it must return the step and "
+                "its example arguments"
+            ) from None
+        except Exception as err:
+            raise UsageError(
+                f"--step {spec}: calling it with (rules, mesh) raised {type(err).__name__}: {err}"
+            ) from None
     if not (
-        isinstance(made, tuple)
-        and len(made) == 2
-        and isinstance(made[0], RuleJit)
-        and isinstance(made[1], (tuple, list))
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], RuleJit)
+        and isinstance(result[1], (tuple, list))
     ):
-        got = type(made).__name__ if not isinstance(made, tuple) else f"a tuple of {len(made)}"
+        got = type(result).__name__ if not isinstance(result, tuple) else f"a tuple of {len(result)}"
         raise UsageError(
             f"--step {spec} returned {got}; return the step and its example arguments, e.g. "
             "`return sr.jit(train_step, rules, mesh, in_groups=(...)), (params, opt_state, batch)`"
         )
-    step, args = made
+    return result[0], tuple(result[1])
+
+
+def trace_step(spec: str, step: Any, args: tuple[Any, ...]) -> Any:
+    """One trace of `step` (made by `make_step`) with `args`: its `Traced`."""
     try:
-        with quiet():  # what the trace warns about comes back as findings
-            return step, tuple(args), step.traced(*args)
+        with output_to_stderr(), quiet():  # what the trace warns about comes back as findings
+            return step.traced(*args)
     except ShardRulesError:
         raise
     except SystemExit as err:

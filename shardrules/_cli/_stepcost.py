@@ -12,23 +12,22 @@ from typing import Any
 from .._language._rules import RuleSet
 from .._planning._plan import format_bytes
 from ._lint import UsageError
-from ._step import _cost, _ensure_devices, trace
+from ._step import _cost, _ensure_devices, trace_step
 
 
-def costs(
-    spec: str, sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None]], target: str | None = None
-) -> dict[str, Any]:
-    """The `StepCost` of the step `spec` names under each side's rules and
-    mesh sizes (`diff --step`), traced on simulated devices and compiled
-    there, or for the chips `target` names."""
+def start(sides: Mapping[str, tuple[RuleSet, Mapping[str, int] | None]], target: str | None = None) -> None:
+    """JAX started once, with enough simulated devices for every side's mesh
+    (none for a TPU target: its devices are the topology's)."""
     counts = [math.prod(sizes.values()) for _, sizes in sides.values() if sizes]
     if counts and not (target and _is_tpu(target)):
         _ensure_devices(max(counts))  # JAX starts once: with enough devices for both sides
-    out = {}
-    for side, (rules, sizes) in sides.items():
-        step, step_args, _ = trace(spec, rules, sizes, target)
-        out[side] = _cost(spec, step, step_args, target)
-    return out
+
+
+def cost_of(spec: str, step: Any, args: tuple[Any, ...], target: str | None = None) -> Any:
+    """The `StepCost` of a step `_step.make_step` made: traced, then compiled on
+    its mesh or for the chips `target` names."""
+    trace_step(spec, step, args)
+    return _cost(spec, step, args, target)
 
 
 def _is_tpu(target: str) -> bool:
