@@ -157,6 +157,13 @@ LINT_CASES = {
         (1, 6),
         "drop it",
     ),
+    "SR215": (
+        'mesh data, model\nrules params:\n  "w" -> (_, model)\nrules inputs:\n  "x" -> (data)\n',
+        {"w": S(8, 8)},
+        {"data": 8, "model": 1},
+        (3, 10),
+        "give `model` a size above 1",
+    ),
     "SR301": ('mesh fsdp, model\nrules params:\n  "w" -> (fsdp)\n', None, None, (1, 1), "--mesh fsdp=SIZE"),
     # Rules written for slashed paths, a tree with dotted ones: everything falls to `default`.
     "SR116": (

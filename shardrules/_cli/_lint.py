@@ -21,6 +21,7 @@ from .._planning._compile import compile_plan
 from .._planning._hosts import HostsError, check_hosts
 from .._planning._mesh import MAX_DEVICES, declared_sizes
 from .._planning._plan import Plan
+from .._planning._size_one import size_one_warnings
 from ._guest import exited, output_to_stderr
 
 
@@ -186,6 +187,7 @@ def lint_file(
         found += _check.unused_axis_warnings(empty)
     found += _check.axis_type_warnings(rules)
     found += alternative_warnings(rules, sizes)
+    found += size_one_warnings(rules, sizes, rules.group_names, the_plan)  # SR215: the plan's leaves counted
     if sizes is None:
         hint = "pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line (not `*`)"
         found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]

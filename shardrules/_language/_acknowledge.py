@@ -34,7 +34,7 @@ from .._errors import Diagnostic, Findings, Span, did_you_mean
 from ._syntax import Comment, Item
 
 WARNING_CODES = frozenset(
-    {"SR201", "SR202", "SR203", "SR204", "SR205", "SR206", "SR209", "SR211", "SR212", "SR214"}
+    {"SR201", "SR202", "SR203", "SR204", "SR205", "SR206", "SR209", "SR211", "SR212", "SR214", "SR215"}
 )
 """The codes a `noqa` comment may name: the warnings about a line of a rule file."""
 
@@ -143,10 +143,16 @@ def _directive(item: Comment, found: re.Match[str], name: str, errors: Findings)
                 "SR020",
                 f"`noqa: {code}`: no warning has this code",
                 where,
-                did_you_mean(code, sorted(WARNING_CODES))
+                did_you_mean(_digits(code), sorted(WARNING_CODES))
                 or f"the warnings a rule file can acknowledge are {', '.join(sorted(WARNING_CODES))}",
             )
     return frozenset(named)
+
+
+def _digits(code: str) -> str:
+    """`code` with the letters that look like digits after `SR` read as them
+    (`SR2O5` as `SR205`), so that the code meant is the one suggested."""
+    return code[:2] + code[2:].translate(str.maketrans("OIL", "011"))
 
 
 def acknowledges(

@@ -13,6 +13,7 @@ Codes (catalogue: docs/diagnostics.md):
 - SR204 (warning): a large array fully replicated.
 - SR205 (warning): a mesh axis no rule uses.
 - SR209 (warning): an alternative of an alias that never applies (`_choice`).
+- SR215 (warning): a rule whose axes all have size 1 on this mesh (`_size_one`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ._choice import alternative_warnings
 from ._match import by_key, search_all
 from ._plan import LeafPlan, LeafPlans, Plan, format_bytes, plural
 from ._segments import names_of, respelled
+from ._size_one import size_one_warnings
 
 DEFAULT_REPLICATED_THRESHOLD = 64 * 2**20
 """Arrays at least this large (bytes) draw SR204 when fully replicated."""
@@ -375,4 +377,7 @@ def all_warnings(plan: Plan, replicated_threshold: int = DEFAULT_REPLICATED_THRE
         *unused_axis_warnings(plan),
         *axis_type_warnings(plan.rules),
         *alternative_warnings(plan.rules, None if plan.mesh is None else _mesh.sizes_of(plan.mesh)),
+        *size_one_warnings(
+            plan.rules, None if plan.mesh is None else _mesh.sizes_of(plan.mesh), [plan.group], plan
+        ),
     ]
