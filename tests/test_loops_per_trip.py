@@ -19,7 +19,8 @@ from jax.sharding import AxisType, Mesh
 
 import shardrules as sr
 from shardrules._costs._cost import cost_of
-from shardrules._costs._hlo import axes_of, collective_calls, loop_extra, matmul_flops_by_dtype, parse_groups
+from shardrules._costs._groups import axes_of, parse_groups
+from shardrules._costs._hlo import collective_calls, loop_extra, matmul_flops_by_dtype
 
 S = jax.ShapeDtypeStruct
 L, D, F = 8, 256, 512

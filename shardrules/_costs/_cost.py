@@ -24,6 +24,15 @@ from typing import Any
 
 from .._planning._plan import format_bytes, format_flops
 from .._tracing._outputs import is_subscripts
+from ._attribute import (
+    ArrayCost,
+    Owners,
+    RuleCost,
+    array_cost_from_json,
+    by_owner,
+    owned,
+    rule_cost_from_json,
+)
 from ._estimate import TimeEstimate, estimate_from_json
 from ._flops import Repeated, repeated
 from ._hlo import KINDS, CollectiveCall, collective_calls, loop_extra
@@ -97,6 +106,14 @@ class StepCost:
       laid out on no mesh axis is computed whole on every device), most
       FLOPs repeated first; what a `ratio` above 1 is made of. Empty
       without the one-device step; not written by `to_json`.
+    - `by_rule`: the collectives each rule line is for (`RuleCost`: per
+      kind, runs and bytes per device per step, and the arrays), most bytes
+      first; `"inferred"` and `"the model's code"` for those no rule laid
+      out. The bytes add up to `collectives`'. Empty where the step was not
+      traced for it (a `StepCost` from `cost_of` alone).
+    - `by_array`: the same per array (`ArrayCost`): a parameter
+      (`params/blocks/0/attn/o/kernel`), its gradient (`... (gradient)`), an
+      activation (`activation SCOPE`).
     - `calls`: each collective transfer as a `CollectiveCall` (its bytes,
       the times it runs, its replica groups, the operation it was made
       for), what `collectives` sums; not written by `to_json`, empty in a
@@ -117,6 +134,8 @@ class StepCost:
     code_bytes_per_device: int = 0
     hbm_bytes_per_device: int | None = None
     estimate: TimeEstimate | None = None
+    by_rule: tuple[RuleCost, ...] = ()
+    by_array: tuple[ArrayCost, ...] = ()
     largest: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     repeated: tuple[Repeated, ...] = dataclasses.field(default=(), compare=False)
@@ -151,6 +170,8 @@ class StepCost:
         out["fits"] = self.fits
         out["estimate"] = None if self.estimate is None else self.estimate.to_json()
         out["collectives"] = [dataclasses.asdict(c) | {"scopes": list(c.scopes)} for c in self.collectives]
+        out["by_rule"] = [r.to_json() for r in self.by_rule]
+        out["by_array"] = [a.to_json() for a in self.by_array]
         return out
 
     def lines(self) -> list[str]:
@@ -185,7 +206,15 @@ class StepCost:
 
 def cost_from_json(data: dict[str, Any]) -> StepCost:
     """The `StepCost` a `to_json()` dict (as a plan file records it) holds."""
-    later = {"target", "compiler", "code_bytes_per_device", "hbm_bytes_per_device", "estimate"}
+    later = {
+        "target",
+        "compiler",
+        "code_bytes_per_device",
+        "hbm_bytes_per_device",
+        "estimate",
+        "by_rule",
+        "by_array",
+    }
     fields = (
         {f.name for f in dataclasses.fields(StepCost)}
         - {"collectives", "repeated", "calls", "largest", "notes"}
@@ -200,6 +229,8 @@ def cost_from_json(data: dict[str, Any]) -> StepCost:
         hbm_bytes_per_device=data.get("hbm_bytes_per_device"),
         estimate=None if estimate is None else estimate_from_json(estimate),
         notes=tuple(data.get("notes", ())),
+        by_rule=tuple(rule_cost_from_json(r) for r in data.get("by_rule", ())),
+        by_array=tuple(array_cost_from_json(a) for a in data.get("by_array", ())),
         collectives=tuple(
             Collective(c["kind"], c["count"], c["bytes_per_device"], tuple(c["scopes"]))
             for c in data["collectives"]
@@ -324,13 +355,17 @@ def _number(cost: Any, key: str) -> float:
     return float((cost or {}).get(key, 0.0) or 0.0)
 
 
-def cost_of(compiled: Any, devices: int, ideal: Any = None, *, compiler: str = "cpu") -> StepCost:
+def cost_of(
+    compiled: Any, devices: int, ideal: Any = None, *, compiler: str = "cpu", owners: Owners | None = None
+) -> StepCost:
     """The `StepCost` of a compiled step partitioned over `devices`, given
     the same step compiled for one device (`None`: not known), by the
-    `compiler` of that platform (a TPU's generated code counts in its peak)."""
+    `compiler` of that platform (a TPU's generated code counts in its peak),
+    its collectives attributed to the arrays and rules `owners` names."""
     hlo = compiled.as_text() or ""
     extra_flops, extra_bytes = loop_extra(hlo)
     calls = tuple(collective_calls(hlo))
+    by_rule, by_array = by_owner(owned(hlo, calls, owners)) if owners is not None else ((), ())
     ideal_flops = None
     if ideal is not None:
         ideal_flops = _number(ideal.cost_analysis(), "flops") + loop_extra(ideal.as_text() or "")[0]
@@ -353,6 +388,8 @@ def cost_of(compiled: Any, devices: int, ideal: Any = None, *, compiler: str = "
         output_bytes_per_device=outputs,
         temp_bytes_per_device=temps,
         collectives=_by_kind(calls),
+        by_rule=by_rule,
+        by_array=by_array,
         compiler=compiler,
         code_bytes_per_device=code,
         largest=tuple(largest_values(hlo)),

@@ -29,9 +29,8 @@ import dataclasses
 import functools
 import math
 import re
-from collections.abc import Sequence
 
-import numpy as np
+from ._groups import nested_groups, parse_groups
 
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _LINE = re.compile(
@@ -82,6 +81,7 @@ class Program:
 
     instructions: tuple[Instruction, ...]
     callers: dict[str, tuple[tuple[Instruction, int], ...]]
+    entry: str = ""
     _memo: dict[tuple[str, bool], int] = dataclasses.field(default_factory=dict, repr=False)
 
     @functools.cached_property
@@ -89,6 +89,21 @@ class Program:
         out: dict[str, list[Instruction]] = {}
         for i in self.instructions:
             out.setdefault(i.computation, []).append(i)
+        return out
+
+    @functools.cached_property
+    def named(self) -> dict[tuple[str, str], Instruction]:
+        """Each instruction by `(computation, name)`."""
+        return {(i.computation, i.name): i for i in self.instructions}
+
+    @functools.cached_property
+    def users(self) -> dict[tuple[str, str], list[tuple[Instruction, int]]]:
+        """For each `(computation, name)`, the instructions using it and at
+        which operand position."""
+        out: dict[tuple[str, str], list[tuple[Instruction, int]]] = {}
+        for i in self.instructions:
+            for position, name in enumerate(operands_of(i.args)):
+                out.setdefault((i.computation, name), []).append((i, position))
         return out
 
     def runs(self, computation: str, *, trips: bool = True, seen: frozenset[str] = frozenset()) -> int:
@@ -128,7 +143,7 @@ def program(hlo: str) -> Program:
     operands' types, and the callers of each computation."""
     shapes: dict[str, str] = {}  # names repeat across computations: the latest definition
     found: list[Instruction] = []
-    computation = ""
+    computation = entry = ""
     for line in hlo.splitlines():
         line = _COMMENT.sub("", line)  # XLA numbers long tuples' elements: `/*index=5*/f32[4]`
         signature = line.removeprefix("ENTRY ")
@@ -137,6 +152,7 @@ def program(hlo: str) -> Program:
             for m in _PARAMETER.finditer(header["params"]):
                 shapes[m["name"]] = m["shape"]
             computation = header["name"]
+            entry = computation if line.startswith("ENTRY") else entry
             continue
         m = _LINE.match(line)
         if m is None:
@@ -154,7 +170,7 @@ def program(hlo: str) -> Program:
             times = (trips or 1) if called["how"] in ("body", "condition") else 1
             for callee in _OPERAND.finditer(called["names"]):
                 callers.setdefault(callee["name"], []).append((i, times))
-    return Program(tuple(found), {k: tuple(v) for k, v in callers.items()})
+    return Program(tuple(found), {k: tuple(v) for k, v in callers.items()}, entry)
 
 
 def _trip_count(
@@ -249,6 +265,7 @@ class CollectiveCall:
       names none: all devices.
     - `op_name`: the operation it was made for (the HLO's metadata), `""`.
     - `scopes`: the named scopes of that operation (see `_cost.scope_of`).
+    - `computation`, `instruction`: where the HLO text writes it.
     """
 
     kind: str
@@ -257,66 +274,8 @@ class CollectiveCall:
     groups: tuple[tuple[int, ...], ...] | None
     op_name: str = ""
     scopes: tuple[str, ...] = ()
-
-
-def _nested(text: str) -> tuple[tuple[int, ...], ...]:
-    groups = (tuple(int(d) for d in g.split(",") if d.strip()) for g in re.findall(r"\{([0-9,\s]*)\}", text))
-    return tuple(g for g in groups if g)
-
-
-def _iota(text: str) -> np.ndarray:
-    """`[4,2]T(1,0)`: `numpy.arange` reshaped to the dims, transposed."""
-    m = re.fullmatch(r"\[([0-9,]*)\](?:T\(([0-9,]*)\))?", text.strip())
-    if m is None:
-        raise ValueError(f"device ids not understood: {text}")
-    shape = [int(d) for d in m[1].split(",") if d]
-    ids = np.arange(math.prod(shape)).reshape(shape)
-    return ids.transpose([int(d) for d in m[2].split(",")]) if m[2] else ids
-
-
-def _mesh_groups(text: str) -> tuple[tuple[int, ...], ...]:
-    """`mesh['a'=4,'b'=2] {'a'}`: the devices numbered in the mesh's order
-    (or as its `device_ids=(...)` list them), grouped over the named axes."""
-    sizes = [(n, int(s)) for n, s in re.findall(r"'([^']*)'=(\d+)", text.split("]", 1)[0])]
-    listed = re.search(r"device_ids=\((?P<ids>.*)\)\s*\{", text)
-    chosen = re.findall(r"'([^']*)'", text[text.rindex("{") :])
-    factors = [n for _, n in sizes]
-    picked = [d for d, (name, _) in enumerate(sizes) if name in chosen]
-    ids = np.arange(math.prod(factors))
-    if listed is not None:
-        given = listed["ids"]
-        ids = _iota(given).ravel() if given.startswith("[") else np.array([int(d) for d in given.split(",")])
-    ids = ids.reshape(factors)
-    rest = [d for d in range(len(factors)) if d not in picked]
-    width = math.prod(factors[d] for d in picked)
-    return tuple(tuple(int(d) for d in g) for g in ids.transpose(rest + picked).reshape(-1, width))
-
-
-def parse_groups(text: str) -> tuple[tuple[int, ...], ...] | None:
-    """Replica groups as the HLO writes them: `{{0,1},{2,3}}`, the iota
-    form `[2,4]<=[4,2]T(1,0)` (`numpy.arange` reshaped to the dims after
-    `<=`, transposed, and reshaped to the groups' shape before it), or a
-    mesh's axes; `None` for `{}`."""
-    if text.startswith("mesh"):
-        return _mesh_groups(text)
-    if text.startswith("["):
-        shape, ids = text.split("<=", 1)
-        return tuple(tuple(int(d) for d in g) for g in _iota(ids).reshape(int(shape[1:].split(",")[0]), -1))
-    return _nested(text) or None
-
-
-def axes_of(groups: Sequence[Sequence[int]] | None, shape: Sequence[int]) -> tuple[int, ...]:
-    """The mesh dimensions (indices into `shape`, the mesh's axis sizes in
-    order) that vary inside `groups`: the axes a collective runs over.
-    Device `d` sits at `numpy.unravel_index(d, shape)`; `None` groups (all
-    devices) vary every dimension larger than 1."""
-    if groups is None:
-        return tuple(d for d, n in enumerate(shape) if n > 1)
-    varies = np.zeros(len(shape), bool)
-    for group in (g for g in groups if len(g) > 1):
-        where = np.array(np.unravel_index(np.asarray(group), tuple(shape)))
-        varies |= (where != where[:, :1]).any(axis=1)
-    return tuple(int(d) for d in np.flatnonzero(varies))
+    computation: str = ""
+    instruction: str = ""
 
 
 def _transfer(p: Program, i: Instruction, kind: str) -> tuple[str, int] | None:
@@ -357,10 +316,11 @@ def collective_calls(hlo: str) -> list[CollectiveCall]:
             _PAIRS.search(i.args) if kind == "collective-permute" else None,
             _GROUPS.search(i.args),
         )
-        ids = _nested(pairs["pairs"]) if pairs else parse_groups(groups["groups"]) if groups else None
+        ids = nested_groups(pairs["pairs"]) if pairs else parse_groups(groups["groups"]) if groups else None
         name = op_name(i)
         scopes = tuple(s for s in scope_of(name) if s) if name else ()
-        out.append(CollectiveCall(what[0], what[1], p.runs(i.computation), ids, name, scopes))
+        runs = p.runs(i.computation)
+        out.append(CollectiveCall(what[0], what[1], runs, ids, name, scopes, i.computation, i.name))
     return out
 
 

@@ -17,9 +17,12 @@ from typing import Any
 
 from .._quiet import quiet
 from .._tracing._compare import on_one_device, one_device_mesh, shapes_only
+from ._attribute import Owners
 from ._cost import StepCost, cost_of
 from ._estimate import estimate
-from ._hlo import axes_of, matmul_flops_by_dtype
+from ._groups import axes_of
+from ._hlo import matmul_flops_by_dtype
+from ._owners import owners_of
 from ._targets import Target, parse_target, target_mesh
 
 
@@ -55,6 +58,7 @@ class _Compiled:
     before: str
     one_device: Any = None
     notes: tuple[str, ...] = ()
+    owners: Owners | None = None
 
 
 def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: bool) -> _Compiled:
@@ -66,6 +70,7 @@ def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: 
         on_mesh = step if own else step._like(mesh)
         lowered = on_mesh.lower(*shapes)
         out = _Compiled(_compile(lowered, tpu), lowered.as_text(dialect="hlo"))
+        out.owners = owners_of(on_mesh, shapes, mesh, on_mesh._traced(shapes))
         if ideal:
             one = _cpu_device_mesh(mesh) if tpu else one_device_mesh(mesh)
             try:
@@ -115,12 +120,14 @@ def step_cost(
     if target is None:
         entry = step._entry(args, stacklevel=4)
         made = _compiled(step, entry.mesh, args, ideal, own=True)
-        cost = cost_of(made.compiled, int(entry.mesh.devices.size), made.one_device)
+        cost = cost_of(made.compiled, int(entry.mesh.devices.size), made.one_device, owners=made.owners)
         return dataclasses.replace(cost, notes=made.notes)
     chosen = target if isinstance(target, Target) else parse_target(target)
     mesh, own = _target_mesh(step, args, chosen)
     made = _compiled(step, mesh, args, ideal, own=own)
-    cost = cost_of(made.compiled, int(mesh.devices.size), made.one_device, compiler=chosen.compiler)
+    cost = cost_of(
+        made.compiled, int(mesh.devices.size), made.one_device, compiler=chosen.compiler, owners=made.owners
+    )
     return on_target(dataclasses.replace(cost, notes=made.notes), chosen, mesh, made)
 
 

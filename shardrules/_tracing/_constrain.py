@@ -26,12 +26,13 @@ from ._seen import ScopeOutput
 @dataclasses.dataclass
 class Traced:
     """What one trace of a step found: its layout decisions (Explicit axes),
-    every scope output with its rule, and the activation rules that matched
-    none (SR211)."""
+    every scope output with its rule, the activation rules that matched
+    none (SR211), and the shapes of the step's output (`out_shape`)."""
 
     decisions: list[Decision] = dataclasses.field(default_factory=list)
     scopes: list[ScopeOutput] = dataclasses.field(default_factory=list)
     unmatched: list[Diagnostic] = dataclasses.field(default_factory=list)
+    out_shape: Any = None
 
 
 # What each leaf of a call's positional arguments is, for messages: a label

@@ -115,11 +115,6 @@ def jit(
     return RuleJit(fn, as_rules(rules), mesh, in_groups, out_groups, tuple(donate), activations, strict)
 
 
-def _is_top_level() -> bool:
-    """Whether no JAX transformation is tracing the caller."""
-    return trace_state_clean()
-
-
 class _Entry(NamedTuple):
     jitted: Any
     in_shardings: tuple[Any, ...] | None
@@ -189,7 +184,7 @@ class RuleJit:
         is refused, the mesh's abstract form."""
         if not is_explicit(mesh) or _mesh.ambient_mesh() in (mesh, mesh.abstract_mesh):
             return contextlib.nullcontext()
-        if not _is_top_level():
+        if not trace_state_clean():  # inside another JAX transformation's trace
             return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
         return jax.set_mesh(mesh)
 
@@ -256,7 +251,8 @@ class RuleJit:
         if in_shardings is not None and is_explicit(mesh):
             args = tuple(typed(a, s) for a, s in zip(args, in_shardings, strict=True))
         with self._context(mesh):
-            return jax.make_jaxpr(self._body(mesh, found), return_shape=True)(*args)[1]
+            found.out_shape = jax.make_jaxpr(self._body(mesh, found), return_shape=True)(*args)[1]
+        return found.out_shape
 
     def jitted(self, *args: Any) -> Any:
         """The `jax.jit`-wrapped function for arguments shaped like `args`."""

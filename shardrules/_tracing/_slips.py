@@ -209,23 +209,31 @@ def _origins(
         ]
     keyed = jax.tree_util.tree_flatten_with_path(tree)[0]
     lone = len(keyed) == 1 and keyed[0][1] is tree and not prefix
-    planned: dict[str, Any] = {}
-    if isinstance(group, str):
-        try:
-            plan = compile_plan({name: tree} if lone else tree, rules, mesh, group)
-            planned = {lp.path: lp.rule for lp in plan.leaves}
-        except Exception:  # a tree its group cannot plan: its leaves are named without a rule
-            pass
     found = []
-    for keypath, _ in keyed:
-        path = name if lone else path_str(keypath)
+    for path, rule in _planned_leaves(tree, group, name, rules, mesh, lone):
         label = (
             f"argument `{name}`"
             if lone
             else f"argument `{name}`, leaf `{prefix}{path}`".replace(", leaf ``", "")
         )
-        found.append((label, planned.get(path)))
+        found.append((label, rule))
     return found
+
+
+def _planned_leaves(
+    tree: Any, group: Any, name: str, rules: RuleSet, mesh: Any, lone: bool = False
+) -> list[tuple[str, Any]]:
+    """Each leaf of `tree` in JAX's order: its path as rules match it (`name`
+    for a `lone` array) and the rule of `group` that lays it out, or `None`."""
+    keyed = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if isinstance(group, str):
+        try:
+            plan = compile_plan({name: tree} if lone else tree, rules, mesh, group)
+            if len(plan.leaves) == len(keyed):  # the plan's leaves are JAX's, in its order
+                return [(name if lone else lp.path, lp.rule) for lp in plan.leaves]
+        except Exception:  # a tree its group cannot plan: its leaves are named without a rule
+            pass
+    return [(name if lone else path_str(keypath), None) for keypath, _ in keyed]
 
 
 def out_shardings(
@@ -265,3 +273,36 @@ def out_shardings(
             for i, (o, g) in enumerate(zip(out_shape, groups, strict=True))
         )
     return for_groups(out_shape, groups, planned(plan, rules, mesh, "out_groups", -1), "out_groups")
+
+
+def output_origins(out_shape: Any, groups: Any, rules: RuleSet, mesh: Any) -> list[tuple[str, Any]]:
+    """What each leaf of a step's output (shaped `out_shape`) is, as
+    `leaf_origins` says of its arguments: `(path, rule)`, the path after the
+    output's position (`0/layers/w`), the rule of its `out_groups` group
+    (`groups`, as `out_shardings` reads them) that lays it out, or `None`."""
+    if (
+        isinstance(groups, (list, tuple))
+        and isinstance(out_shape, (list, tuple))
+        and len(groups) == len(out_shape)
+    ):
+        return [
+            (f"{i}/{path}" if path != str(i) else path, rule)
+            for i, (part, group) in enumerate(zip(out_shape, groups, strict=True))
+            for path, rule in _output_leaves(part, group, rules, mesh, str(i))
+        ]
+    return _output_leaves(out_shape, groups, rules, mesh, "")
+
+
+def _output_leaves(tree: Any, group: Any, rules: RuleSet, mesh: Any, name: str) -> list[tuple[str, Any]]:
+    if isinstance(group, (tuple, list)) and isinstance(tree, (tuple, list)) and len(group) == len(tree):
+        return [
+            (f"{k}/{path}" if path != str(k) else path, rule)
+            for k, (part, inner) in enumerate(zip(tree, group, strict=True))
+            for path, rule in _output_leaves(part, inner, rules, mesh, str(k))
+        ]
+    keyed = jax.tree_util.tree_flatten_with_path(tree)[0]
+    lone = len(keyed) == 1 and keyed[0][1] is tree
+    return [
+        (path or name, rule)
+        for path, rule in _planned_leaves(tree, group, name or "output", rules, mesh, lone)
+    ]
