@@ -20,7 +20,7 @@ from .._reports._costfile import recorded
 from .._reports._dump import Table, dumps, table_of
 from .._reports._dumpread import loads
 from .._reports._plandiff import compare
-from . import _config, _lint, _options, _render, _step, _stepcost, _stepplans
+from . import _config, _lint, _options, _render, _rulediff, _step, _stepcost, _stepplans
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
 
@@ -188,22 +188,27 @@ def run_diff(args: argparse.Namespace) -> int:
         print(f"{failed.path}: --step {step}:\n{failed.error}", file=sys.stderr)
         return EXIT_ERROR
     diffs = [compare(tables["a"], tables["b"]) for tables in pairs]
-    note = None if costs is None else _stepcost.target_note(costs)
-    if note is not None:
-        print(f"shardrules diff: note: {note}", file=sys.stderr)
+    tops = (pairs[0]["a"].rules, pairs[0]["b"].rules)  # the top-level rule files' names
+    by_rule = None if costs is None else _rulediff.changes(costs, tops)
+    for note in () if costs is None else (_stepcost.target_note(costs), _rulediff.missing_note(costs)):
+        if note is not None:
+            print(f"shardrules diff: note: {note}", file=sys.stderr)
     if args.format == "json":
         found = _groups_json(diffs) if from_step else diffs[0].as_json()
         if costs is not None:
             found["step_cost"] = {side: cost.to_json() for side, cost in costs.items()}
+            found["step_cost_by_rule"] = None if by_rule is None else [c.to_json() for c in by_rule]
         json.dump(found, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write("\n\n".join(diff.text() for diff in diffs) + "\n")
+        rich = _render.use_rich(sys.stdout)
         if costs is not None:
             sys.stdout.write("\n")
-            _render.write_table(
-                _stepcost.cost_rows(costs), sys.stdout, _render.use_rich(sys.stdout), _stepcost.COST_HEADER
-            )
+            _render.write_table(_stepcost.cost_rows(costs), sys.stdout, rich, _stepcost.COST_HEADER)
+        if by_rule:
+            sys.stdout.write("\n")
+            _render.write_table(_rulediff.rows(by_rule), sys.stdout, rich, _rulediff.HEADER)
     return EXIT_OK if all(diff.equal for diff in diffs) else EXIT_DIFFERENT
 
 

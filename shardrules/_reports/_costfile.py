@@ -1,5 +1,6 @@
 """A step's cost in a plan file: how `shardrules dump --step` writes it (the
-`step_cost` key of version 2; version 3 adds a target's keys, `_targetfile`),
+`step_cost` key of version 2; version 3 adds a target's keys, `_targetfile`;
+version 4 the collectives per rule line, `_rulefile`),
 how a reader checks it, and how two recorded costs compare (`diff` of two
 dumps, golden plans).
 
@@ -18,6 +19,7 @@ from typing import Any
 from .._errors import PlanFileError
 from .._planning._mesh import MAX_DEVICES
 from ._refuse import cost_fail, exact_keys, figure, shown
+from ._rulefile import BY_RULE, VERSION_WITH_RULES, read_rules, recorded_rules, rules_lines
 from ._targetfile import TARGET_KEYS, read_target, recorded_target, target_changes, target_lines, target_rows
 
 COST_KEYS = (
@@ -59,6 +61,8 @@ def recorded(cost: Any, step: str | None = None) -> dict[str, Any]:
     ]
     if data.get("target") is not None:  # costed for a target: version 3
         out |= recorded_target(data)
+    if data.get(BY_RULE):  # collectives attributed to rule lines: version 4
+        out[BY_RULE] = recorded_rules(data)
     return out
 
 
@@ -73,6 +77,8 @@ def cost_text(cost: dict[str, Any]) -> str:
     lines.append('    "collectives": [' + ("\n" + ",\n".join(rows) + "\n    ]" if rows else "]"))
     if "target" in cost:
         lines += target_lines(cost)
+    if BY_RULE in cost:
+        lines += rules_lines(cost)
     return "{\n" + ",\n".join(lines) + "\n  }"
 
 
@@ -83,16 +89,26 @@ def read_cost(value: Any, version: int | None = None) -> dict[str, Any]:
     collectives one per kind in the writer's order, a target's figures that
     agree (`_targetfile`). `PlanFileError` (SR124) for anything else."""
     where = '"step_cost"'
+    has = (lambda key: key in value) if isinstance(value, dict) else (lambda key: False)
     if version is None:
-        version = VERSION_WITH_TARGET if isinstance(value, dict) and "target" in value else 2
-    if version < VERSION_WITH_TARGET and isinstance(value, dict):
-        later = next((key for key in TARGET_KEYS if key in value), None)
+        version = VERSION_WITH_RULES if has(BY_RULE) else VERSION_WITH_TARGET if has("target") else 2
+    if version < VERSION_WITH_TARGET:
+        later = next((key for key in TARGET_KEYS if has(key)), None)
         if later is not None:
             raise cost_fail(
                 f'{where} has "{later}", a key of version {VERSION_WITH_TARGET} (a cost for a --target), '
                 f"but the file says version {version}"
             )
-    data = exact_keys(value, COST_KEYS + TARGET_KEYS if version >= VERSION_WITH_TARGET else COST_KEYS, where)
+    if version < VERSION_WITH_RULES and has(BY_RULE):
+        raise cost_fail(
+            f'{where} has "{BY_RULE}", a key of version {VERSION_WITH_RULES} (collectives per rule line), '
+            f"but the file says version {version}"
+        )
+    targeted = version == VERSION_WITH_TARGET or (version >= VERSION_WITH_RULES and has("target"))
+    keys = (
+        COST_KEYS + (TARGET_KEYS if targeted else ()) + ((BY_RULE,) if version >= VERSION_WITH_RULES else ())
+    )
+    data = exact_keys(value, keys, where)
     if data["step"] is not None and (not isinstance(data["step"], str) or not data["step"]):
         raise cost_fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {shown(data["step"])}')
     devices = figure(data["devices"], f'{where}: "devices"', whole=True, least=1)
@@ -130,8 +146,10 @@ def read_cost(value: Any, version: int | None = None) -> dict[str, Any]:
         figure(c["bytes_per_device"], f"{where}: the bytes of {kind}", whole=True)
         if not isinstance(c["scopes"], list) or not all(isinstance(x, str) for x in c["scopes"]):
             raise cost_fail(f"{where}: the scopes of {kind} are a list of names, not {shown(c['scopes'])}")
-    if version >= VERSION_WITH_TARGET:
+    if targeted:
         read_target(data, where)
+    if version >= VERSION_WITH_RULES:
+        read_rules(data[BY_RULE], KINDS, where)
     return data
 
 
