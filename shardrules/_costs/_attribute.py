@@ -31,6 +31,7 @@ from typing import Any
 
 from ._flow import Argument, Made, destinations, source
 from ._hlo import KINDS, CollectiveCall, Program, op_name, operands_of, program, size
+from ._opnames import scope_of
 
 INFERRED = "inferred"
 """The owner of a collective no rule laid out: its layout was inferred."""
@@ -47,6 +48,8 @@ class Leaf:
     label: str
     rule: str | None = None
     text: str = ""
+    span: Any = dataclasses.field(default=None, compare=False)
+    nbytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +79,10 @@ class Owner:
     array: str
     rule: str
     text: str = ""
+    span: Any = dataclasses.field(default=None, compare=False)
 
 
 def _scope(name: str) -> str:
-    from ._cost import scope_of  # `_cost` reads scopes, and sums what this finds
-
     found = [s for s in scope_of(name) if s] if name else []
     return found[0] if found else ""
 
@@ -94,7 +96,7 @@ def _activation(scope: str, owners: Owners) -> Owner:
     for end in range(len(parts), 0, -1):
         leaf = owners.scopes.get("/".join(parts[:end]))
         if leaf is not None and leaf.rule is not None:
-            return Owner(array, leaf.rule, leaf.text)
+            return Owner(array, leaf.rule, leaf.text, leaf.span)
     for end in range(len(parts), 0, -1):
         if "/".join(parts[:end]) in owners.stated:
             return Owner(array, MODEL)
@@ -104,7 +106,7 @@ def _activation(scope: str, owners: Owners) -> Owner:
 def _leaf(leaf: Leaf | None, label: str, suffix: str = "") -> Owner:
     if leaf is None:
         return Owner(label + suffix, INFERRED)
-    return Owner(leaf.label + suffix, leaf.rule or INFERRED, leaf.text if leaf.rule else "")
+    return Owner(leaf.label + suffix, leaf.rule or INFERRED, leaf.text if leaf.rule else "", leaf.span)
 
 
 def _argument(found: Argument, owners: Owners) -> Leaf | None:

@@ -123,14 +123,19 @@ def _largest(i: Instruction) -> str | None:
     return names[max(range(len(names)), key=lambda k: (sizes[k], -k))]
 
 
-def source(p: Program, computation: str, name: str) -> Argument | Made | None:
+def source(
+    p: Program, computation: str, name: str, passed: list[Instruction] | None = None
+) -> Argument | Made | None:
     """Where the value `name` of `computation` comes from (see the module's
-    docstring), `None` where the walk ends nowhere."""
+    docstring), `None` where the walk ends nowhere; the instructions walked
+    through are appended to `passed`."""
     stack: list[int] = []
     for _ in range(_BUDGET):
         i = p.named.get((computation, name))
         if i is None:
             return None
+        if passed is not None:
+            passed.append(i)
         if i.op == "parameter":
             number = int(m[1]) if (m := _PARAMETER.match(i.args)) else 0
             if computation == p.entry:
