@@ -153,7 +153,7 @@ def _elements(p: Program, call: CollectiveCall) -> list[tuple[int | None, int]]:
     remainder on the last, so that the shares add up to its bytes."""
     i = p.named.get((call.computation, call.instruction))
     shape = i.shape if i is not None else ""
-    if i is None or not shape.startswith("(") or call.kind != i.op.removesuffix("-start"):
+    if i is None or not shape.startswith("("):  # (a reduce-scatter the TPU writes as a sliced all-reduce too)
         return [(None, call.bytes_per_device)]
     operands = operands_of(i.args)
     if len(operands) < 2 or i.op.endswith("-start"):

@@ -209,6 +209,8 @@ def destinations(p: Program, computation: str, name: str, index: int | None = No
                 k = int(m[1]) if (m := _INDEX.search(user.args)) else 0
                 if stack and stack[-1] == k:
                     todo.append((user.computation, user.name, stack[:-1]))
+                elif not stack:  # an element of what a multi-output fusion made of the value
+                    todo.append((user.computation, user.name, stack))
             elif user.op == "tuple":
                 todo.append((user.computation, user.name, (*stack, at)))
             elif user.op == "while":  # into the body's state, and out as the loop's result
