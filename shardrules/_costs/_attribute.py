@@ -202,12 +202,17 @@ class RuleCost:
     - `collectives`: a `Share` per collective kind, in the order of `KINDS`.
     - `arrays`: the arrays whose collectives these are, most bytes first
       (`params/blocks/0/attn/o/kernel`, `... (gradient)`, `activation SCOPE`).
+    - `matmul_flops_per_device`: the FLOPs per device of the matrix products
+      (dots, convolutions) it owns: those with one of its parameters as an
+      operand (the gradient's too), else those of a scope its activation rule
+      lays out; a loop's, once per trip.
     """
 
     rule: str
     text: str
     collectives: tuple[Share, ...]
     arrays: tuple[str, ...] = ()
+    matmul_flops_per_device: float = 0.0
 
     @property
     def bytes_per_device(self) -> int:
@@ -266,7 +271,7 @@ def _shares(found: Iterable[tuple[CollectiveCall, int]]) -> tuple[Share, ...]:
 
 
 def by_owner(
-    found: Sequence[tuple[CollectiveCall, Owner, int]],
+    found: Sequence[tuple[CollectiveCall, Owner, int]], products: dict[str, tuple[Owner, float]] | None = None
 ) -> tuple[tuple[RuleCost, ...], tuple[ArrayCost, ...]]:
     """The collectives `owned` found, summed per rule line and per array,
     most bytes first."""
@@ -283,15 +288,19 @@ def by_owner(
     rules: dict[str, list[tuple[CollectiveCall, Owner, int]]] = {}
     for entry in found:
         rules.setdefault(entry[1].rule, []).append(entry)
+    products = products or {}
+    texts = {rule: owner.text for rule, (owner, _) in products.items()}
+    texts |= {rule: group[0][1].text for rule, group in rules.items()}
     per_rule = sorted(
         (
             RuleCost(
                 rule,
-                group[0][1].text,
-                _shares((c, n) for c, _, n in group),
+                texts[rule],
+                _shares((c, n) for c, _, n in rules.get(rule, ())),
                 tuple(a.array for a in per_array if a.rule == rule),
+                products[rule][1] if rule in products else 0.0,
             )
-            for rule, group in rules.items()
+            for rule in texts
         ),
         key=lambda r: (-r.bytes_per_device, r.rule),
     )
@@ -304,7 +313,30 @@ def rule_cost_from_json(data: dict[str, Any]) -> RuleCost:
         data.get("text", ""),
         tuple(Share(s["kind"], s["count"], s["bytes_per_device"]) for s in data["collectives"]),
         tuple(data.get("arrays", ())),
+        float(data.get("matmul_flops_per_device", 0.0)),
     )
+
+
+def products(hlo: str, owners: Owners) -> dict[str, tuple[Owner, float]]:
+    """The FLOPs per device of the step's matrix products (fused ones too,
+    a loop's once per trip) by the rule line that owns each (see
+    `RuleCost.matmul_flops_per_device`), with that rule's owner."""
+    from ._flops import flops  # `_flops` reads the program through `_hlo`, as this does
+
+    p = program(hlo)
+    out: dict[str, tuple[Owner, float]] = {}
+    for i in p.instructions:
+        if i.op not in ("dot", "convolution"):
+            continue
+        found = [source(p, i.computation, o) for o in operands_of(i.args)]
+        weights = [(size(f.instruction.shape), f) for f in found if isinstance(f, Argument)]
+        if weights:
+            who = _leaf(_argument(max(weights, key=lambda w: w[0])[1], owners), "argument")
+        else:
+            who = _activation(_scope(op_name(i)), owners)
+        owner, total = out.get(who.rule, (who, 0.0))
+        out[who.rule] = (owner, total + flops(i) * p.runs(i.computation))
+    return out
 
 
 def array_cost_from_json(data: dict[str, Any]) -> ArrayCost:

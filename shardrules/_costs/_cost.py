@@ -30,6 +30,7 @@ from ._attribute import (
     array_cost_from_json,
     by_owner,
     owned,
+    products,
     rule_cost_from_json,
 )
 from ._estimate import TimeEstimate, estimate_from_json
@@ -291,7 +292,7 @@ def cost_of(
     extra_flops, extra_bytes = loop_extra(hlo)
     calls = tuple(collective_calls(hlo))
     found = owned(hlo, calls, owners) if owners is not None else []
-    by_rule, by_array = by_owner(found) if owners is not None else ((), ())
+    by_rule, by_array = by_owner(found, products(hlo, owners)) if owners is not None else ((), ())
     ideal_flops = None
     if ideal is not None:
         ideal_flops = _number(ideal.cost_analysis(), "flops") + loop_extra(ideal.as_text() or "")[0]
