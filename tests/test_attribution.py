@@ -233,3 +233,26 @@ def test_every_collective_of_an_nnx_gqa_moe_step_has_an_owner():
         "state/blocks/0/moe/w_in (gradient)",
         "state/blocks/1/moe/w_out (gradient)",
     }
+
+
+def test_every_matrix_product_s_flops_are_owned(transformer):
+    from shardrules._costs._hlo import matmul_flops_by_dtype
+
+    path, cost, _ = transformer
+    owned = sum(r.matmul_flops_per_device for r in cost.by_rule)
+    train = sys.modules["_attribution_transformer"]
+    rules = sr.load(path)
+    mesh = jax.make_mesh((4, 2), ("fsdp", "model"))
+    params = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), train.init_params(np.random.default_rng(0))
+    )
+    tokens = jax.ShapeDtypeStruct((train.BATCH, train.SEQ), np.int32)
+    step = sr.jit(
+        train.train_step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None),
+        activations="activations",
+    )  # fmt: skip
+    hlo = step.lower(params, {"tokens": tokens, "targets": tokens}).compile().as_text()
+    assert owned == pytest.approx(sum(matmul_flops_by_dtype(hlo).values()))
+    assert 0 < owned < cost.flops_per_device
+    up = next(r for r in cost.by_rule if r.rule == _line(path, "mlp/up/kernel$"))
+    assert up.matmul_flops_per_device > 0  # the products with `mlp/up/kernel`, forward and backward

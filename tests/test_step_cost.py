@@ -14,7 +14,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
-from shardrules._costs._cost import collectives, scope_of
+from shardrules._costs._cost import collectives
+from shardrules._costs._opnames import scope_of
 
 S = jax.ShapeDtypeStruct
 PARAMS = {"up": S((64, 256), jnp.float32), "down": S((256, 64), jnp.float32)}

@@ -514,3 +514,19 @@ def test_a_tuple_value_is_named_by_its_count_in_sr127s_hint() -> None:
 
     assert _type_text("(f32[16384,65536]{1,0}, f32[65536]{0})") == "2 values"
     assert _type_text("bf16[8,4096]{1,0:T(8,128)(2,1)}") == "bf16[8,4096]"
+
+
+@tpu
+def test_a_tpu_targets_collectives_are_each_owned_by_a_rule_line() -> None:
+    """The TPU compiler writes collectives as asynchronous fusions and combines
+    the gradients' reduce-scatters into one sliced all-reduce: each element is
+    still owned by its parameter's rule, and the bytes add up."""
+    cost = _jit(jax.make_mesh((4, 2), ("fsdp", "model"))).cost(*_args(), target="v5e:2x4")
+    total = sum(c.bytes_per_device for c in cost.collectives)
+    assert sum(r.bytes_per_device for r in cost.by_rule) == total > 0
+    assert sum(a.bytes_per_device for a in cost.by_array) == total
+    rules = {r.rule: r for r in cost.by_rule}
+    assert set(rules) <= {"<string>:4", "<string>:5", "<string>:8", "inferred", "the model's code"}
+    owners = {a.array.removesuffix(" (gradient)"): a.rule for a in cost.by_array}
+    assert owners["p/w1"] == "<string>:4" and owners["p/w2"] == "<string>:5"
+    assert {s.kind for s in rules["<string>:5"].collectives} == {"reduce-scatter"}  # w2's gradient, combined

@@ -331,6 +331,8 @@ def _lint_command(args: argparse.Namespace) -> int:
                 f"{_origin(args, option, flag)} is a budget for a step: give one to compile with "
                 "--step MODULE:FUNCTION (or `step` in [tool.shardrules])"
             )
+    if args.cost and not args.step:
+        raise _lint.UsageError("--cost needs a step to compile: --step MODULE:FUNCTION")
     for option, flag in budgets[2:4]:
         if getattr(args, option) is not None and not args.target:
             raise _lint.UsageError(

@@ -107,9 +107,16 @@ def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
             action="store_true",
             help="with --step: compile the step for the mesh (simulated devices, or --target's chips) and "
             "print what it costs each device: FLOPs against the one-device ideal, bytes, peak memory, "
-            "collectives; with --target, whether it fits and its estimated step time",
+            "collectives and the rule lines they come from; with --target, whether it fits and its "
+            "estimated step time",
         )
         return
+    parser.add_argument(
+        "--cost",
+        action="store_true",
+        help="with --step: compile the step for the mesh (simulated devices, or --target's chips) and "
+        "report layouts that waste communication or memory (SR216-SR219) with their rule lines",
+    )
     parser.add_argument(
         "--max-step-time",
         type=_positive_float,

@@ -362,6 +362,7 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
             args.step_cost, traced.decisions, max_ratio, max_peak, span, args, step.donate
         )
         found += _budget.target_findings(args.step_cost, step, step_args, span, args)
+        found += args.step_cost.findings  # layouts that waste communication or memory (SR216-SR219)
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *rules.kept(found)]))
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from ._flow import Argument, Made, destinations, source
 from ._hlo import KINDS, CollectiveCall, Program, op_name, operands_of, program, size
+from ._opnames import scope_of
 
 INFERRED = "inferred"
 """The owner of a collective no rule laid out: its layout was inferred."""
@@ -47,6 +48,8 @@ class Leaf:
     label: str
     rule: str | None = None
     text: str = ""
+    span: Any = dataclasses.field(default=None, compare=False)
+    nbytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +79,10 @@ class Owner:
     array: str
     rule: str
     text: str = ""
+    span: Any = dataclasses.field(default=None, compare=False)
 
 
 def _scope(name: str) -> str:
-    from ._cost import scope_of  # `_cost` reads scopes, and sums what this finds
-
     found = [s for s in scope_of(name) if s] if name else []
     return found[0] if found else ""
 
@@ -94,7 +96,7 @@ def _activation(scope: str, owners: Owners) -> Owner:
     for end in range(len(parts), 0, -1):
         leaf = owners.scopes.get("/".join(parts[:end]))
         if leaf is not None and leaf.rule is not None:
-            return Owner(array, leaf.rule, leaf.text)
+            return Owner(array, leaf.rule, leaf.text, leaf.span)
     for end in range(len(parts), 0, -1):
         if "/".join(parts[:end]) in owners.stated:
             return Owner(array, MODEL)
@@ -104,7 +106,7 @@ def _activation(scope: str, owners: Owners) -> Owner:
 def _leaf(leaf: Leaf | None, label: str, suffix: str = "") -> Owner:
     if leaf is None:
         return Owner(label + suffix, INFERRED)
-    return Owner(leaf.label + suffix, leaf.rule or INFERRED, leaf.text if leaf.rule else "")
+    return Owner(leaf.label + suffix, leaf.rule or INFERRED, leaf.text if leaf.rule else "", leaf.span)
 
 
 def _argument(found: Argument, owners: Owners) -> Leaf | None:
@@ -151,7 +153,7 @@ def _elements(p: Program, call: CollectiveCall) -> list[tuple[int | None, int]]:
     remainder on the last, so that the shares add up to its bytes."""
     i = p.named.get((call.computation, call.instruction))
     shape = i.shape if i is not None else ""
-    if i is None or not shape.startswith("(") or call.kind != i.op.removesuffix("-start"):
+    if i is None or not shape.startswith("("):  # (a reduce-scatter the TPU writes as a sliced all-reduce too)
         return [(None, call.bytes_per_device)]
     operands = operands_of(i.args)
     if len(operands) < 2 or i.op.endswith("-start"):
@@ -200,12 +202,17 @@ class RuleCost:
     - `collectives`: a `Share` per collective kind, in the order of `KINDS`.
     - `arrays`: the arrays whose collectives these are, most bytes first
       (`params/blocks/0/attn/o/kernel`, `... (gradient)`, `activation SCOPE`).
+    - `matmul_flops_per_device`: the FLOPs per device of the matrix products
+      (dots, convolutions) it owns: those with one of its parameters as an
+      operand (the gradient's too), else those of a scope its activation rule
+      lays out; a loop's, once per trip.
     """
 
     rule: str
     text: str
     collectives: tuple[Share, ...]
     arrays: tuple[str, ...] = ()
+    matmul_flops_per_device: float = 0.0
 
     @property
     def bytes_per_device(self) -> int:
@@ -264,7 +271,7 @@ def _shares(found: Iterable[tuple[CollectiveCall, int]]) -> tuple[Share, ...]:
 
 
 def by_owner(
-    found: Sequence[tuple[CollectiveCall, Owner, int]],
+    found: Sequence[tuple[CollectiveCall, Owner, int]], products: dict[str, tuple[Owner, float]] | None = None
 ) -> tuple[tuple[RuleCost, ...], tuple[ArrayCost, ...]]:
     """The collectives `owned` found, summed per rule line and per array,
     most bytes first."""
@@ -281,15 +288,19 @@ def by_owner(
     rules: dict[str, list[tuple[CollectiveCall, Owner, int]]] = {}
     for entry in found:
         rules.setdefault(entry[1].rule, []).append(entry)
+    products = products or {}
+    texts = {rule: owner.text for rule, (owner, _) in products.items()}
+    texts |= {rule: group[0][1].text for rule, group in rules.items()}
     per_rule = sorted(
         (
             RuleCost(
                 rule,
-                group[0][1].text,
-                _shares((c, n) for c, _, n in group),
+                texts[rule],
+                _shares((c, n) for c, _, n in rules.get(rule, ())),
                 tuple(a.array for a in per_array if a.rule == rule),
+                products[rule][1] if rule in products else 0.0,
             )
-            for rule, group in rules.items()
+            for rule in texts
         ),
         key=lambda r: (-r.bytes_per_device, r.rule),
     )
@@ -302,7 +313,30 @@ def rule_cost_from_json(data: dict[str, Any]) -> RuleCost:
         data.get("text", ""),
         tuple(Share(s["kind"], s["count"], s["bytes_per_device"]) for s in data["collectives"]),
         tuple(data.get("arrays", ())),
+        float(data.get("matmul_flops_per_device", 0.0)),
     )
+
+
+def products(hlo: str, owners: Owners) -> dict[str, tuple[Owner, float]]:
+    """The FLOPs per device of the step's matrix products (fused ones too,
+    a loop's once per trip) by the rule line that owns each (see
+    `RuleCost.matmul_flops_per_device`), with that rule's owner."""
+    from ._flops import flops  # `_flops` reads the program through `_hlo`, as this does
+
+    p = program(hlo)
+    out: dict[str, tuple[Owner, float]] = {}
+    for i in p.instructions:
+        if i.op not in ("dot", "convolution"):
+            continue
+        found = [source(p, i.computation, o) for o in operands_of(i.args)]
+        weights = [(size(f.instruction.shape), f) for f in found if isinstance(f, Argument)]
+        if weights:
+            who = _leaf(_argument(max(weights, key=lambda w: w[0])[1], owners), "argument")
+        else:
+            who = _activation(_scope(op_name(i)), owners)
+        owner, total = out.get(who.rule, (who, 0.0))
+        out[who.rule] = (owner, total + flops(i) * p.runs(i.computation))
+    return out
 
 
 def array_cost_from_json(data: dict[str, Any]) -> ArrayCost:

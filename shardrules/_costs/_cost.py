@@ -18,12 +18,11 @@ split would leave each device.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from .._errors import Diagnostic
 from .._planning._plan import format_bytes, format_flops
-from .._tracing._outputs import is_subscripts
 from ._attribute import (
     ArrayCost,
     Owners,
@@ -31,13 +30,15 @@ from ._attribute import (
     array_cost_from_json,
     by_owner,
     owned,
+    products,
     rule_cost_from_json,
 )
 from ._estimate import TimeEstimate, estimate_from_json
 from ._flops import Repeated, repeated
-from ._hlo import KINDS, CollectiveCall, collective_calls, loop_extra
+from ._hlo import KINDS, CollectiveCall, collective_calls, loop_extra, program
 from ._largest import largest_values
 from ._verdict import target_lines
+from ._waste import waste
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,13 @@ class StepCost:
     - `by_array`: the same per array (`ArrayCost`): a parameter
       (`params/blocks/0/attn/o/kernel`), its gradient (`... (gradient)`), an
       activation (`activation SCOPE`).
+    - `findings`: layouts that are correct but waste communication or
+      memory, as warnings about the rule line that causes each (SR216: a
+      gradient reduced on every trip of an accumulation loop; SR217: a
+      parameter gathered whole and kept from the forward to the backward
+      pass; SR218: an output computed whole on every device, then cut to its
+      layout; SR219: an array moved to another layout and straight back);
+      not written by `to_json`.
     - `calls`: each collective transfer as a `CollectiveCall` (its bytes,
       the times it runs, its replica groups, the operation it was made
       for), what `collectives` sums; not written by `to_json`, empty in a
@@ -137,6 +145,7 @@ class StepCost:
     by_rule: tuple[RuleCost, ...] = ()
     by_array: tuple[ArrayCost, ...] = ()
     largest: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
+    findings: tuple[Diagnostic, ...] = dataclasses.field(default=(), compare=False)
     notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     repeated: tuple[Repeated, ...] = dataclasses.field(default=(), compare=False)
     calls: tuple[CollectiveCall, ...] = dataclasses.field(default=(), compare=False)
@@ -163,7 +172,12 @@ class StepCost:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of every attribute (and `ratio`)."""
         out = dataclasses.asdict(self)
-        for explanation in ("repeated", "calls", "largest"):  # explanations of the figures, not figures
+        for explanation in (
+            "repeated",
+            "calls",
+            "largest",
+            "findings",
+        ):  # explanations of the figures, not figures
             del out[explanation]
         out["notes"] = list(self.notes)
         out["ratio"] = self.ratio
@@ -217,7 +231,7 @@ def cost_from_json(data: dict[str, Any]) -> StepCost:
     }
     fields = (
         {f.name for f in dataclasses.fields(StepCost)}
-        - {"collectives", "repeated", "calls", "largest", "notes"}
+        - {"collectives", "repeated", "calls", "largest", "notes", "findings"}
         - later
     )
     estimate = data.get("estimate")
@@ -236,94 +250,6 @@ def cost_from_json(data: dict[str, Any]) -> StepCost:
             for c in data["collectives"]
         ),
     )
-
-
-def _split(text: str, sep: str) -> list[str]:
-    """`text` split at `sep` outside parentheses."""
-    out, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += (ch == "(") - (ch == ")")
-        if ch == sep and depth == 0:
-            out.append(text[start:i])
-            start = i + 1
-    out.append(text[start:])
-    return out
-
-
-_WRAPPER = re.compile(r"(?P<name>[\w-]+)\((?P<inner>.*)\)")
-_NOT_SCOPES = {"jit", "pjit", "pmap", "jvp", "vmap", "transpose", "remat", "checkpoint", "shard_map"}
-
-
-def _segments(path: str) -> tuple[list[str], bool]:
-    """The scope names in `path` (transforms unwrapped), and whether a
-    `transpose` wraps any of them."""
-    names: list[str] = []
-    backward = False
-    for segment in _split(path, "/"):
-        m = _WRAPPER.fullmatch(segment)
-        if m is None:
-            if segment and not is_subscripts(segment):  # `jnp.einsum`'s scope: not one (see `_outputs`)
-                names.append(segment)
-            continue
-        backward = backward or m["name"] == "transpose"
-        inner, inner_backward = _segments(m["inner"])
-        backward = backward or inner_backward
-        if m["name"] not in _NOT_SCOPES or inner:
-            names.extend(inner)
-    return names, backward
-
-
-_LOOP_PARTS = {"while": ("body", "cond"), "cond": ("branch",)}
-_CALLS = {
-    "closed_call",
-    "core_call",
-    "custom_jvp_call",
-    "custom_vjp_call",
-    "checkpoint",
-    "remat",
-    "rematted_computation",
-}
-
-
-def _own(names: list[str]) -> list[str]:
-    """`names` without the segments JAX's loops and calls add to a scope
-    (`layers/while/body/closed_call/attn` is `layers/attn`)."""
-    out: list[str] = []
-    skip = False
-    for i, name in enumerate(names):
-        if skip:
-            skip = False
-            continue
-        follows = _LOOP_PARTS.get(name)
-        if follows is not None and i + 1 < len(names) and names[i + 1].startswith(follows):
-            skip = True
-            continue
-        if name in _CALLS:
-            continue
-        out.append(name)
-    return out
-
-
-def scope_of(op_name: str) -> list[str]:
-    """The named scopes an HLO `op_name` names (several for a fused one,
-    `(a/op:b/op)`), `SCOPE (backward)` under a `transpose`; `""` outside
-    every scope."""
-    parts = _split(op_name, "/")
-    while (
-        parts
-        and (outer := _WRAPPER.fullmatch(parts[0])) is not None
-        and outer["name"] in ("jit", "pjit", "pmap")
-    ):
-        parts.pop(0)
-    text = "/".join(parts)
-    fused = text.startswith("(") and text.endswith(")")  # one operation made of several
-    out = []
-    for piece in _split(text[1:-1], ":") if fused else [text]:
-        pieces = _split(piece, "/")
-        names, backward = _segments("/".join(pieces[:-1]))  # the last is the primitive
-        scope = "/".join(_own(names))
-        out.append(f"{scope} (backward)" if backward and scope else scope)
-    return out
 
 
 def collectives(hlo: str) -> tuple[Collective, ...]:
@@ -365,7 +291,8 @@ def cost_of(
     hlo = compiled.as_text() or ""
     extra_flops, extra_bytes = loop_extra(hlo)
     calls = tuple(collective_calls(hlo))
-    by_rule, by_array = by_owner(owned(hlo, calls, owners)) if owners is not None else ((), ())
+    found = owned(hlo, calls, owners) if owners is not None else []
+    by_rule, by_array = by_owner(found, products(hlo, owners)) if owners is not None else ((), ())
     ideal_flops = None
     if ideal is not None:
         ideal_flops = _number(ideal.cost_analysis(), "flops") + loop_extra(ideal.as_text() or "")[0]
@@ -393,6 +320,9 @@ def cost_of(
         compiler=compiler,
         code_bytes_per_device=code,
         largest=tuple(largest_values(hlo)),
+        findings=()
+        if owners is None
+        else waste(program(hlo), found, owners, arguments + outputs + temps - aliased),
         repeated=() if ideal is None else tuple(repeated(hlo, ideal.as_text() or "", devices)),
         calls=calls,
     )

@@ -123,14 +123,19 @@ def _largest(i: Instruction) -> str | None:
     return names[max(range(len(names)), key=lambda k: (sizes[k], -k))]
 
 
-def source(p: Program, computation: str, name: str) -> Argument | Made | None:
+def source(
+    p: Program, computation: str, name: str, passed: list[Instruction] | None = None
+) -> Argument | Made | None:
     """Where the value `name` of `computation` comes from (see the module's
-    docstring), `None` where the walk ends nowhere."""
+    docstring), `None` where the walk ends nowhere; the instructions walked
+    through are appended to `passed`."""
     stack: list[int] = []
     for _ in range(_BUDGET):
         i = p.named.get((computation, name))
         if i is None:
             return None
+        if passed is not None:
+            passed.append(i)
         if i.op == "parameter":
             number = int(m[1]) if (m := _PARAMETER.match(i.args)) else 0
             if computation == p.entry:
@@ -204,6 +209,8 @@ def destinations(p: Program, computation: str, name: str, index: int | None = No
                 k = int(m[1]) if (m := _INDEX.search(user.args)) else 0
                 if stack and stack[-1] == k:
                     todo.append((user.computation, user.name, stack[:-1]))
+                elif not stack:  # an element of what a multi-output fusion made of the value
+                    todo.append((user.computation, user.name, stack))
             elif user.op == "tuple":
                 todo.append((user.computation, user.name, (*stack, at)))
             elif user.op == "while":  # into the body's state, and out as the loop's result

@@ -13,6 +13,7 @@ output, and the scopes whose layouts the model's code states.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -34,9 +35,10 @@ def rule_key(rule: Any) -> tuple[str | None, str]:
     return where, f"{head} -> {spec_text(rule.written)}"
 
 
-def _leaf(label: str, rule: Any) -> Leaf:
+def _leaf(label: str, rule: Any, value: Any = None) -> Leaf:
     where, text = rule_key(rule)
-    return Leaf(label, where, text)
+    nbytes = math.prod(getattr(value, "shape", ())) * getattr(getattr(value, "dtype", None), "itemsize", 0)
+    return Leaf(label, where, text, getattr(rule, "span", None), int(nbytes))
 
 
 def owners_of(step: Any, args: tuple[Any, ...], mesh: Any, traced: Any) -> Owners:
@@ -48,9 +50,9 @@ def owners_of(step: Any, args: tuple[Any, ...], mesh: Any, traced: Any) -> Owner
     inputs: dict[str, Leaf] = {}
     numbered: list[Leaf] = []
     for name, arg in zip(names, args, strict=True):
-        for keypath, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
+        for keypath, value in jax.tree_util.tree_flatten_with_path(arg)[0]:
             path = path_str(keypath)
-            leaf = _leaf(f"{name}/{path}" if path else name, origins[len(numbered)][1])
+            leaf = _leaf(f"{name}/{path}" if path else name, origins[len(numbered)][1], value)
             inputs[f"{name}{jax.tree_util.keystr(keypath)}"] = leaf
             numbered.append(leaf)
     outputs: list[Leaf] = []
@@ -60,12 +62,13 @@ def owners_of(step: Any, args: tuple[Any, ...], mesh: Any, traced: Any) -> Owner
         }
         out_groups = step.out_groups
         tupled = isinstance(out_groups, (list, tuple)) and isinstance(traced.out_shape, (list, tuple))
-        for path, rule in output_origins(traced.out_shape, out_groups, step.rules, mesh):
+        values = jax.tree.leaves(traced.out_shape)
+        for k, (path, rule) in enumerate(output_origins(traced.out_shape, out_groups, step.rules, mesh)):
             position, _, rest = path.partition("/") if tupled else ("", "", path)
             group = _group_at(out_groups, position)
             head = by_group.get(group) if group is not None else None
             label = f"{head}/{rest}" if head and rest else f"output {path}" if path else "output"
-            outputs.append(_leaf(label, rule))
+            outputs.append(_leaf(label, rule, values[k] if k < len(values) else None))
     scopes = {s.name: _leaf(s.name, s.rule) for s in traced.scopes if s.rule is not None}
     stated = frozenset(d.scope for d in traced.decisions if d.by == "model")
     return Owners(inputs, tuple(numbered), tuple(outputs), scopes, stated)

@@ -34,7 +34,23 @@ from .._errors import Diagnostic, Findings, Span, did_you_mean
 from ._syntax import Comment, Item
 
 WARNING_CODES = frozenset(
-    {"SR201", "SR202", "SR203", "SR204", "SR205", "SR206", "SR209", "SR211", "SR212", "SR214", "SR215"}
+    {
+        "SR201",
+        "SR202",
+        "SR203",
+        "SR204",
+        "SR205",
+        "SR206",
+        "SR209",
+        "SR211",
+        "SR212",
+        "SR214",
+        "SR215",
+        "SR216",
+        "SR217",
+        "SR218",
+        "SR219",
+    }
 )
 """The codes a `noqa` comment may name: the warnings about a line of a rule file."""
 
