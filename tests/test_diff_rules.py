@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from test_cli_step import RULES, STEP
 
 import shardrules as sr
 from shardrules._cli._main import main
-from shardrules._cli._rulediff import matched
+from shardrules._cli._rulediff import HEADER, matched
 from shardrules._costs._attribute import RuleCost, Share
 from shardrules._reports._dump import dumps
 from shardrules._reports._dumpread import loads
@@ -72,6 +73,17 @@ def test_rules_are_matched_by_text_then_pattern_then_line() -> None:
     }
     # most changed first (inferred's 600 fewer before down's 600 more: more bytes), then 70, 30, 5
     assert [c.change for c in found] == [-600, 600, -70, -30, 5, 0, 0]
+    # one pattern in two groups: the pair nearest in line is taken
+    a = [_cost("a.shard:8", '"up$" -> (data, model)', 200), _cost("a.shard:4", '"up$" -> replicated', 0)]
+    b = [_cost("b.shard:4", '"up$" -> (_, model)', 0)]
+    pairs = {
+        (c.a.rule if c.a else None, c.b.rule if c.b else None) for c in matched(a, b, ("a.shard", "b.shard"))
+    }
+    assert pairs == {("a.shard:4", "b.shard:4"), ("a.shard:8", None)}
+    a, b = (
+        [_cost("a.shard:9", '"head" -> (model, _)', 50)],
+        [_cost("b.shard:9", '"lm_head" -> (model, _)', 20)],
+    )
     # without the top-level names, line 9 of two files of other names is not the same line
     assert ("a.shard:9", None) in {
         (c.a.rule if c.a else None, c.b.rule if c.b else None) for c in matched(a, b)
@@ -92,22 +104,17 @@ def test_diff_step_shows_the_collectives_of_each_rule_line(project, capsys) -> N
     assert down["matched_by"] == "pattern" and down["a"]["rule"] == "rep.shard:5"
     assert (down["a"]["text"], down["b"]["text"]) == ('"down$" -> replicated', '"down$" -> (model, _)')
     assert down["change"] == down["bytes_per_device"]["b"] - down["bytes_per_device"]["a"]
+    # its products: the backward's and the forward's, split over `model` under B
+    flops = down["matmul_flops_per_device"]
+    assert 0 < flops["b"] < flops["a"]
+    up = next(r for r in rows if r["b"] is not None and r["b"]["rule"] == "tp.shard:4")
+    assert (
+        up["a"]["rule"] == "rep.shard:4" and up["matched_by"] == "pattern"
+    )  # not the activation rule's `up$`
     assert main(argv) == 1
     out = capsys.readouterr().out
-    table = out[out.index("collectives per rule line") :].splitlines()
-    assert table[0].split() == [
-        "collectives",
-        "per",
-        "rule",
-        "line",
-        "as",
-        "written",
-        "A",
-        "B",
-        "B",
-        "-",
-        "A",
-    ]
+    table = out[out.index("rule line  ") :].splitlines()
+    assert re.split(r"\s{2,}", table[0].strip()) == list(HEADER)
     assert any(
         line.startswith("rep.shard:5 -> tp.shard:5")
         and '"down$" -> replicated  =>  "down$" -> (model, _)' in line

@@ -1,14 +1,16 @@
 """What version 4 of the plan file adds to `step_cost`: `by_rule`, the
-collectives each rule line is for (`StepCost.by_rule`, `dump --step`), one
-rule per line. Written only where the cost attributes some collective (a
-step with none is written as version 2 or 3, byte for byte as before); a
+collectives and matrix products each rule line is for (`StepCost.by_rule`,
+`dump --step`), one rule per line. Written only where the cost attributes
+something to a rule line (otherwise a cost is written as version 2 or 3,
+byte for byte as before); a
 version 4 cost has the target's keys (`_targetfile`) when it has a target.
 
 Each entry: `rule` (`"model.shard:9"`, `"inferred"` or `"the model's code"`),
 `text` (the rule as written, `""` for the other two), `collectives` (one
 object per kind, in the order of `_costfile.KINDS`: `kind`, `count`,
-`bytes_per_device`) and `arrays` (the arrays these collectives are for,
-most bytes first)."""
+`bytes_per_device`), `arrays` (the arrays these collectives are for,
+most bytes first) and `matmul_flops_per_device` (the FLOPs of the matrix
+products it owns)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ._refuse import cost_fail, exact_keys, figure, shown
 
 VERSION_WITH_RULES = 4
 BY_RULE = "by_rule"
-RULE_KEYS = ("rule", "text", "collectives", "arrays")
+RULE_KEYS = ("rule", "text", "collectives", "arrays", "matmul_flops_per_device")
 SHARE_KEYS = ("kind", "count", "bytes_per_device")
 
 
@@ -32,6 +34,7 @@ def recorded_rules(data: dict[str, Any]) -> list[dict[str, Any]]:
             "text": r.get("text", ""),
             "collectives": [{key: s[key] for key in SHARE_KEYS} for s in r["collectives"]],
             "arrays": list(r.get("arrays", ())),
+            "matmul_flops_per_device": r.get("matmul_flops_per_device", 0.0),
         }
         for r in data.get(BY_RULE) or ()
     ]
@@ -66,6 +69,7 @@ def read_rules(value: Any, kinds: tuple[str, ...], where: str) -> None:
         arrays = entry["arrays"]
         if not isinstance(arrays, list) or not all(isinstance(a, str) for a in arrays):
             raise cost_fail(f"{where}: the arrays of {rule} are a list of names, not {shown(arrays)}")
+        figure(entry["matmul_flops_per_device"], f"{where}: the matmul FLOPs of {rule}")
         shares = entry["collectives"]
         if not isinstance(shares, list):
             raise cost_fail(f"{where}: the collectives of {rule} are a list of objects, not {shown(shares)}")
