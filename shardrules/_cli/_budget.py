@@ -68,6 +68,10 @@ def check_options(args: Any) -> None:
                 else ": the growth of the step's collective bytes over the baseline's to allow, e.g. 10%"
             )
         )
+    if args.baseline is not None and args.step:
+        from ._commbudget import baseline_cost
+
+        baseline_cost(args)  # an unreadable baseline stops the run before any step is compiled
 
 
 def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:

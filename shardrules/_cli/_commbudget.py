@@ -175,6 +175,9 @@ def _over_increase(cost: Any, rules: RuleSet, span: Span | None, args: Any) -> l
     if has_rules(old):
         grown = _grown(old.get("by_rule") or [], now)
         message += f"; grown most, by rule line (before -> after): {'; '.join(m.text() for m in grown)}"
+        edited = [m for m in _edited(old.get("by_rule") or [], now) if m not in grown]
+        if edited:  # where a rule's own bytes fell, the arrays it meets may pay for its edit
+            message += f"; rule lines edited since: {'; '.join(m.text() for m in edited)}"
         top = grown[0].after if grown and grown[0].after is not None else None
     else:
         message += (
@@ -184,13 +187,26 @@ def _over_increase(cost: Any, rules: RuleSet, span: Span | None, args: Any) -> l
         )
         top = now[0] if now else None
     rule, text = (top["rule"], top["text"]) if top is not None else ("", "")
-    hint = (
-        _fix(rule, text, option).replace("raise the budget", "raise the budget or record the baseline again")
-        + f"; to record it again: `shardrules dump RULES --shapes SOURCE --step {args.step} -o {args.baseline}`"
+    fix = _fix(rule, text, option).replace(
+        "raise the budget", "raise the budget or record the baseline again"
     )
+    changed = _edited(old.get("by_rule") or [], now) if has_rules(old) else []
+    if changed and changed[0].after is not None and changed[0].after["rule"] != rule:
+        first = changed[0].after
+        fix = (
+            f"the edit of {_rule_name(first['rule'], first['text'])} may be what grew them: a rule's layout "
+            "decides what the arrays it meets must move; undo or rework it. Otherwise " + fix
+        )
+    hint = f"{fix}; to record it again: `shardrules dump RULES --shapes SOURCE --step {args.step} -o {args.baseline}`"
     return [Diagnostic("SR130", "error", message, _span(rules, rule) or span, None, hint)]
 
 
 def _grown(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> list[Any]:
     found = [m for m in moves(before, after) if m.change > 0]
     return sorted(found, key=lambda m: -m.change)[:SHOWN_RULES]
+
+
+def _edited(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> list[Any]:
+    """The rule lines in both whose text changed (an edited layout), most changed first."""
+    found = [m for m in moves(before, after) if m.before and m.after and m.before["text"] != m.after["text"]]
+    return sorted(found, key=lambda m: -abs(m.change))[:SHOWN_RULES]
