@@ -52,7 +52,9 @@ def assert_plan_matches(
       3 of the file), and fails as well when the target is another (or came
       or went), when the peak fits the chip's memory and did not (or the
       other way), or when the estimated step time moved by more than
-      `rtol`. A file that records a cost needs one.
+      `rtol`. A cost with its collectives per rule line (`by_rule`) is
+      recorded with them (version 4), so that a failure names the rule
+      lines whose collectives moved. A file that records a cost needs one.
     - `rtol`: how far (relative) each recorded figure may move, default 2%:
       what another XLA release may shift without any change of layout.
     - `update`: write `plan` (and `cost`) to `path` instead of comparing
@@ -62,7 +64,8 @@ def assert_plan_matches(
     **Raises:** `TypeError`/`ValueError` for a `cost` that is not a step's
     cost, or an `rtol` that is not a number of at least 0. `AssertionError`
     when the file is missing, or holds another plan or cost: the message is the plan diff (`shardrules diff`'s text), what the
-    cost changed, and the first lines of the file's diff, and says how to
+    cost changed (where the collectives moved, the rule lines whose bytes
+    moved, golden -> plan, most first), and the first lines of the file's diff, and says how to
     refresh the file. The plan's own error, if it has one.
 
     ```python
