@@ -202,9 +202,10 @@ def test_a_baseline_without_by_rule_says_the_rule_lines_are_not_recorded(project
             ["--baseline", "missing.json", "--max-collective-increase", "5%"],
             "--baseline: missing.json: no such file",
         ),
+        (["--max-collective-bytes", "64 MiBs"], "--max-collective-bytes: not a size in bytes: '64 MiBs'"),
     ],
 )
-def test_an_increase_and_its_baseline_need_each_other(project: Path, capsys, argv, said) -> None:
+def test_options_wrong_or_alone_stop_the_run_before_any_compile(project: Path, capsys, argv, said) -> None:
     status, _, err = _lint(capsys, "transformer.shard", "--step", STEP, *argv)
     assert status == 2 and said in err, err
 

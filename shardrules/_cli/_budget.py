@@ -72,6 +72,13 @@ def check_options(args: Any) -> None:
         from ._commbudget import baseline_cost
 
         baseline_cost(args)  # an unreadable baseline stops the run before any step is compiled
+    if isinstance(args.max_collective_bytes, str):  # the flag's: a size, checked before any compile
+        from .._language._sizes import byte_size
+
+        try:
+            byte_size(args.max_collective_bytes)
+        except ValueError as err:
+            raise UsageError(f"--max-collective-bytes: {err}") from None
 
 
 def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
