@@ -281,3 +281,35 @@ def test_an_older_golden_without_by_rule_still_works_and_says_how_to_record_it(p
     message = str(failed.value)
     assert f"{golden} does not record the collectives per rule line" in message
     assert "run the test with SHARDRULES_UPDATE_GOLDEN=1" in message
+
+
+def test_a_baseline_in_the_settings_is_relative_to_its_pyproject(project: Path, capsys) -> None:
+    settled = project / "settled"
+    (settled / "sharding").mkdir(parents=True)
+    (settled / "sharding" / "model.shard").write_text((project / "transformer.shard").read_text())
+    (settled / "pyproject.toml").write_text(
+        f'[tool.shardrules]\nstep = "{STEP}"\nbaseline = "plans/missing.json"\nmax-collective-increase = "5%"\n'
+    )
+    status, _, err = _lint(capsys, "settled/sharding/model.shard")
+    assert status == 2, err  # read before any compile: the file is looked for next to the settings
+    assert (
+        "[tool.shardrules] baseline in settled/pyproject.toml: settled/plans/missing.json: no such file"
+        in err
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("2", "must be an increase of 0 or more"), ('"lots"', "must be an increase"), ("0.1", None)],
+)
+def test_the_increase_setting_is_checked(project: Path, capsys, value: str, said: str | None) -> None:
+    folder = project / f"increase-{''.join(c for c in value if c.isalnum())}"
+    folder.mkdir()
+    (folder / "model.shard").write_text((project / "transformer.shard").read_text())
+    (folder / "pyproject.toml").write_text(f"[tool.shardrules]\nmax-collective-increase = {value}\n")
+    status, _, err = _lint(capsys, str(folder / "model.shard"))
+    assert status == 2
+    if said is None:  # a good value, but a budget for a step and without its baseline
+        assert "max-collective-increase in" in err and "is a budget for a step" in err
+    else:
+        assert f"[tool.shardrules] max-collective-increase in {folder.name}/pyproject.toml: {said}" in err
