@@ -102,7 +102,7 @@ def test_dump_step_records_the_cost_the_step_has(project, capsys) -> None:
     plain = _dump(capsys, "dp.shard", project)
     assert '"version": 1,' in plain and "step_cost" not in plain  # no cost: version 1, as before
     text = _dump(capsys, "dp.shard", project, "--step", f"{project}:check_step")
-    assert '"version": 2,' in text
+    assert '"version": 4,' in text  # a cost whose collectives are attributed to rule lines
     data = json.loads(text)
     assert list(data)[-2:] == ["step_cost", "leaves"]
     cost = data["step_cost"]
@@ -114,9 +114,21 @@ def test_dump_step_records_the_cost_the_step_has(project, capsys) -> None:
     assert [(c["kind"], c["count"]) for c in cost["collectives"]] == [
         (c.kind, c.count) for c in expected.collectives
     ]
+    # the collectives per rule line (version 4), the rule file as the leaves name it
+    assert [(r["rule"], r["text"], r["bytes_per_device"]) for r in cost["by_rule"]] == [
+        (
+            r.rule.replace(r.rule.rpartition(":")[0], "dp.shard") if r.text else r.rule,
+            r.text,
+            r.bytes_per_device,
+        )
+        for r in expected.by_rule
+    ]
+    assert sum(r["bytes_per_device"] for r in cost["by_rule"]) == sum(
+        c["bytes_per_device"] for c in cost["collectives"]
+    )
     # the plan part is the plan without a cost, line for line
     without = [line for line in text.splitlines() if line not in plain.splitlines()]
-    assert without[0] == '  "version": 2,' and all(
+    assert without[0] == '  "version": 4,' and all(
         line.startswith(('  "step_cost"', "    ", "  },")) for line in without[1:]
     ), without
     # read back: the same table and cost; written again, the same bytes
@@ -458,7 +470,7 @@ def test_a_step_in_the_settings_leaves_dump_as_it_was(project, capsys, tmp_path:
     plain = _dump(capsys, "dp.shard", project)
     (tmp_path / "pyproject.toml").write_text(f'[tool.shardrules]\nstep = "{project}:check_step"\n')
     assert _dump(capsys, "dp.shard", project) == plain  # lint's step: dump records a cost only when asked
-    assert '"version": 2,' in _dump(capsys, "dp.shard", project, "--step", f"{project}:check_step")
+    assert '"version": 4,' in _dump(capsys, "dp.shard", project, "--step", f"{project}:check_step")
 
 
 def test_collectives_out_of_the_writers_order_are_refused(costly: str) -> None:

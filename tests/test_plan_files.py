@@ -138,12 +138,12 @@ REFUSED = {
     ),
     "version true": (
         _edit(0, '"version": 1', '"version": true'),
-        "version true; this shardrules reads versions 1, 2 and 3",
+        "version true; this shardrules reads versions 1, 2, 3 and 4",
     ),
     "version 1.0": (_edit(0, '"version": 1', '"version": 1.0'), "version 1.0"),
-    "version 4": (
-        _edit(0, '"version": 1', '"version": 4'),
-        "version 4; this shardrules reads versions 1, 2 and 3",
+    "version 5": (
+        _edit(0, '"version": 1', '"version": 5'),
+        "version 5; this shardrules reads versions 1, 2, 3 and 4",
     ),
     "version 3 without a cost": (
         _edit(0, '"version": 1', '"version": 3'),

@@ -105,10 +105,24 @@ def _file(cost: sr.StepCost | dict | None = None) -> str:
 # --- the file ------------------------------------------------------------------------------------
 
 
+def _without_rules(text: str) -> str:
+    """A version 4 file as versions 2 and 3 wrote it: `by_rule` left out."""
+    table = loads(text)
+    assert table.version == 4 and table.step_cost is not None
+    cost = {key: value for key, value in table.step_cost.items() if key != "by_rule"}
+    older = dumps(dataclasses.replace(table, step_cost=cost))
+    rules = [line for line in text.splitlines() if line not in older.splitlines()]
+    assert rules[0] == '  "version": 4,' and rules[1].endswith(","), rules  # the key before it, and by_rule
+    assert rules[2] == '    "by_rule": [', rules  # the last key, one line per rule line
+    rows = rules[3:-1] if rules[-1] == "    ]" else rules[3:]  # `]` is new after the estimate's `}`
+    assert rows and all(line.startswith('      {"rule": ') for line in rows), rules
+    return older
+
+
 def test_dump_step_target_writes_version_3(project, capsys) -> None:
     step = ["--step", f"{project}:check_step"]
-    v2 = _dump(capsys, "dp.shard", project, *step)
-    text = _dump(capsys, "dp.shard", project, *step, "--target", "h100")
+    v2 = _without_rules(_dump(capsys, "dp.shard", project, *step))  # both record by_rule: version 4
+    text = _without_rules(_dump(capsys, "dp.shard", project, *step, "--target", "h100"))
     assert '"version": 3,' in text and '"version": 2,' in v2
     cost = json.loads(text)["step_cost"]
     assert list(cost)[-6:] == list(_targetfile.TARGET_KEYS)
@@ -248,8 +262,10 @@ def test_a_v3_file_is_refused_without_its_keys_and_a_topology_of_other_chips() -
         sr.Plan.from_json(tpu.replace('"target": "v5e:2x4"', '"target": "v5e:4x4"', 1))
     with pytest.raises(sr.PlanFileError, match='"compiler" is "tpu"'):
         sr.Plan.from_json(tpu.replace('"compiler": "tpu"', '"compiler": "cpu"', 1))
-    with pytest.raises(sr.PlanFileError, match="reads versions 1, 2 and 3"):
-        sr.Plan.from_json(tpu.replace('"version": 3', '"version": 4', 1))
+    with pytest.raises(sr.PlanFileError, match="reads versions 1, 2, 3 and 4"):
+        sr.Plan.from_json(tpu.replace('"version": 3', '"version": 5', 1))
+    with pytest.raises(sr.PlanFileError, match="\"step_cost\" lacks the key 'by_rule'"):
+        sr.Plan.from_json(tpu.replace('"version": 3', '"version": 4', 1))  # version 4 records by_rule
     with pytest.raises(ValueError, match=r"cost= is not a step's cost: .*h1000"):
         checked(_cost("h100").to_json() | {"target": "h1000"})
 

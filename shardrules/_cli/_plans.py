@@ -81,7 +81,8 @@ def run_dump(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             print(f"{args.rules}: --step {args.cost_step}:\n{err}", file=sys.stderr)
             return EXIT_DIFFERENT
-        table = dataclasses.replace(table, step_cost=recorded(cost, args.cost_step))
+        folder = os.path.dirname(args.rules)  # rule lines written as the leaves' are
+        table = dataclasses.replace(table, step_cost=recorded(cost, args.cost_step, folder))
     _lint.write_output(dumps(table), args.output)
     return EXIT_OK
 

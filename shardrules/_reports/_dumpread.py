@@ -1,15 +1,15 @@
 """Reading a plan file back, strictly: what `Plan.from_json`, `shardrules diff`
-and `assert_plan_matches` accept (versions 1, 2 and 3 of the format `_dump`
-writes; the step cost of 2 and 3 is `_costfile`'s to read).
+and `assert_plan_matches` accept (versions 1 to 4 of the format `_dump`
+writes; the step cost of 2, 3 and 4 is `_costfile`'s to read).
 
 A file is read only if some plan could have written it, so that a hand edit
 gone wrong is an error naming what is wrong (`PlanFileError`, SR124), never a
 plan read differently from what the file says:
 
 - JSON without a key written twice in one object, with `"format":
-  "shardrules-plan"` and `"version"` 1, 2 or 3 (a whole number; another
+  "shardrules-plan"` and `"version"` 1, 2, 3 or 4 (a whole number; another
   version is refused naming those this reads);
-- exactly the keys of its version (2 and 3 add `step_cost`), at the top, on each mesh axis and on each
+- exactly the keys of its version (2, 3 and 4 add `step_cost`), at the top, on each mesh axis and on each
   leaf: an unknown key (a typo, or a key of a later version) is refused. A
   later version that adds keys writes a higher version number, so a reader
   never drops what it does not know;
@@ -26,7 +26,8 @@ plan read differently from what the file says:
   leaves. A leaf that is not an array has no shape, dtype or spec and the
   rule `not an array`;
 - in version 2, a `step_cost` as `_costfile.read_cost` reads it; in version
-  3, one with a target's keys too (`_targetfile`), which version 2 refuses.
+  3, one with a target's keys too (`_targetfile`), which version 2 refuses;
+  in version 4, one with `by_rule` (`_rulebytes`), which 2 and 3 refuse.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .._planning._shapes import shown as named
 from ._costfile import VERSION_WITH_TARGET, read_cost
 from ._dump import FORMAT, VERSION, VERSION_WITH_COST, Entry, Kind, Table, nbytes_of
 from ._refuse import fail, shown
+from ._rulebytes import VERSION_WITH_RULES
 
 HEADER_KEYS = (
     "format",
@@ -58,7 +60,7 @@ HEADER_KEYS = (
     "total_bytes",
     "leaves",
 )
-HEADER_KEYS_WITH_COST = (*HEADER_KEYS[:-1], "step_cost", "leaves")  # versions 2 and 3
+HEADER_KEYS_WITH_COST = (*HEADER_KEYS[:-1], "step_cost", "leaves")  # versions 2, 3 and 4
 AXIS_KEYS = ("name", "size", "type")
 LEAF_KEYS = ("path", "shape", "dtype", "spec", "rule", "bytes")
 AXIS_TYPES = ("explicit", "auto", "manual", "unknown")
@@ -140,11 +142,11 @@ def _header(data: Any) -> Header:
     if (
         not isinstance(version, int)
         or isinstance(version, bool)
-        or version not in (VERSION, VERSION_WITH_COST, VERSION_WITH_TARGET)
+        or version not in (VERSION, VERSION_WITH_COST, VERSION_WITH_TARGET, VERSION_WITH_RULES)
     ):
         raise fail(
-            f"version {shown(version)}; this shardrules reads versions {VERSION}, {VERSION_WITH_COST} "
-            f"and {VERSION_WITH_TARGET}",
+            f"version {shown(version)}; this shardrules reads versions {VERSION}, {VERSION_WITH_COST}, "
+            f"{VERSION_WITH_TARGET} and {VERSION_WITH_RULES}",
             hint="read it with the shardrules that wrote it, or write it again with this one",
         )
     if version == VERSION and "step_cost" in data:
