@@ -105,6 +105,15 @@ def train_step(params, batch):
     return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads), loss
 
 
+def check_step(rules, mesh):
+    """The step and its arguments' shapes, for the command line:
+    `shardrules explain examples/transformer/transformer.shard --step examples.transformer.train:check_step --cost`."""
+    params = jax.eval_shape(lambda: init_params(np.random.default_rng(0)))
+    tokens = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
+    step = sr.jit(train_step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    return step, (params, {"tokens": tokens, "targets": tokens})
+
+
 def collectives(hlo: str) -> str:
     kinds = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
     counts = Counter(m for m in re.findall(r"\b(" + "|".join(kinds) + r")(?:-start)?\(", hlo))

@@ -109,6 +109,14 @@ def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
             "print what it costs each device: FLOPs against the one-device ideal, bytes, peak memory, "
             "collectives; with --target, whether it fits and its estimated step time",
         )
+        parser.add_argument(
+            "--by",
+            choices=("rule", "array", "scope"),
+            default=None,
+            help="with --step (implies --cost): show the collectives by the rule line that laid out what "
+            "they move or sum, with its arrays (rule, the default), by array, or each kind with the scopes "
+            "it comes from (scope)",
+        )
         return
     parser.add_argument(
         "--max-step-time",

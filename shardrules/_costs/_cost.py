@@ -18,12 +18,10 @@ split would leave each device.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from .._planning._plan import format_bytes, format_flops
-from .._tracing._outputs import is_subscripts
 from ._attribute import (
     ArrayCost,
     Owners,
@@ -32,11 +30,13 @@ from ._attribute import (
     by_owner,
     owned,
     rule_cost_from_json,
+    rule_lines,
 )
 from ._estimate import TimeEstimate, estimate_from_json
 from ._flops import Repeated, repeated
 from ._hlo import KINDS, CollectiveCall, collective_calls, loop_extra
 from ._largest import largest_values
+from ._scopes import scope_of as scope_of  # read here by `_hlo`, `_flops` and the tests
 from ._verdict import target_lines
 
 
@@ -175,33 +175,42 @@ class StepCost:
         return out
 
     def lines(self) -> list[str]:
-        """The cost as lines of text (what `str` gives)."""
-        ratio = (
-            f" ({self.ratio:.2f}x the ideal {format_flops(self.ideal_flops_per_device)})"
-            if self.ratio is not None
-            else ""
-        )
-        out = [
-            f"devices: {self.devices}",
-            f"FLOPs per device: {format_flops(self.flops_per_device)}{ratio}",
-            f"bytes accessed per device: {format_bytes(self.bytes_accessed_per_device)}",
-            f"peak memory per device: {format_bytes(self.peak_bytes_per_device)} (arguments "
-            f"{format_bytes(self.argument_bytes_per_device)}, outputs {format_bytes(self.output_bytes_per_device)}, "
-            f"temporaries {format_bytes(self.temp_bytes_per_device)})",
-        ]
-        out += target_lines(self)
-        out += [f"note: {note}" for note in self.notes]
-        if not self.collectives:
-            out.append("collectives: none")
-        for c in self.collectives:
-            where = (
-                f"; from {', '.join(c.scopes[:4])}{', ...' if len(c.scopes) > 4 else ''}" if c.scopes else ""
-            )
-            out.append(f"{c.kind}: {c.count} ({format_bytes(c.bytes_per_device)} per device{where})")
-        return out
+        """The cost as lines of text (what `str` gives): its figures, each
+        kind of collective with the scopes it comes from, and the five rule
+        lines whose collectives move the most bytes (`by_rule`)."""
+        return [*figure_lines(self), *kind_lines(self), *rule_lines(self.by_rule)]
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+
+def figure_lines(cost: StepCost) -> list[str]:
+    """`cost`'s figures as lines: devices, FLOPs, bytes, memory, its target's, notes."""
+    ratio = (
+        f" ({cost.ratio:.2f}x the ideal {format_flops(cost.ideal_flops_per_device)})"
+        if cost.ratio is not None
+        else ""
+    )
+    out = [
+        f"devices: {cost.devices}",
+        f"FLOPs per device: {format_flops(cost.flops_per_device)}{ratio}",
+        f"bytes accessed per device: {format_bytes(cost.bytes_accessed_per_device)}",
+        f"peak memory per device: {format_bytes(cost.peak_bytes_per_device)} (arguments "
+        f"{format_bytes(cost.argument_bytes_per_device)}, outputs {format_bytes(cost.output_bytes_per_device)}, "
+        f"temporaries {format_bytes(cost.temp_bytes_per_device)})",
+    ]
+    return out + target_lines(cost) + [f"note: {note}" for note in cost.notes]
+
+
+def kind_lines(cost: StepCost, scopes: bool = True) -> list[str]:
+    """A line per kind of collective: its count and bytes per device, with
+    (`scopes`) the first four scopes it comes from; `collectives: none`."""
+    out = [] if cost.collectives else ["collectives: none"]
+    for c in cost.collectives:
+        shown = c.scopes if scopes else ()
+        where = f"; from {', '.join(shown[:4])}{', ...' if len(shown) > 4 else ''}" if shown else ""
+        out.append(f"{c.kind}: {c.count} ({format_bytes(c.bytes_per_device)} per device{where})")
+    return out
 
 
 def cost_from_json(data: dict[str, Any]) -> StepCost:
@@ -236,94 +245,6 @@ def cost_from_json(data: dict[str, Any]) -> StepCost:
             for c in data["collectives"]
         ),
     )
-
-
-def _split(text: str, sep: str) -> list[str]:
-    """`text` split at `sep` outside parentheses."""
-    out, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += (ch == "(") - (ch == ")")
-        if ch == sep and depth == 0:
-            out.append(text[start:i])
-            start = i + 1
-    out.append(text[start:])
-    return out
-
-
-_WRAPPER = re.compile(r"(?P<name>[\w-]+)\((?P<inner>.*)\)")
-_NOT_SCOPES = {"jit", "pjit", "pmap", "jvp", "vmap", "transpose", "remat", "checkpoint", "shard_map"}
-
-
-def _segments(path: str) -> tuple[list[str], bool]:
-    """The scope names in `path` (transforms unwrapped), and whether a
-    `transpose` wraps any of them."""
-    names: list[str] = []
-    backward = False
-    for segment in _split(path, "/"):
-        m = _WRAPPER.fullmatch(segment)
-        if m is None:
-            if segment and not is_subscripts(segment):  # `jnp.einsum`'s scope: not one (see `_outputs`)
-                names.append(segment)
-            continue
-        backward = backward or m["name"] == "transpose"
-        inner, inner_backward = _segments(m["inner"])
-        backward = backward or inner_backward
-        if m["name"] not in _NOT_SCOPES or inner:
-            names.extend(inner)
-    return names, backward
-
-
-_LOOP_PARTS = {"while": ("body", "cond"), "cond": ("branch",)}
-_CALLS = {
-    "closed_call",
-    "core_call",
-    "custom_jvp_call",
-    "custom_vjp_call",
-    "checkpoint",
-    "remat",
-    "rematted_computation",
-}
-
-
-def _own(names: list[str]) -> list[str]:
-    """`names` without the segments JAX's loops and calls add to a scope
-    (`layers/while/body/closed_call/attn` is `layers/attn`)."""
-    out: list[str] = []
-    skip = False
-    for i, name in enumerate(names):
-        if skip:
-            skip = False
-            continue
-        follows = _LOOP_PARTS.get(name)
-        if follows is not None and i + 1 < len(names) and names[i + 1].startswith(follows):
-            skip = True
-            continue
-        if name in _CALLS:
-            continue
-        out.append(name)
-    return out
-
-
-def scope_of(op_name: str) -> list[str]:
-    """The named scopes an HLO `op_name` names (several for a fused one,
-    `(a/op:b/op)`), `SCOPE (backward)` under a `transpose`; `""` outside
-    every scope."""
-    parts = _split(op_name, "/")
-    while (
-        parts
-        and (outer := _WRAPPER.fullmatch(parts[0])) is not None
-        and outer["name"] in ("jit", "pjit", "pmap")
-    ):
-        parts.pop(0)
-    text = "/".join(parts)
-    fused = text.startswith("(") and text.endswith(")")  # one operation made of several
-    out = []
-    for piece in _split(text[1:-1], ":") if fused else [text]:
-        pieces = _split(piece, "/")
-        names, backward = _segments("/".join(pieces[:-1]))  # the last is the primitive
-        scope = "/".join(_own(names))
-        out.append(f"{scope} (backward)" if backward and scope else scope)
-    return out
 
 
 def collectives(hlo: str) -> tuple[Collective, ...]:

@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterable
 
 from ._hlo import CONTROL, Instruction, Program, elements, op_name, operands_of, program, size
+from ._scopes import scope_of
 
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{(?P<dims>[0-9,]*)\}")
 _LABELS = re.compile(r"dim_labels=[^_\s]*_(?P<kernel>[^-\s]*)->")
@@ -184,8 +185,6 @@ def by_scope(hlo: str) -> dict[str, dict[str, float]]:
     count once per trip where the HLO says the trip count (a `scan` over
     layers: once per layer), as the program runs them; XLA's own cost
     analysis counts them once."""
-    from ._cost import scope_of  # `_cost` reads the collectives' scopes the same way, and imports this
-
     p = program(hlo)
     out: dict[str, dict[str, float]] = {}
     for i in p.instructions:

@@ -31,6 +31,7 @@ import math
 import re
 
 from ._groups import nested_groups, parse_groups
+from ._scopes import scope_of
 
 KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _LINE = re.compile(
@@ -264,7 +265,7 @@ class CollectiveCall:
       collective-permute's `(source, target)` pairs; `None` where the HLO
       names none: all devices.
     - `op_name`: the operation it was made for (the HLO's metadata), `""`.
-    - `scopes`: the named scopes of that operation (see `_cost.scope_of`).
+    - `scopes`: the named scopes of that operation (see `_scopes.scope_of`).
     - `computation`, `instruction`: where the HLO text writes it.
     """
 
@@ -301,8 +302,6 @@ def _transfer(p: Program, i: Instruction, kind: str) -> tuple[str, int] | None:
 def collective_calls(hlo: str) -> list[CollectiveCall]:
     """Every collective transfer in the optimised HLO text `hlo`, once each,
     in the order the text writes them (see the module's docstring)."""
-    from ._cost import scope_of  # `_cost` reads scopes off `op_name`s, and imports this
-
     p = program(hlo)
     out = []
     for i in p.instructions:

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._interop._paths import path_str
 from ._hlo import op_name, program, size
+from ._scopes import scope_of
 
 _NOT_VALUES = frozenset((
     "parameter", "constant", "get-tuple-element", "bitcast", "tuple", "copy-done", "after-all",
@@ -29,8 +30,6 @@ def largest_values(hlo: str, count: int = 3) -> list[tuple[str, int]]:
     `("layers/mlp: f32[8,4096]", bytes)`, most bytes first (instructions
     inside a fusion are not values of their own; each value once, by the
     scope its metadata names)."""
-    from ._cost import scope_of
-
     p = program(hlo)
     found: dict[str, int] = {}
     for i in p.instructions:
