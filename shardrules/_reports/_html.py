@@ -29,7 +29,9 @@ _CSS = """
 .sr-plan{font-family:system-ui,sans-serif;font-size:13px;color:#222}
 .sr-plan table{border-collapse:collapse;margin:4px 0 12px}
 .sr-plan th,.sr-plan td{border:1px solid #ccc;padding:2px 6px;text-align:left}
-.sr-plan td.num{text-align:right}
+.sr-plan td.num{text-align:right;white-space:nowrap}
+.sr-plan table.sr-by-rule td{vertical-align:top}
+.sr-plan table.sr-by-rule code{white-space:nowrap}
 .sr-plan table.grid td{text-align:center;font-family:monospace;font-size:11px;background:#eef4ff}
 .sr-plan table.sr-leaves td:first-child{font-family:monospace}
 .sr-plan input.sr-filter{width:32em;max-width:100%;padding:2px 4px}
