@@ -163,7 +163,8 @@ def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
     (the arrays `--path` shows: path, shape, dtype, spec, rule, bytes per
     device, and per host with `--hosts`), `totals`, `findings` (as `lint
     --format json` gives them), and with `--step` its `scopes`, `decisions`
-    and `step_cost` (`null` where not asked for)."""
+    and `step_cost` (`StepCost.to_json()`, its `by_rule` and `by_array`
+    lists whatever `--by` says; `null` where not asked for)."""
     plan = result.plan
     step_cost: Any = getattr(args, "step_cost", None)
     found: dict[str, Any] = {

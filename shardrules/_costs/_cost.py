@@ -36,7 +36,7 @@ from ._estimate import TimeEstimate, estimate_from_json
 from ._flops import Repeated, repeated
 from ._hlo import KINDS, CollectiveCall, collective_calls, loop_extra
 from ._largest import largest_values
-from ._scopes import scope_of as scope_of  # read here by `_hlo`, `_flops` and the tests
+from ._scopes import scope_of as scope_of  # where it was defined before: still read from here
 from ._verdict import target_lines
 
 
