@@ -1,10 +1,10 @@
 """A plan as one self-contained HTML page (inline CSS and one small inline
 script, nothing fetched): the mesh, memory per device, a step's cost when
 given (its collectives by rule line, each rule's arrays behind a
-`<details>`), the group's rules with
-the leaves and bytes each covers, every leaf in a table sorted naturally by
-path (`layers.2` before `layers.10`) with a box that filters it, and a device
-grid per largest array. Behind `Plan._repr_html_` and `shardrules explain --html`.
+`<details>`), the group's rules with the leaves and bytes each covers, every
+leaf in a table sorted naturally by path (`layers.2` before `layers.10`)
+with a box that filters it, and a device grid per largest array. Behind
+`Plan._repr_html_` and `shardrules explain --html`.
 
 Every text that comes from the plan (paths, rule locations, axis names) is
 escaped; the script is a constant that holds none of it. Without scripts (a
