@@ -112,7 +112,9 @@ def param_shapes() -> dict:
 
 def check_step(rules: sr.RuleSet, mesh: jax.sharding.Mesh) -> tuple:
     """The step and its arguments' shapes, for `shardrules lint transformer.shard
-    --step train:check_step` (its layouts checked, its cost held to a budget)."""
+    --step train:check_step` in this folder (its layouts checked, its cost held
+    to a budget), or `shardrules explain examples/transformer/transformer.shard
+    --step examples.transformer.train:check_step --cost` from the repository's root."""
     shapes = jax.eval_shape(param_shapes)
     tokens = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
     step = sr.jit(

@@ -353,10 +353,10 @@ def _explain_command(args: argparse.Namespace) -> int:
             raise _lint.UsageError(f"--path {args.path!r}: {err}") from None
     _config.apply(args, _config.for_paths([args.rules]))
     said_target = args.target is not None and "target" not in args.origins  # on the command line
-    if (args.cost or said_target) and not args.step:
-        flag = "--cost" if args.cost else "--target"
+    if (args.cost or said_target or args.by) and not args.step:
+        flag = "--cost" if args.cost else "--target" if said_target else "--by"
         raise _lint.UsageError(f"{flag} needs a step to compile: --step MODULE:FUNCTION")
-    args.cost = args.cost or said_target  # `target` in [tool.shardrules] is used when a cost is asked for
+    args.cost = args.cost or said_target or bool(args.by)  # settings' `target`: used once a cost is asked for
     if not args.shapes and not args.step:
         raise _lint.UsageError(
             "give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules] "

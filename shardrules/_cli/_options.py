@@ -112,6 +112,14 @@ def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
             "collectives and the rule lines they come from; with --target, whether it fits and its "
             "estimated step time",
         )
+        parser.add_argument(
+            "--by",
+            choices=("rule", "array", "scope"),
+            default=None,
+            help="with --step (implies --cost): show the collectives by the rule line that laid out what "
+            "they move or sum, with its arrays (rule, the default), by array, or each kind with the scopes "
+            "it comes from (scope)",
+        )
         return
     parser.add_argument(
         "--cost",
