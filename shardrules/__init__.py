@@ -11,6 +11,9 @@ params = sr.apply(params, rules, mesh)
 import importlib as _importlib
 import typing as _typing
 
+from ._costs._attribute import ArrayCost as ArrayCost
+from ._costs._attribute import RuleCost as RuleCost
+from ._costs._attribute import Share as Share
 from ._costs._cost import Collective as Collective
 from ._costs._cost import StepCost as StepCost
 from ._costs._estimate import TimeEstimate as TimeEstimate
@@ -83,6 +86,7 @@ _LAZY: dict[str, str] = {
 """Public name → the module defining it, for the names imported on first use."""
 
 __all__ = [
+    "ArrayCost",
     "Collective",
     "Comparison",
     "Conversion",
@@ -98,11 +102,13 @@ __all__ = [
     "PlanFileError",
     "ProcessMismatchError",
     "Rule",
+    "RuleCost",
     "RuleDefinitionError",
     "RuleSet",
     "RuleSyntaxError",
     "ShardRulesError",
     "ShardRulesWarning",
+    "Share",
     "Span",
     "StepCost",
     "TargetError",

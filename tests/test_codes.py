@@ -318,6 +318,8 @@ TESTED_ELSEWHERE = {
     "SR126",  # tests/test_targets.py: a --target, not a rule file, is at fault
     "SR127",  # tests/test_targets.py
     "SR128",  # tests/test_targets.py
+    "SR129",  # tests/test_collective_budgets.py: a step's cost, compiled
+    "SR130",  # tests/test_collective_budgets.py: against a baseline plan file
     "SR121",  # tests/test_leaf_kinds.py: a leaf, not a rule file, is at fault
     "SR206",
     "SR208",

@@ -77,7 +77,7 @@ def test_the_steps_arguments_give_each_groups_plan(project, capsys) -> None:
         "no changes: 2 leaves laid out the same",
     ]
     assert costs.startswith("step cost") and "FLOPs per device" in costs
-    assert by_rule.startswith("rule line")
+    assert by_rule.startswith("collectives per rule line")
     code, found = _json(capsys, "rep.shard", "tp.shard", "--step", step)
     assert code == 1 and found["equal"] is False
     assert [(g["a"]["group"], g["equal"]) for g in found["groups"]] == [("params", False), ("inputs", True)]

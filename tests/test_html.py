@@ -314,3 +314,66 @@ def test_the_filter_box_in_a_headless_browser(tmp_path: Path) -> None:
     assert "disabled" not in report.inputs[0]
     bad = [line for line in run.stderr.splitlines() if "Uncaught" in line or "ERROR:CONSOLE" in line]
     assert not bad, bad
+
+
+def _costed(folder: Path) -> sr.StepCost:
+    """A step's cost whose collectives are attributed: a rule line of a file in
+    `folder` (written by its absolute path), and `inferred` for an activation
+    whose name needs escaping."""
+    Share = sr.Share
+    rule = f"{folder / 'sharding' / 'step.shard'}:4"
+    gathers, sums, other = (
+        Share("all-gather", 2, 4096),
+        Share("all-reduce", 1, 1024),
+        Share("all-reduce", 1, 8),
+    )
+    return sr.StepCost(
+        8, 2e9, 1e9, 4e9, 3 * 2**20, 2**20, 2**20, 2**20,
+        (sr.Collective("all-gather", 2, 4096, ("mlp",)), sr.Collective("all-reduce", 2, 1032, ("mlp (backward)",))),
+        by_rule=(
+            sr.RuleCost(rule, '"w$" -> (fsdp, model)', (gathers, sums), ("a/w", "a/w (gradient)")),
+            sr.RuleCost("inferred", "", (other,), ("activation <b>x</b>",)),
+        ),
+        by_array=(
+            sr.ArrayCost("a/w", rule, '"w$" -> (fsdp, model)', (gathers,)),
+            sr.ArrayCost("a/w (gradient)", rule, '"w$" -> (fsdp, model)', (sums,)),
+            sr.ArrayCost("activation <b>x</b>", "inferred", "", (other,)),
+        ),
+    )  # fmt: skip
+
+
+def test_a_cost_by_rule_is_a_table_grouped_by_rule(plan: sr.Plan, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    text = page(plan, cost=_costed(tmp_path))
+    shown = _balanced(text)
+    assert str(tmp_path / "sharding") not in shown  # the rule's file, relative to the working directory
+    assert (
+        "<td><code>sharding/step.shard:4</code></td><td><code>&quot;w$&quot; -&gt; (fsdp, model)</code></td>"
+        '<td class="num">5.0 KiB</td><td class="num">2 / 4.0 KiB</td><td class="num">1 / 1.0 KiB</td>'
+        "<td><details><summary>2 arrays</summary>"
+    ) in text
+    assert (
+        '<tr><td><code>a/w (gradient)</code></td><td class="num">1.0 KiB</td><td class="num">-</td>' in text
+    )
+    assert "activation &lt;b&gt;x&lt;/b&gt;" in text and "<b>x" not in text
+    assert '<tfoot><tr><td>total</td><td></td><td class="num">5.0 KiB</td>' in text
+    assert "<th>from</th>" not in text  # the kinds without their scopes: the table by rule says whom
+    assert _scripts(text) == [_SCRIPT]
+
+
+def test_the_cost_by_rule_in_a_headless_browser(plan: sr.Plan, tmp_path: Path, monkeypatch) -> None:
+    """Each rule's arrays open (`<details>`) in a real browser, with no script error."""
+    monkeypatch.chdir(tmp_path)
+    opening = (
+        "<script>document.querySelectorAll('table.sr-by-rule details')"
+        ".forEach(function (d) { d.open = true; });</script>"
+    )
+    text = page(plan, cost=_costed(tmp_path)).replace("</body>", opening + "</body>")
+    run = _chromium_dom(text, tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count('<details open="">') == 2
+    assert "<code>sharding/step.shard:4</code>" in run.stdout and "a/w (gradient)" in run.stdout
+    assert "activation &lt;b&gt;x&lt;/b&gt;" in run.stdout
+    assert format_bytes(plan.bytes_per_device) in run.stdout  # the plan is still there, below
+    bad = [line for line in run.stderr.splitlines() if "Uncaught" in line or "ERROR:CONSOLE" in line]
+    assert not bad, bad

@@ -264,7 +264,8 @@ def test_unknown_keys_are_usage_errors_that_suggest_a_key(project, capsys):
     assert "unknown key `replicated_tolerance` in [tool.shardrules]" in err
     assert "did you mean `replicated-tolerance`?" in err
     assert (
-        "(known keys: device-memory, exclude, group, hbm-headroom, hosts, lint-included, max-flops-ratio, max-peak-bytes, "
+        "(known keys: baseline, device-memory, exclude, group, hbm-headroom, hosts, lint-included, "
+        "max-collective-bytes, max-collective-increase, max-flops-ratio, max-peak-bytes, "
         "max-step-time, mesh, replicated-threshold, replicated-tolerance, shapes, step, strict, target)"
     ) in err
     write("pyproject.toml", "[tool.shardrules]\nzzz = 1\n")

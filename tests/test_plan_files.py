@@ -145,10 +145,6 @@ REFUSED = {
         _edit(0, '"version": 1', '"version": 5'),
         "version 5; this shardrules reads versions 1, 2, 3 and 4",
     ),
-    "version 4 without a cost": (
-        _edit(0, '"version": 1', '"version": 4'),
-        "the file lacks the key 'step_cost'",
-    ),
     "version 3 without a cost": (
         _edit(0, '"version": 1', '"version": 3'),
         "the file lacks the key 'step_cost'",

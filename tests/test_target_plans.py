@@ -105,14 +105,27 @@ def _file(cost: sr.StepCost | dict | None = None) -> str:
 # --- the file ------------------------------------------------------------------------------------
 
 
-def test_dump_step_target_writes_the_targets_keys(project, capsys) -> None:
+def _without_rules(text: str) -> str:
+    """A version 4 file as versions 2 and 3 wrote it: `by_rule` left out."""
+    table = loads(text)
+    assert table.version == 4 and table.step_cost is not None
+    cost = {key: value for key, value in table.step_cost.items() if key != "by_rule"}
+    older = dumps(dataclasses.replace(table, step_cost=cost))
+    rules = [line for line in text.splitlines() if line not in older.splitlines()]
+    assert rules[0] == '  "version": 4,' and rules[1].endswith(","), rules  # the key before it, and by_rule
+    assert rules[2] == '    "by_rule": [', rules  # the last key, one line per rule line
+    rows = rules[3:-1] if rules[-1] == "    ]" else rules[3:]  # `]` is new after the estimate's `}`
+    assert rows and all(line.startswith('      {"rule": ') for line in rows), rules
+    return older
+
+
+def test_dump_step_target_writes_version_3(project, capsys) -> None:
     step = ["--step", f"{project}:check_step"]
-    v2 = _dump(capsys, "dp.shard", project, *step)
-    text = _dump(capsys, "dp.shard", project, *step, "--target", "h100")
-    # the step has collectives, attributed to rule lines: version 4, with or without a target
-    assert '"version": 4,' in text and '"version": 4,' in v2
+    v2 = _without_rules(_dump(capsys, "dp.shard", project, *step))  # both record by_rule: version 4
+    text = _without_rules(_dump(capsys, "dp.shard", project, *step, "--target", "h100"))
+    assert '"version": 3,' in text and '"version": 2,' in v2
     cost = json.loads(text)["step_cost"]
-    assert list(cost)[-7:-1] == list(_targetfile.TARGET_KEYS) and list(cost)[-1] == "by_rule"
+    assert list(cost)[-6:] == list(_targetfile.TARGET_KEYS)
     assert list(cost["estimate"]) == list(_targetfile.ESTIMATE_KEYS)
     expected = _api_cost(project, DATA_PARALLEL, "h100")  # the Python API's cost for the same target
     assert cost["target"] == "h100" and cost["compiler"] == "cpu" and cost["code_bytes_per_device"] == 0
@@ -122,16 +135,16 @@ def test_dump_step_target_writes_the_targets_keys(project, capsys) -> None:
     assert cost["estimate"]["total_s"] == expected.time_estimate_s
     assert cost["estimate"]["mfu"] == expected.estimate.mfu
     assert cost["estimate"]["links"] == dict(expected.estimate.links)
-    # the lines without a target unchanged and in place; the target's after the collectives (before
-    # the collectives per rule line), one key per line
+    # version 2's lines unchanged and in place; the target's after the collectives, one key per line
     new, old = text.splitlines(), v2.splitlines()
     start = new.index('    "target": "h100",')
-    end = new.index("    },", start) + 1  # the estimate's last line
+    end = new.index("    }", start) + 1  # the estimate's last line
     assert new[end - 11 : end - 1] == [
         f'      "{key}": {json.dumps(cost["estimate"][key])}' + "," * (key != "model_flops_per_device")
         for key in _targetfile.ESTIMATE_KEYS
     ]
-    assert new[:start] == old[:start]
+    assert new[: start - 1] == [line.replace('"version": 2', '"version": 3') for line in old[: start - 1]]
+    assert new[start - 1] == old[start - 1] + ","  # the collectives: no longer the last key
     assert new[end:] == old[start:]
     # read back: the same table and cost; written again, the same bytes
     table = loads(text)
@@ -249,10 +262,10 @@ def test_a_v3_file_is_refused_without_its_keys_and_a_topology_of_other_chips() -
         sr.Plan.from_json(tpu.replace('"target": "v5e:2x4"', '"target": "v5e:4x4"', 1))
     with pytest.raises(sr.PlanFileError, match='"compiler" is "tpu"'):
         sr.Plan.from_json(tpu.replace('"compiler": "tpu"', '"compiler": "cpu"', 1))
-    with pytest.raises(sr.PlanFileError, match="lacks the key 'by_rule'"):
-        sr.Plan.from_json(tpu.replace('"version": 3', '"version": 4', 1))
     with pytest.raises(sr.PlanFileError, match="reads versions 1, 2, 3 and 4"):
         sr.Plan.from_json(tpu.replace('"version": 3', '"version": 5', 1))
+    with pytest.raises(sr.PlanFileError, match="\"step_cost\" lacks the key 'by_rule'"):
+        sr.Plan.from_json(tpu.replace('"version": 3', '"version": 4', 1))  # version 4 records by_rule
     with pytest.raises(ValueError, match=r"cost= is not a step's cost: .*h1000"):
         checked(_cost("h100").to_json() | {"target": "h1000"})
 

@@ -105,6 +105,29 @@ def train_step(params, batch):
     return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads), loss
 
 
+def param_shapes() -> dict:
+    """The parameters, for `--shapes train:param_shapes` (run under `jax.eval_shape`: nothing is kept)."""
+    return jax.tree.map(jnp.asarray, init_params(np.random.default_rng(0)))
+
+
+def check_step(rules: sr.RuleSet, mesh: jax.sharding.Mesh) -> tuple:
+    """The step and its arguments' shapes, for `shardrules lint transformer.shard
+    --step train:check_step` in this folder (its layouts checked, its cost held
+    to a budget), or `shardrules explain examples/transformer/transformer.shard
+    --step examples.transformer.train:check_step --cost` from the repository's root."""
+    shapes = jax.eval_shape(param_shapes)
+    tokens = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
+    step = sr.jit(
+        train_step,
+        rules,
+        mesh,
+        in_groups=("params", "inputs"),
+        out_groups=("params", None),
+        activations="activations",
+    )
+    return step, (shapes, {"tokens": tokens, "targets": tokens})
+
+
 def collectives(hlo: str) -> str:
     kinds = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
     counts = Counter(m for m in re.findall(r"\b(" + "|".join(kinds) + r")(?:-start)?\(", hlo))

@@ -17,6 +17,69 @@ from .._planning._plan import format_bytes
 from .._pspec import entries
 from ._lint import UsageError
 
+_BUDGETS = (
+    ("max_flops_ratio", "--max-flops-ratio"),
+    ("max_peak_bytes", "--max-peak-bytes"),
+    ("max_step_time", "--max-step-time"),
+    ("hbm_headroom", "--hbm-headroom"),
+    ("target", "--target"),
+    ("max_collective_bytes", "--max-collective-bytes"),
+    ("max_collective_increase", "--max-collective-increase"),
+    ("baseline", "--baseline"),
+)
+
+
+def check_options(args: Any) -> None:
+    """Each budget of lint's with what it needs: a step to compile, the
+    chips (`--max-step-time`, `--hbm-headroom`), a baseline and an increase
+    (`--max-collective-increase`, `--baseline`: each needs the other).
+    `UsageError` naming the option (or setting) otherwise."""
+    for option, flag in _BUDGETS:
+        if (
+            option == "target" and "target" in args.origins
+        ):  # the project's chips, used where a step is costed
+            continue
+        if getattr(args, option) is not None and not args.step:
+            raise UsageError(
+                f"{_origin(args, option, flag)} is a budget for a step: give one to compile with "
+                "--step MODULE:FUNCTION (or `step` in [tool.shardrules])"
+            )
+    for option, flag in _BUDGETS[2:4]:
+        if getattr(args, option) is not None and not args.target:
+            raise UsageError(
+                f"{_origin(args, option, flag)} needs the chips the step will run on: --target NAME "
+                "(e.g. v5p:8x8x4 or h100), or `target` in [tool.shardrules]"
+            )
+    if (args.max_collective_increase is None) != (args.baseline is None):
+        given, needed = (
+            ("max_collective_increase", "--baseline FILE (or `baseline` in [tool.shardrules]): the plan file")
+            if args.baseline is None
+            else (
+                "baseline",
+                "--max-collective-increase PCT (or `max-collective-increase` in [tool.shardrules])",
+            )
+        )
+        flag = dict(_BUDGETS)[given]
+        raise UsageError(
+            f"{_origin(args, given, flag)} needs {needed}"
+            + (
+                " written by `shardrules dump RULES --shapes SOURCE --step MODULE:FUNCTION -o FILE` to compare with"
+                if args.baseline is None
+                else ": the growth of the step's collective bytes over the baseline's to allow, e.g. 10%"
+            )
+        )
+    if args.baseline is not None and args.step:
+        from ._commbudget import baseline_cost
+
+        baseline_cost(args)  # an unreadable baseline stops the run before any step is compiled
+    if isinstance(args.max_collective_bytes, str):  # the flag's: a size, checked before any compile
+        from .._language._sizes import byte_size
+
+        try:
+            byte_size(args.max_collective_bytes)
+        except ValueError as err:
+            raise UsageError(f"--max-collective-bytes: {err}") from None
+
 
 def _replicated(decisions: Sequence[Any], count: int = 3) -> list[str]:
     """The forward-pass scopes with the largest results laid out on no axis

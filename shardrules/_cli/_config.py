@@ -121,6 +121,22 @@ def _headroom(key: str, value: Any, where: str) -> float:
     raise UsageError(f'{where}: must be a share from 0 to under 1, e.g. 0.1 or "10%", not {_toml(value)}')
 
 
+def _increase(key: str, value: Any, where: str) -> float:
+    from ._options import increase
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1:
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return increase(value)
+        except argparse.ArgumentTypeError:
+            pass
+    raise UsageError(
+        f'{where}: must be an increase of 0 or more, a fraction under 1 or a percentage, e.g. 0.1 or "10%", '
+        f"not {_toml(value)}"
+    )
+
+
 def _globs(key: str, value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(g, str) for g in value):
         raise UsageError(f'{where}: must be a list of strings, e.g. ["tests/data"], not {_toml(value)}')
@@ -128,12 +144,15 @@ def _globs(key: str, value: Any, where: str) -> list[str]:
 
 
 KEYS: dict[str, Callable[[str, Any, str], Any]] = {
+    "baseline": _string,
     "device-memory": _size,
     "exclude": _globs,
     "group": _string,
     "hbm-headroom": _headroom,
     "hosts": _hosts,
     "lint-included": _bool,
+    "max-collective-bytes": _size,
+    "max-collective-increase": _increase,
     "max-flops-ratio": _ratio,
     "max-peak-bytes": _size,
     "max-step-time": _ratio,
@@ -212,9 +231,12 @@ def for_paths(paths: Iterable[str | os.PathLike[str]]) -> Config | None:
 
 # The command line's option (an attribute of its namespace) for each key.
 _OPTIONS = {
+    "baseline": "baseline",
     "device-memory": "device_memory",
     "group": "group",
     "hosts": "hosts",
+    "max-collective-bytes": "max_collective_bytes",
+    "max-collective-increase": "max_collective_increase",
     "max-flops-ratio": "max_flops_ratio",
     "hbm-headroom": "hbm_headroom",
     "max-peak-bytes": "max_peak_bytes",
@@ -241,6 +263,8 @@ def apply(args: argparse.Namespace, config: Config | None) -> None:
             value = config.values[key]
             if key == "shapes":
                 value = _shapes(value, config.folder)
+            elif key == "baseline":  # a plan file, relative to the config's folder
+                value = _shown(Path(value) if Path(value).is_absolute() else config.folder / value)
             setattr(args, option, value)
             origins[option] = config.where(key)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._planning._plan import Plan
-from .._reports._costfile import recorded
+from .._reports import _byrule
 from .._reports._dump import spec_entries
 from . import _lint, _render, _step
 
@@ -45,10 +45,37 @@ def _html(result: _lint.Result, args: argparse.Namespace, step_cost: Any) -> Non
     from .._reports._html import page
 
     try:
-        cost = None if step_cost is None else recorded(step_cost, args.step)
+        cost = None if step_cost is None else step_cost.to_json() | {"step": args.step}
         Path(args.html).write_text(page(plan, cost=cost), encoding="utf-8")
     except OSError as err:
         raise _lint.UsageError(f"--html {args.html}: cannot write: {err}") from None
+
+
+def _write_cost(cost: Any, by: str, out: TextIO) -> None:
+    """`step cost:`: its figures and each kind of collective's totals, then a
+    table of the collectives by rule line, each with the arrays that move the
+    most (`by` `rule`), or by array (`array`); `scope`, or a cost with no
+    collectives attributed: each kind with the scopes it comes from."""
+    from .._costs._cost import figure_lines, kind_lines
+
+    attributed = by != "scope" and bool(cost.by_rule)
+    lines = [*figure_lines(cost), *kind_lines(cost, scopes=not attributed)]
+    out.write("step cost:\n" + "".join(f"  {line}\n" for line in lines))
+    if not attributed:
+        return
+    data = cost.to_json()
+    if by == "rule":
+        out.write(
+            "\ncollectives by rule line, per device per step (COUNT / BYTES of each kind), most bytes first; "
+            f"under each, the {_byrule.ARRAYS_SHOWN} arrays that move the most:\n"
+        )
+        rows, header = _byrule.rule_table(data), _byrule.RULE_HEADER
+    else:
+        out.write(
+            "\ncollectives by array, per device per step (COUNT / BYTES of each kind), most bytes first:\n"
+        )
+        rows, header = _byrule.array_table(data), _byrule.ARRAY_HEADER
+    _render.write_table(rows, out, _render.use_rich(out), (*header, *_byrule.kinds(data)))
 
 
 def write_text(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> None:
@@ -65,7 +92,7 @@ def write_text(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
         if result.plan is not None or i < len(tables) - 1 or step_cost is not None:
             out.write("\n")
     if step_cost is not None:
-        out.write("step cost:\n" + "".join(f"  {line}\n" for line in step_cost.lines()))
+        _write_cost(step_cost, getattr(args, "by", None) or "rule", out)
         if result.plan is not None:
             out.write("\n")
     if result.plan is not None:
@@ -136,7 +163,8 @@ def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
     (the arrays `--path` shows: path, shape, dtype, spec, rule, bytes per
     device, and per host with `--hosts`), `totals`, `findings` (as `lint
     --format json` gives them), and with `--step` its `scopes`, `decisions`
-    and `step_cost` (`null` where not asked for)."""
+    and `step_cost` (`StepCost.to_json()`, its `by_rule` and `by_array`
+    lists whatever `--by` says; `null` where not asked for)."""
     plan = result.plan
     step_cost: Any = getattr(args, "step_cost", None)
     found: dict[str, Any] = {

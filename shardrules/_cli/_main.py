@@ -14,7 +14,19 @@ from .._errors import ShardRulesError
 from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._version import __version__
-from . import _config, _convert, _discover, _explain, _lint, _options, _plans, _render, _step, _suggest
+from . import (
+    _budget,
+    _config,
+    _convert,
+    _discover,
+    _explain,
+    _lint,
+    _options,
+    _plans,
+    _render,
+    _step,
+    _suggest,
+)
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 
@@ -314,31 +326,9 @@ def _lint_command(args: argparse.Namespace) -> int:
         raise _lint.UsageError(f"no rule files (*.shard) in {', '.join(args.rules)}")
     if args.statistics and args.format == "github":
         raise _lint.UsageError("--statistics prints a table (text) or a list (json), not GitHub annotations")
-    budgets = (
-        ("max_flops_ratio", "--max-flops-ratio"),
-        ("max_peak_bytes", "--max-peak-bytes"),
-        ("max_step_time", "--max-step-time"),
-        ("hbm_headroom", "--hbm-headroom"),
-        ("target", "--target"),
-    )
-    for option, flag in budgets:
-        if (
-            option == "target" and "target" in args.origins
-        ):  # the project's chips, used where a step is costed
-            continue
-        if getattr(args, option) is not None and not args.step:
-            raise _lint.UsageError(
-                f"{_origin(args, option, flag)} is a budget for a step: give one to compile with "
-                "--step MODULE:FUNCTION (or `step` in [tool.shardrules])"
-            )
+    _budget.check_options(args)  # each budget with what it needs: a step, a target, a baseline
     if args.cost and not args.step:
         raise _lint.UsageError("--cost needs a step to compile: --step MODULE:FUNCTION")
-    for option, flag in budgets[2:4]:
-        if getattr(args, option) is not None and not args.target:
-            raise _lint.UsageError(
-                f"{_origin(args, option, flag)} needs the chips the step will run on: --target NAME "
-                "(e.g. v5p:8x8x4 or h100), or `target` in [tool.shardrules]"
-            )
     inputs = _inputs(args)  # shapes are read once for all the files
     results = [_lint_one(path, args, inputs) for path in files]
     if args.statistics and args.format == "json":
@@ -365,10 +355,10 @@ def _explain_command(args: argparse.Namespace) -> int:
             raise _lint.UsageError(f"--path {args.path!r}: {err}") from None
     _config.apply(args, _config.for_paths([args.rules]))
     said_target = args.target is not None and "target" not in args.origins  # on the command line
-    if (args.cost or said_target) and not args.step:
-        flag = "--cost" if args.cost else "--target"
+    if (args.cost or said_target or args.by) and not args.step:
+        flag = "--cost" if args.cost else "--target" if said_target else "--by"
         raise _lint.UsageError(f"{flag} needs a step to compile: --step MODULE:FUNCTION")
-    args.cost = args.cost or said_target  # `target` in [tool.shardrules] is used when a cost is asked for
+    args.cost = args.cost or said_target or bool(args.by)  # settings' `target`: used once a cost is asked for
     if not args.shapes and not args.step:
         raise _lint.UsageError(
             "give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules] "

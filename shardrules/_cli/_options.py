@@ -99,7 +99,9 @@ def chip_option(parser: argparse.ArgumentParser) -> None:
 
 def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
     """`--cost` (explain), or the budgets `--max-flops-ratio`, `--max-peak-bytes`,
-    `--max-step-time` and `--hbm-headroom` (lint), of a `--step`; `--target` for both."""
+    `--max-step-time`, `--hbm-headroom`, `--max-collective-bytes` and
+    `--max-collective-increase` against a `--baseline` (lint), of a
+    `--step`; `--target` for both."""
     chip_option(parser)
     if not lint:
         parser.add_argument(
@@ -109,6 +111,14 @@ def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
             "print what it costs each device: FLOPs against the one-device ideal, bytes, peak memory, "
             "collectives and the rule lines they come from; with --target, whether it fits and its "
             "estimated step time",
+        )
+        parser.add_argument(
+            "--by",
+            choices=("rule", "array", "scope"),
+            default=None,
+            help="with --step (implies --cost): show the collectives by the rule line that laid out what "
+            "they move or sum, with its arrays (rule, the default), by array, or each kind with the scopes "
+            "it comes from (scope)",
         )
         return
     parser.add_argument(
@@ -147,6 +157,28 @@ def cost_options(parser: argparse.ArgumentParser, lint: bool) -> None:
         default=None,
         help="with --step: fail (SR123) when a device holds more than SIZE at once, e.g. 16GiB",
     )
+    parser.add_argument(
+        "--max-collective-bytes",
+        metavar="SIZE",
+        default=None,
+        help="with --step: fail (SR129) when the step's collectives move more than SIZE per device per "
+        "step (every kind, each loop trip counted), e.g. 64MiB; names the rule lines that move most",
+    )
+    parser.add_argument(
+        "--max-collective-increase",
+        type=increase,
+        metavar="PCT",
+        default=None,
+        help="with --step and --baseline: fail (SR130) when the step's collective bytes per device grew "
+        "by more than PCT over the baseline's, e.g. 10%% or 0.1; names the rule lines that grew most",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="FILE",
+        default=None,
+        help="the plan file --max-collective-increase compares with: one written by "
+        "`shardrules dump RULES --step MODULE:FUNCTION` (e.g. the main branch's, checked in)",
+    )
 
 
 def fraction(text: str) -> float:
@@ -160,6 +192,23 @@ def fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: a share is written {value:g}% or {value / 100:g}")
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a share from 0% to under 100%, e.g. 10% or 0.1")
+    return value
+
+
+def increase(text: str) -> float:
+    """A growth of 0 or more, written `10%` (any percentage) or `0.1` (a
+    fraction under 1), for argparse and `[tool.shardrules]`."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share; write e.g. 10% or 0.1") from None
+    if value >= 1 and not raw.endswith("%"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: an increase of 1 or more is written as a percentage, e.g. {value * 100:g}% (or {value:g}% if you meant that)"
+        )
+    if not 0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: give an increase of 0% or more, e.g. 10% or 0.1")
     return value
 
 

@@ -88,7 +88,8 @@ def run_dump(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             print(f"{args.rules}: --step {args.cost_step}:\n{failed.error}", file=sys.stderr)
             return EXIT_DIFFERENT
-        table = dataclasses.replace(table, step_cost=recorded(cost, args.cost_step))
+        folder = os.path.dirname(args.rules)  # rule lines written as the leaves' are
+        table = dataclasses.replace(table, step_cost=recorded(cost, args.cost_step, folder))
     _lint.write_output(dumps(table), args.output)
     return EXIT_OK
 
@@ -188,8 +189,7 @@ def run_diff(args: argparse.Namespace) -> int:
         print(f"{failed.path}: --step {step}:\n{failed.error}", file=sys.stderr)
         return EXIT_ERROR
     diffs = [compare(tables["a"], tables["b"]) for tables in pairs]
-    tops = (pairs[0]["a"].rules, pairs[0]["b"].rules)  # the top-level rule files' names
-    by_rule = None if costs is None else _rulediff.changes(costs, tops)
+    by_rule = None if costs is None else _rulediff.changes(costs)
     for note in () if costs is None else (_stepcost.target_note(costs), _rulediff.missing_note(costs)):
         if note is not None:
             print(f"shardrules diff: note: {note}", file=sys.stderr)
@@ -197,7 +197,7 @@ def run_diff(args: argparse.Namespace) -> int:
         found = _groups_json(diffs) if from_step else diffs[0].as_json()
         if costs is not None:
             found["step_cost"] = {side: cost.to_json() for side, cost in costs.items()}
-            found["step_cost_by_rule"] = None if by_rule is None else [c.to_json() for c in by_rule]
+            found["step_cost_by_rule"] = None if by_rule is None else [_rulediff.to_json(m) for m in by_rule]
         json.dump(found, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

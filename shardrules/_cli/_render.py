@@ -306,13 +306,14 @@ def write_table(
 ) -> None:
     if rich:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False)
         for name in header:  # long paths wrap rather than being cut short
             table.add_column(name, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
+        for row in rows:  # text, not markup: a pattern's `[a-z]` is shown as written
+            table.add_row(*(escape(cell) for cell in row))
         Console(file=out).print(table)
         return
     everything = [tuple(header), *rows]

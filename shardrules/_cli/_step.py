@@ -29,7 +29,7 @@ from .._planning._plan import spec_str
 from .._planning._shapes import ShapeSourceError, import_callable
 from .._pspec import entries
 from .._quiet import quiet
-from . import _budget
+from . import _budget, _commbudget
 from ._guest import exited, output_to_stderr
 from ._lint import UsageError
 
@@ -355,13 +355,20 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
     found = [*findings(traced.decisions, rules), *traced.unmatched]
     max_ratio, max_peak = getattr(args, "max_flops_ratio", None), getattr(args, "max_peak_bytes", None)
     target = getattr(args, "target", None)
-    if getattr(args, "cost", False) or max_ratio is not None or max_peak is not None or target is not None:
+    budgets = (
+        max_ratio,
+        max_peak,
+        target,
+        *(getattr(args, f"max_collective_{b}", None) for b in ("bytes", "increase")),
+    )
+    if getattr(args, "cost", False) or any(b is not None for b in budgets):
         args.step_cost = result.step_cost = _cost(spec, step, step_args, target)
         span = dict(rules.group_span_items).get("activations")
         found += _budget.findings(
             args.step_cost, traced.decisions, max_ratio, max_peak, span, args, step.donate
         )
         found += _budget.target_findings(args.step_cost, step, step_args, span, args)
+        found += _commbudget.findings(args.step_cost, rules, span, args)
         found += args.step_cost.findings  # layouts that waste communication or memory (SR216-SR219)
     result.diagnostics = ordered(dict.fromkeys([*result.diagnostics, *rules.kept(found)]))
 

@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._planning._units import format_bytes, shown_location
 from ._flow import Argument, Made, destinations, source
 from ._hlo import KINDS, CollectiveCall, Program, op_name, operands_of, program, size
 from ._opnames import scope_of
@@ -225,6 +226,7 @@ class RuleCost:
         return sum(s.count for s in self.collectives)
 
     def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of every attribute, `bytes_per_device` included."""
         out = dataclasses.asdict(self)
         out["arrays"] = list(self.arrays)
         out["collectives"] = [dataclasses.asdict(s) for s in self.collectives]
@@ -254,6 +256,7 @@ class ArrayCost:
         return sum(s.count for s in self.collectives)
 
     def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of every attribute, `bytes_per_device` included."""
         out = dataclasses.asdict(self)
         out["collectives"] = [dataclasses.asdict(s) for s in self.collectives]
         out["bytes_per_device"] = self.bytes_per_device
@@ -346,3 +349,22 @@ def array_cost_from_json(data: dict[str, Any]) -> ArrayCost:
         data.get("text", ""),
         tuple(Share(s["kind"], s["count"], s["bytes_per_device"]) for s in data["collectives"]),
     )
+
+
+def rule_lines(by_rule: Sequence[RuleCost], top: int = 5) -> list[str]:
+    """The `top` rule lines of `by_rule` whose collectives move the most
+    bytes, a line each (`FILE:LINE` relative to the working directory when
+    inside it, the rule as written, bytes per device, runs per kind), and how
+    many more there are with their bytes; none without rule lines."""
+    if not by_rule:
+        return []
+    out = ["by rule line (collective bytes per device per step, most first):"]
+    for r in by_rule[:top]:
+        written = f" {r.text}" if r.text else ""
+        runs = ", ".join(f"{s.kind} {s.count}" for s in r.collectives)
+        out.append(f"  {shown_location(r.rule)}{written}: {format_bytes(r.bytes_per_device)} ({runs})")
+    rest = by_rule[top:]
+    if rest:
+        more = format_bytes(sum(r.bytes_per_device for r in rest))
+        out.append(f"  ... and {len(rest)} more rule line{'s' * (len(rest) > 1)} ({more})")
+    return out

@@ -32,6 +32,7 @@ from ._attribute import (
     owned,
     products,
     rule_cost_from_json,
+    rule_lines,
 )
 from ._estimate import TimeEstimate, estimate_from_json
 from ._flops import Repeated, repeated
@@ -189,33 +190,42 @@ class StepCost:
         return out
 
     def lines(self) -> list[str]:
-        """The cost as lines of text (what `str` gives)."""
-        ratio = (
-            f" ({self.ratio:.2f}x the ideal {format_flops(self.ideal_flops_per_device)})"
-            if self.ratio is not None
-            else ""
-        )
-        out = [
-            f"devices: {self.devices}",
-            f"FLOPs per device: {format_flops(self.flops_per_device)}{ratio}",
-            f"bytes accessed per device: {format_bytes(self.bytes_accessed_per_device)}",
-            f"peak memory per device: {format_bytes(self.peak_bytes_per_device)} (arguments "
-            f"{format_bytes(self.argument_bytes_per_device)}, outputs {format_bytes(self.output_bytes_per_device)}, "
-            f"temporaries {format_bytes(self.temp_bytes_per_device)})",
-        ]
-        out += target_lines(self)
-        out += [f"note: {note}" for note in self.notes]
-        if not self.collectives:
-            out.append("collectives: none")
-        for c in self.collectives:
-            where = (
-                f"; from {', '.join(c.scopes[:4])}{', ...' if len(c.scopes) > 4 else ''}" if c.scopes else ""
-            )
-            out.append(f"{c.kind}: {c.count} ({format_bytes(c.bytes_per_device)} per device{where})")
-        return out
+        """The cost as lines of text (what `str` gives): its figures, each
+        kind of collective with the scopes it comes from, and the five rule
+        lines whose collectives move the most bytes (`by_rule`)."""
+        return [*figure_lines(self), *kind_lines(self), *rule_lines(self.by_rule)]
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+
+def figure_lines(cost: StepCost) -> list[str]:
+    """`cost`'s figures as lines: devices, FLOPs, bytes, memory, its target's, notes."""
+    ratio = (
+        f" ({cost.ratio:.2f}x the ideal {format_flops(cost.ideal_flops_per_device)})"
+        if cost.ratio is not None
+        else ""
+    )
+    out = [
+        f"devices: {cost.devices}",
+        f"FLOPs per device: {format_flops(cost.flops_per_device)}{ratio}",
+        f"bytes accessed per device: {format_bytes(cost.bytes_accessed_per_device)}",
+        f"peak memory per device: {format_bytes(cost.peak_bytes_per_device)} (arguments "
+        f"{format_bytes(cost.argument_bytes_per_device)}, outputs {format_bytes(cost.output_bytes_per_device)}, "
+        f"temporaries {format_bytes(cost.temp_bytes_per_device)})",
+    ]
+    return out + target_lines(cost) + [f"note: {note}" for note in cost.notes]
+
+
+def kind_lines(cost: StepCost, scopes: bool = True) -> list[str]:
+    """A line per kind of collective: its count and bytes per device, with
+    (`scopes`) the first four scopes it comes from; `collectives: none`."""
+    out = [] if cost.collectives else ["collectives: none"]
+    for c in cost.collectives:
+        shown = c.scopes if scopes else ()
+        where = f"; from {', '.join(shown[:4])}{', ...' if len(shown) > 4 else ''}" if shown else ""
+        out.append(f"{c.kind}: {c.count} ({format_bytes(c.bytes_per_device)} per device{where})")
+    return out
 
 
 def cost_from_json(data: dict[str, Any]) -> StepCost:

@@ -1,6 +1,9 @@
-"""How figures are written for people: FLOPs, bytes and seconds."""
+"""How figures are written for people: FLOPs, bytes and seconds; a rule's
+`file:line` with the file relative to the working directory."""
 
 from __future__ import annotations
+
+import os
 
 
 def format_flops(value: float | None) -> str:
@@ -29,3 +32,18 @@ def format_seconds(seconds: float) -> str:
     if seconds >= 1e-6:
         return f"{seconds * 1e6:.1f} µs"
     return f"{seconds * 1e9:.1f} ns"
+
+
+def shown_location(location: str) -> str:
+    """A rule's `FILE:LINE` as a person reads it: an absolute `FILE` inside
+    the working directory relative to it
+    (`examples/transformer/transformer.shard:11`); anything else as it is
+    (`inferred`, a file elsewhere, `<string>:3`)."""
+    file, sep, line = location.rpartition(":")
+    if not sep or not line.isdigit() or not os.path.isabs(file):
+        return location
+    try:
+        relative = os.path.relpath(file)
+    except ValueError:  # another drive on Windows
+        return location
+    return location if relative.startswith("..") else f"{relative}:{line}"

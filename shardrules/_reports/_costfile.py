@@ -1,6 +1,5 @@
 """A step's cost in a plan file: how `shardrules dump --step` writes it (the
-`step_cost` key of version 2; version 3 adds a target's keys, `_targetfile`;
-version 4 the collectives per rule line, `_rulefile`),
+`step_cost` key of version 2; version 3 adds a target's keys, `_targetfile`),
 how a reader checks it, and how two recorded costs compare (`diff` of two
 dumps, golden plans).
 
@@ -19,7 +18,7 @@ from typing import Any
 from .._errors import PlanFileError
 from .._planning._mesh import MAX_DEVICES
 from ._refuse import cost_fail, exact_keys, figure, shown
-from ._rulefile import BY_RULE, VERSION_WITH_RULES, read_rules, recorded_rules, rules_lines
+from ._rulebytes import VERSION_WITH_RULES, read_rules, recorded_rules, rules_text
 from ._targetfile import TARGET_KEYS, read_target, recorded_target, target_changes, target_lines, target_rows
 
 COST_KEYS = (
@@ -49,9 +48,11 @@ RTOL = 0.02
 """How far a recorded figure may move before a golden plan calls it a change."""
 
 
-def recorded(cost: Any, step: str | None = None) -> dict[str, Any]:
+def recorded(cost: Any, step: str | None = None, folder: str | None = None) -> dict[str, Any]:
     """The cost as the file holds it: `cost` is a `StepCost` (anything with a
-    `to_json()`) or its dict; `step` names the step (`MODULE:FUNCTION`)."""
+    `to_json()`) or its dict; `step` names the step (`MODULE:FUNCTION`);
+    its `by_rule` (version 4), when it has one, with each rule's file
+    relative to `folder` (the rule file's folder)."""
     data = dict(cost.to_json() if hasattr(cost, "to_json") else cost)
     data["step"] = step if step is not None else data.get("step")
     out = {key: data.get(key) for key in COST_KEYS}
@@ -61,8 +62,9 @@ def recorded(cost: Any, step: str | None = None) -> dict[str, Any]:
     ]
     if data.get("target") is not None:  # costed for a target: version 3
         out |= recorded_target(data)
-    if data.get(BY_RULE):  # collectives attributed to rule lines: version 4
-        out[BY_RULE] = recorded_rules(data)
+    by_rule = recorded_rules(data, folder)
+    if by_rule is not None:  # the collectives per rule line: version 4
+        out["by_rule"] = by_rule
     return out
 
 
@@ -77,38 +79,40 @@ def cost_text(cost: dict[str, Any]) -> str:
     lines.append('    "collectives": [' + ("\n" + ",\n".join(rows) + "\n    ]" if rows else "]"))
     if "target" in cost:
         lines += target_lines(cost)
-    if BY_RULE in cost:
-        lines += rules_lines(cost)
+    if "by_rule" in cost:
+        lines.append(rules_text(cost["by_rule"]))
     return "{\n" + ",\n".join(lines) + "\n  }"
 
 
 def read_cost(value: Any, version: int | None = None) -> dict[str, Any]:
-    """`"step_cost"` of a file of `version` (2, or 3 with a target's keys;
-    `None`: 3 when it has `"target"`) read strictly: its keys, their types
-    and ranges (each figure at most `MAX_FIGURE`), a ratio its FLOPs make, the
-    collectives one per kind in the writer's order, a target's figures that
-    agree (`_targetfile`). `PlanFileError` (SR124) for anything else."""
+    """`"step_cost"` of a file of `version` (2, 3 with a target's keys, 4
+    with `by_rule` and a target's keys or none; `None`: as its keys say)
+    read strictly: its keys, their types and ranges (each figure at most
+    `MAX_FIGURE`), a ratio its FLOPs make, the collectives one per kind in
+    the writer's order, a target's figures that agree (`_targetfile`), rule
+    lines whose bytes add up to the collectives' (`_rulebytes`).
+    `PlanFileError` (SR124) for anything else."""
     where = '"step_cost"'
-    has = (lambda key: key in value) if isinstance(value, dict) else (lambda key: False)
+    keyed = value if isinstance(value, dict) else {}
     if version is None:
-        version = VERSION_WITH_RULES if has(BY_RULE) else VERSION_WITH_TARGET if has("target") else 2
+        version = (
+            VERSION_WITH_RULES if "by_rule" in keyed else VERSION_WITH_TARGET if "target" in keyed else 2
+        )
+    if version < VERSION_WITH_RULES and "by_rule" in keyed:
+        raise cost_fail(
+            f'{where} has "by_rule", a key of version {VERSION_WITH_RULES} (the collectives per rule line), '
+            f"but the file says version {version}"
+        )
     if version < VERSION_WITH_TARGET:
-        later = next((key for key in TARGET_KEYS if has(key)), None)
+        later = next((key for key in TARGET_KEYS if key in keyed), None)
         if later is not None:
             raise cost_fail(
                 f'{where} has "{later}", a key of version {VERSION_WITH_TARGET} (a cost for a --target), '
                 f"but the file says version {version}"
             )
-    if version < VERSION_WITH_RULES and has(BY_RULE):
-        raise cost_fail(
-            f'{where} has "{BY_RULE}", a key of version {VERSION_WITH_RULES} (collectives per rule line), '
-            f"but the file says version {version}"
-        )
-    targeted = version == VERSION_WITH_TARGET or (version >= VERSION_WITH_RULES and has("target"))
-    keys = (
-        COST_KEYS + (TARGET_KEYS if targeted else ()) + ((BY_RULE,) if version >= VERSION_WITH_RULES else ())
-    )
-    data = exact_keys(value, keys, where)
+    targeted = version == VERSION_WITH_TARGET or (version >= VERSION_WITH_RULES and "target" in keyed)
+    keys = COST_KEYS + TARGET_KEYS if targeted else COST_KEYS
+    data = exact_keys(value, (*keys, "by_rule") if version >= VERSION_WITH_RULES else keys, where)
     if data["step"] is not None and (not isinstance(data["step"], str) or not data["step"]):
         raise cost_fail(f'{where}: "step" is null or the step\'s MODULE:FUNCTION, not {shown(data["step"])}')
     devices = figure(data["devices"], f'{where}: "devices"', whole=True, least=1)
@@ -149,16 +153,17 @@ def read_cost(value: Any, version: int | None = None) -> dict[str, Any]:
     if targeted:
         read_target(data, where)
     if version >= VERSION_WITH_RULES:
-        read_rules(data[BY_RULE], KINDS, where)
+        total = sum(c["bytes_per_device"] for c in data["collectives"])
+        read_rules(data["by_rule"], where, KINDS, total)
     return data
 
 
-def checked(cost: Any, step: str | None = None) -> dict[str, Any]:
-    """`recorded(cost, step)`, checked as a reader checks a file: what a
+def checked(cost: Any, step: str | None = None, folder: str | None = None) -> dict[str, Any]:
+    """`recorded(cost, step, folder)`, checked as a reader checks a file: what a
     caller hands `assert_plan_matches`. `TypeError`/`ValueError` saying what
     is wrong, never a file no reader would take."""
     try:
-        data = recorded(cost, step)
+        data = recorded(cost, step, folder)
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise TypeError(
             f"cost= takes a step's StepCost (step.cost(*args)) or its to_json() dict, not {type(cost).__name__}"

@@ -30,7 +30,7 @@ from .._planning._mesh import sizes_of
 from .._planning._plan import LeafPlans, Plan
 from .._pspec import entries
 from ._costfile import VERSION_WITH_TARGET, cost_text
-from ._rulefile import BY_RULE, VERSION_WITH_RULES
+from ._rulebytes import VERSION_WITH_RULES
 
 FORMAT = "shardrules-plan"
 VERSION = 1
@@ -40,10 +40,9 @@ costs each device under the plan, `shardrules dump --step`). A plan without a
 cost is written as version 1, byte for byte as before. Version 3
 (`VERSION_WITH_TARGET`) is version 2 with a target's keys in `step_cost`
 (`dump --step --target NAME`, see `_targetfile`); a cost without a target is
-written as version 2, byte for byte as before. Version 4
-(`VERSION_WITH_RULES`) is version 2 or 3 with `by_rule` in `step_cost` (the
-collectives per rule line, `dump --step`, see `_rulefile`); a cost that
-attributes no collective is written as version 2 or 3."""
+written as version 2, byte for byte as before. Version 4 (`VERSION_WITH_RULES`)
+adds `by_rule` to `step_cost`, with or without a target's keys: a cost whose
+collectives are attributed to rule lines (`_rulebytes`)."""
 
 Entry = None | str | tuple[str, ...]
 Kind = tuple[tuple[int, ...] | None, str | None, tuple[Entry, ...] | None, str, int]
@@ -67,10 +66,10 @@ class Table:
     @property
     def version(self) -> int:
         """The file's version: 1 without a cost, 2 with one, 3 with one for a
-        target, 4 with one that attributes collectives to rule lines."""
+        target, 4 with one that records its collectives per rule line."""
         if self.step_cost is None:
             return VERSION
-        if self.step_cost.get(BY_RULE) is not None:
+        if "by_rule" in self.step_cost:
             return VERSION_WITH_RULES
         return VERSION_WITH_TARGET if self.step_cost.get("target") is not None else VERSION_WITH_COST
 

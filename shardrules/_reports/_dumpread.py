@@ -27,8 +27,7 @@ plan read differently from what the file says:
   rule `not an array`;
 - in version 2, a `step_cost` as `_costfile.read_cost` reads it; in version
   3, one with a target's keys too (`_targetfile`), which version 2 refuses;
-  in version 4, one with `by_rule` too (`_rulefile`) and a target's keys
-  where it has a target.
+  in version 4, one with `by_rule` (`_rulebytes`), which 2 and 3 refuse.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from .._planning._shapes import shown as named
 from ._costfile import VERSION_WITH_TARGET, read_cost
 from ._dump import FORMAT, VERSION, VERSION_WITH_COST, Entry, Kind, Table, nbytes_of
 from ._refuse import fail, shown
-from ._rulefile import VERSION_WITH_RULES
+from ._rulebytes import VERSION_WITH_RULES
 
 HEADER_KEYS = (
     "format",
@@ -61,7 +60,7 @@ HEADER_KEYS = (
     "total_bytes",
     "leaves",
 )
-HEADER_KEYS_WITH_COST = (*HEADER_KEYS[:-1], "step_cost", "leaves")  # versions 2 and 3
+HEADER_KEYS_WITH_COST = (*HEADER_KEYS[:-1], "step_cost", "leaves")  # versions 2, 3 and 4
 AXIS_KEYS = ("name", "size", "type")
 LEAF_KEYS = ("path", "shape", "dtype", "spec", "rule", "bytes")
 AXIS_TYPES = ("explicit", "auto", "manual", "unknown")

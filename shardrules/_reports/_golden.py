@@ -16,6 +16,7 @@ from ._costfile import RTOL, checked, cost_changes
 from ._dump import dumps, table_of
 from ._dumpread import loads
 from ._plandiff import compare
+from ._rulebytes import has_rules, moved_lines
 
 UPDATE_VARIABLE = "SHARDRULES_UPDATE_GOLDEN"
 SHOWN_LINES = 40  # lines of the file's diff shown in the message
@@ -51,7 +52,9 @@ def assert_plan_matches(
       3 of the file), and fails as well when the target is another (or came
       or went), when the peak fits the chip's memory and did not (or the
       other way), or when the estimated step time moved by more than
-      `rtol`. A file that records a cost needs one.
+      `rtol`. A cost with its collectives per rule line (`by_rule`) is
+      recorded with them (version 4), so that a failure names the rule
+      lines whose collectives moved. A file that records a cost needs one.
     - `rtol`: how far (relative) each recorded figure may move, default 2%:
       what another XLA release may shift without any change of layout.
     - `update`: write `plan` (and `cost`) to `path` instead of comparing
@@ -61,7 +64,8 @@ def assert_plan_matches(
     **Raises:** `TypeError`/`ValueError` for a `cost` that is not a step's
     cost, or an `rtol` that is not a number of at least 0. `AssertionError`
     when the file is missing, or holds another plan or cost: the message is the plan diff (`shardrules diff`'s text), what the
-    cost changed, and the first lines of the file's diff, and says how to
+    cost changed (where the collectives moved, the rule lines whose bytes
+    moved, golden -> plan, most first), and the first lines of the file's diff, and says how to
     refresh the file. The plan's own error, if it has one.
 
     ```python
@@ -74,7 +78,7 @@ def assert_plan_matches(
     plan.raise_for_errors()
     table = table_of(plan)
     if cost is not None:  # checked as a reader would check it: never a file no reader takes
-        table = dataclasses.replace(table, step_cost=checked(cost))
+        table = dataclasses.replace(table, step_cost=checked(cost, folder=os.path.dirname(plan.rules.name)))
     text = dumps(table)
     golden = Path(path)
     if _updating(update):
@@ -121,6 +125,32 @@ def assert_plan_matches(
     shown = "\n".join(lines[:SHOWN_LINES]) + (f"\n... and {more} more lines" if more > 0 else "")
     changed = "".join(f"\n  {line}" for line in costs)
     cost_text = f"\nthe step's cost changed by more than {rtol:.0%}:{changed}" if costs else ""
+    if held is not None and held.step_cost is not None and table.step_cost is not None:
+        cost_text += rule_moves(held.step_cost, table.step_cost, costs, golden, refresh)
     raise AssertionError(
         f"the plan differs from {golden}; {refresh} if the change is meant\n{summary}{cost_text}\n{shown}"
     )
+
+
+def rule_moves(
+    old: dict[str, Any], new: dict[str, Any], changes: list[str], golden: Path, refresh: str
+) -> str:
+    """Where the collectives moved (a kind's count or bytes among `changes`):
+    the rule lines whose collective bytes moved, golden -> plan, most first,
+    from the `by_rule` each cost records; or why that is not known."""
+    if not any(line.startswith(_KINDS) for line in changes):
+        return ""
+    if not has_rules(old):
+        return (
+            f"\n{golden} does not record the collectives per rule line (a file written before `by_rule`, "
+            f"version 4), so which rule line moved them is not known; {refresh} (or `shardrules dump --step`) "
+            "to record them"
+        )
+    if not has_rules(new):
+        return "\ncost= records no collectives per rule line (a StepCost from step.cost(*args) does)"
+    lines = moved_lines(old.get("by_rule") or [], new.get("by_rule") or [], count=8)
+    shown = "".join(f"\n  {line}" for line in lines) or "\n  none: each rule line's bytes are as recorded"
+    return f"\ncollective bytes per device per step by rule line, golden -> plan, most changed first:{shown}"
+
+
+_KINDS = ("all-gather ", "all-reduce ", "reduce-scatter ", "all-to-all ", "collective-permute ")

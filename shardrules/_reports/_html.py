@@ -1,8 +1,10 @@
 """A plan as one self-contained HTML page (inline CSS and one small inline
-script, nothing fetched): the mesh, memory per device, the group's rules with
-the leaves and bytes each covers, every leaf in a table sorted naturally by
-path (`layers.2` before `layers.10`) with a box that filters it, and a device
-grid per largest array. Behind `Plan._repr_html_` and `shardrules explain --html`.
+script, nothing fetched): the mesh, memory per device, a step's cost when
+given (its collectives by rule line, each rule's arrays behind a
+`<details>`), the group's rules with the leaves and bytes each covers, every
+leaf in a table sorted naturally by path (`layers.2` before `layers.10`)
+with a box that filters it, and a device grid per largest array. Behind
+`Plan._repr_html_` and `shardrules explain --html`.
 
 Every text that comes from the plan (paths, rule locations, axis names) is
 escaped; the script is a constant that holds none of it. Without scripts (a
@@ -18,6 +20,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from .._planning._mesh import sizes_of
+from . import _byrule
 from ._costfile import cost_rows, recorded
 from ._picture import device_text, grid_of
 
@@ -28,7 +31,9 @@ _CSS = """
 .sr-plan{font-family:system-ui,sans-serif;font-size:13px;color:#222}
 .sr-plan table{border-collapse:collapse;margin:4px 0 12px}
 .sr-plan th,.sr-plan td{border:1px solid #ccc;padding:2px 6px;text-align:left}
-.sr-plan td.num{text-align:right}
+.sr-plan td.num{text-align:right;white-space:nowrap}
+.sr-plan table.sr-by-rule td{vertical-align:top}
+.sr-plan table.sr-by-rule code{white-space:nowrap}
 .sr-plan table.grid td{text-align:center;font-family:monospace;font-size:11px;background:#eef4ff}
 .sr-plan table.sr-leaves td:first-child{font-family:monospace}
 .sr-plan input.sr-filter{width:32em;max-width:100%;padding:2px 4px}
@@ -193,14 +198,62 @@ def _leaves(plan: Plan) -> str:
 
 
 def _cost(cost: Any) -> str:
-    """The step-cost section: `cost` a `StepCost` or its `to_json()` dict."""
-    measures, collectives = cost_rows(recorded(cost))
+    """The step-cost section: `cost` a `StepCost` or its `to_json()` dict
+    (with `step`, its `MODULE:FUNCTION`): its figures, each kind of
+    collective, and where the cost says whom they are for (`by_rule`), a
+    table of them by rule line, each rule's arrays under it (`_by_rule`);
+    without that, each kind with the scopes it comes from."""
+    data = dict(cost.to_json() if hasattr(cost, "to_json") else cost)
+    measures, collectives = cost_rows(recorded(data))
     out = ["<h3>Step cost</h3>", _table(("", "value"), measures, {1})]
-    if collectives:
-        out.append(_table(("collective", "count", "bytes per device", "from"), collectives, {1, 2}))
-    else:
+    if not collectives:
         out.append("<p>no collectives</p>")
+    elif data.get("by_rule"):
+        out.append(_table(("collective", "count", "bytes per device"), [c[:3] for c in collectives], {1, 2}))
+        out.append(_by_rule(data))
+    else:
+        out.append(_table(("collective", "count", "bytes per device", "from"), collectives, {1, 2}))
     return "".join(out)
+
+
+def _by_rule(cost: dict[str, Any]) -> str:
+    """The collectives by rule line: a row per rule (its `FILE:LINE`, the rule
+    as written, bytes per device, `COUNT / BYTES` per kind) whose last cell
+    opens (`<details>`) on a table of its arrays, most bytes first; the total
+    row is the step's."""
+    from .._planning._plan import format_bytes, plural
+
+    kinds = _byrule.kinds(cost)
+    head = "".join(f"<th>{escape(h)}</th>" for h in (*_byrule.RULE_HEADER, *kinds, "arrays"))
+
+    def cells(row: _byrule.Row, name: str) -> str:
+        figures = (format_bytes(row.bytes_per_device), *row.cells)
+        return name + "".join(f'<td class="num">{escape(c)}</td>' for c in figures)
+
+    body = []
+    for group in _byrule.groups(cost):
+        rule = group.rule
+        arrays = "".join(
+            f"<tr>{cells(a, f'<td><code>{escape(a.name)}</code></td>')}</tr>" for a in group.arrays
+        )
+        array_head = "".join(f"<th>{escape(h)}</th>" for h in ("array", "bytes per device", *kinds))
+        details = (
+            f"<details><summary>{escape(plural(len(group.arrays), 'array'))}</summary>"
+            f'<table class="sr-arrays"><thead><tr>{array_head}</tr></thead><tbody>{arrays}</tbody></table></details>'
+        )
+        name = f"<td><code>{escape(rule.name)}</code></td><td><code>{escape(rule.text)}</code></td>"
+        body.append(f"<tr>{cells(rule, name)}<td>{details}</td></tr>")
+    whole = _byrule.total(cost)
+    foot = f"<tr>{cells(whole, '<td>total</td><td></td>')}<td></td></tr>"
+    return (
+        "<h4>Collectives by rule line</h4>"
+        "<p>Whom each collective is for: the rule line that laid out the array it moves or sums "
+        "(<code>inferred</code>: no rule did; <code>the model&#x27;s code</code>: the model states it), "
+        "bytes per device per step and <code>COUNT / BYTES</code> of each kind, most bytes first. "
+        "Open a rule's arrays to see them, most bytes first.</p>"
+        f'<table class="sr-by-rule"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+        f"<tfoot>{foot}</tfoot></table>"
+    )
 
 
 def fragment(plan: Plan, top: int = 20, cost: Any = None) -> str:
