@@ -305,15 +305,15 @@ def rows(decisions: Sequence[Any]) -> list[tuple[str, ...]]:
     return out
 
 
-def _cost(spec: str, step: Any, args: tuple[Any, ...], target: str | None = None) -> Any:
-    """`step.cost(*args, target=target)` (what the step writes to standard
-    output sent to standard error), a failure to compile said as a usage
-    error, and a target that cannot be compiled for too."""
+def _cost(spec: str, step: Any, args: tuple[Any, ...], target: str | None = None, ideal: bool = True) -> Any:
+    """`step.cost(*args, target=target, ideal=ideal)` (what the step writes to
+    standard output sent to standard error), a failure to compile said as a
+    usage error, and a target that cannot be compiled for too."""
     from .._errors import TargetError
 
     try:
         with output_to_stderr():
-            return step.cost(*args, target=target)
+            return step.cost(*args, target=target, ideal=ideal)
     except TargetError as err:
         raise UsageError(f"--target: SR126 {err.diagnostics[0].message}; {err.hint}") from None
     except ShardRulesError:
@@ -362,7 +362,9 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         *(getattr(args, f"max_collective_{b}", None) for b in ("bytes", "increase")),
     )
     if getattr(args, "cost", False) or any(b is not None for b in budgets):
-        args.step_cost = result.step_cost = _cost(spec, step, step_args, target)
+        # lint compiles the one-device step only for what needs it: the FLOPs ratio, the MFU of a target
+        ideal = getattr(args, "command", "") != "lint" or max_ratio is not None or target is not None
+        args.step_cost = result.step_cost = _cost(spec, step, step_args, target, ideal)
         span = dict(rules.group_span_items).get("activations")
         found += _budget.findings(
             args.step_cost, traced.decisions, max_ratio, max_peak, span, args, step.donate
