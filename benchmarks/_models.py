@@ -257,6 +257,121 @@ def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
     return _data_parallel(model, data_parallel)
 
 
+def nnx_gather_moe(data_parallel: bool = False, layers: int = 2) -> Model:
+    """A decoder of `layers` blocks, each GQA (4 query heads sharing 2 key/value
+    heads) and an 8-expert top-2 MoE whose dispatch gathers the tokens into the
+    experts' buffers (`x[token_index]`) and whose combine scatter-adds them back
+    (`.at[token_index].add`), on a `fsdp=4, model=2` mesh: the gradient of the
+    dispatch (of the embedding lookup too) is a scatter-add into zeros."""
+    nnx = _require("flax.nnx", "flax")
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    d, heads, kv_heads, head_dim, experts, hidden, top = 64, 4, 2, 16, 8, 128, 2
+    capacity = BATCH * SEQ * top // experts  # capacity factor 1
+    init = nnx.initializers.lecun_normal()
+
+    class Attention(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.q = nnx.Linear(d, heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.k = nnx.Linear(d, kv_heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.v = nnx.Linear(d, kv_heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.o = nnx.Linear(heads * head_dim, d, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            groups = heads // kv_heads
+            q = self.q(x).reshape(b, t, kv_heads, groups, head_dim)
+            k = self.k(x).reshape(b, t, kv_heads, head_dim)
+            v = self.v(x).reshape(b, t, kv_heads, head_dim)
+            scores = jnp.einsum("btkgh,bskh->bkgts", q, k) / np.sqrt(head_dim)
+            scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+            out = jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(scores, axis=-1), v)
+            return self.o(out.reshape(b, t, heads * head_dim))
+
+    class MoE(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.router = nnx.Linear(d, experts, use_bias=False, kernel_init=init, rngs=rngs)
+            self.w_in = nnx.Param(init(rngs.params(), (experts, d, hidden)))
+            self.w_out = nnx.Param(init(rngs.params(), (experts, hidden, d)))
+
+        def __call__(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            n = b * t
+            flat = x.reshape(n, d)
+            probs = jax.nn.softmax(self.router(flat), axis=-1)  # (n, experts)
+            weight, chosen = lax.top_k(probs, top)  # (n, top)
+            # each expert's buffer fills in token order; a token past its capacity is dropped
+            onehot = jax.nn.one_hot(chosen.reshape(n * top), experts, dtype=jnp.int32)
+            slot = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1)  # (n * top,)
+            expert = chosen.reshape(n * top)
+            token = jnp.repeat(jnp.arange(n, dtype=jnp.int32), top)
+            # token_index[e, c]: the token in slot c of expert e (n: an empty slot)
+            token_index = jnp.full((experts, capacity), n, jnp.int32).at[expert, slot].set(token, mode="drop")
+            gate = (
+                jnp.zeros((experts, capacity), x.dtype).at[expert, slot].set(weight.reshape(-1), mode="drop")
+            )
+            with jax.named_scope("dispatch"):
+                routed = flat.at[token_index].get(mode="fill", fill_value=0)  # (experts, capacity, d)
+            with jax.named_scope("experts"):
+                h = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", routed, self.w_in[...]))
+                out = jnp.einsum("ecf,efd->ecd", h, self.w_out[...]) * gate[..., None]
+            with jax.named_scope("combine"):
+                combined = jnp.zeros((n, d), x.dtype).at[token_index].add(out, mode="drop")
+            return combined.reshape(b, t, d)
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
+            self.attn = Attention(rngs)
+            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
+            self.moe = MoE(rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = x + self.attn(self.norm1(x))
+            return x + self.moe(self.norm2(x))
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.embed = nnx.Embed(VOCAB, d, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(layers)])
+            self.norm = nnx.RMSNorm(d, rngs=rngs)
+            self.head = nnx.Linear(d, VOCAB, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, ids: Any) -> Any:
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    graphdef, state = nnx.split(Decoder(nnx.Rngs(0)))
+    params = jax.device_get(state)
+
+    def step(state: Any, batch: dict) -> tuple[Any, Any]:
+        model = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> Any:
+            return cross_entropy(model(batch["tokens"]), batch["targets"])
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
+
+    seq = tokens(4)
+    batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+    model = Model(
+        "nnx gather moe",
+        step,
+        params,
+        batch,
+        RULES / "nnx_gather_moe.shard",
+        (4, 2),
+        ("fsdp", "model"),
+        _version("flax"),
+    )
+    return _data_parallel(model, data_parallel)
+
+
 # --- keras-hub -------------------------------------------------------------------------------------------
 
 
