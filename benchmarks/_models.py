@@ -667,3 +667,98 @@ def maxtext_llama(layers: int = 2, iota_embed: bool = False) -> Model:
         native_specs=native,
         boxed=jax.device_get(boxed),
     )
+
+
+# --- a 1.1B decoder (TinyLlama's sizes), shapes only ------------------------------------------------------
+
+
+def nnx_decoder_1b(layers: int = 22, batch: int = 32, seq: int = 512) -> Model:
+    """A Flax NNX decoder of TinyLlama-1.1B's sizes (vocabulary 32,000, width
+    2,048, 32 query heads of 64 sharing 4 key/value heads, a SwiGLU MLP of
+    5,632, `layers` layers, RMSNorm, an untied output head), float32, on a
+    `fsdp=32, model=8` mesh (256 devices). Nothing is allocated: the
+    parameters and the batch are `jax.ShapeDtypeStruct`s (`nnx.eval_shape`),
+    for `step.cost`. The embedding is looked up by a gather (`nnx.Embed`),
+    so its gradient is a scatter-add of `(batch, seq, 2048)` into `(32000,
+    2048)`."""
+    nnx = _require("flax.nnx", "flax")
+    import jax
+    import jax.numpy as jnp
+
+    vocab, d, heads, kv_heads, head_dim, ffn = 32000, 2048, 32, 4, 64, 5632
+
+    class Attention(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.q = nnx.Linear(d, heads * head_dim, use_bias=False, rngs=rngs)
+            self.k = nnx.Linear(d, kv_heads * head_dim, use_bias=False, rngs=rngs)
+            self.v = nnx.Linear(d, kv_heads * head_dim, use_bias=False, rngs=rngs)
+            self.o = nnx.Linear(heads * head_dim, d, use_bias=False, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            groups = heads // kv_heads  # key/value heads repeated for their query heads, as transformers does
+            q = self.q(x).reshape(b, t, heads, head_dim)
+            k = jnp.repeat(self.k(x).reshape(b, t, kv_heads, head_dim), groups, axis=2)
+            v = jnp.repeat(self.v(x).reshape(b, t, kv_heads, head_dim), groups, axis=2)
+            scores = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(head_dim)
+            scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+            out = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), v)
+            return self.o(out.reshape(b, t, heads * head_dim))
+
+    class Mlp(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.gate = nnx.Linear(d, ffn, use_bias=False, rngs=rngs)
+            self.up = nnx.Linear(d, ffn, use_bias=False, rngs=rngs)
+            self.down = nnx.Linear(ffn, d, use_bias=False, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
+            self.attn = Attention(rngs)
+            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
+            self.mlp = Mlp(rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.embed = nnx.Embed(vocab, d, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(layers)])
+            self.norm = nnx.RMSNorm(d, rngs=rngs)
+            self.head = nnx.Linear(d, vocab, use_bias=False, rngs=rngs)
+
+        def __call__(self, ids: Any) -> Any:
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    abstract = nnx.eval_shape(lambda: Decoder(nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+    def step(state: Any, batch: dict) -> tuple[Any, Any]:
+        model = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> Any:
+            return cross_entropy(model(batch["tokens"]), batch["targets"])
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
+
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+    return Model(
+        f"nnx 1.1B decoder ({layers} layers)",
+        step,
+        params,
+        {"tokens": ids, "targets": ids},  # type: ignore[dict-item]
+        RULES / "decoder_1b.shard",
+        (32, 8),
+        ("fsdp", "model"),
+        _version("flax"),
+    )

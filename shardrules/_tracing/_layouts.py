@@ -48,8 +48,10 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     an axis, the propagated layout (`_propagate`; SR117 with `strict` where
     JAX refused). A rule's unconstrained entries take the layout JAX or the
     propagation gives their dimension (unsharded where another entry uses its
-    axes: `settled`). The gradient's equations (`at.backward`) never take a
-    rule's layout. See `_explicit`'s docstring."""
+    axes: `settled`). A cotangent whose primal's layout is known (`at.primal`)
+    takes it; the gradient's other equations (`at.backward`) take a rule's
+    layout only where theirs would be replicated (`_cotangents.backward_rule`).
+    See `_explicit`'s docstring."""
     name, multiple = eqn.primitive.name, eqn.primitive.multiple_results
     path, backward = at.path, at.backward
     params, stated = _stated(_params(c, eqn, invals, at, interpret), c.abstract_mesh)
