@@ -257,19 +257,21 @@ def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
     return _data_parallel(model, data_parallel)
 
 
-def nnx_gather_moe(data_parallel: bool = False, layers: int = 2) -> Model:
+def nnx_gather_moe(data_parallel: bool = False, layers: int = 2, grouped: bool = False) -> Model:
     """A decoder of `layers` blocks, each GQA (4 query heads sharing 2 key/value
     heads) and an 8-expert top-2 MoE whose dispatch gathers the tokens into the
     experts' buffers (`x[token_index]`) and whose combine scatter-adds them back
     (`.at[token_index].add`), on a `fsdp=4, model=2` mesh: the gradient of the
-    dispatch (of the embedding lookup too) is a scatter-add into zeros."""
+    dispatch (of the embedding lookup too) is a scatter-add into zeros. The
+    tokens of the whole batch share the buffers (one group of 512 tokens), or
+    with `grouped`, each sequence has buffers of its own (GShard's groups), the
+    gathers and scatters batched over the groups (`jax.vmap`)."""
     nnx = _require("flax.nnx", "flax")
     import jax
     import jax.numpy as jnp
     from jax import lax
 
     d, heads, kv_heads, head_dim, experts, hidden, top = 64, 4, 2, 16, 8, 128, 2
-    capacity = BATCH * SEQ * top // experts  # capacity factor 1
     init = nnx.initializers.lecun_normal()
 
     class Attention(nnx.Module):
@@ -297,29 +299,38 @@ def nnx_gather_moe(data_parallel: bool = False, layers: int = 2) -> Model:
             self.w_out = nnx.Param(init(rngs.params(), (experts, hidden, d)))
 
         def __call__(self, x: Any) -> Any:
-            b, t, _ = x.shape
-            n = b * t
-            flat = x.reshape(n, d)
-            probs = jax.nn.softmax(self.router(flat), axis=-1)  # (n, experts)
-            weight, chosen = lax.top_k(probs, top)  # (n, top)
+            if not grouped:
+                b, t, _ = x.shape
+                return self.route(x.reshape(1, b * t, d)).reshape(b, t, d)
+            return self.route(x)
+
+        def route(self, x: Any) -> Any:
+            """Each group (a row of `x`) routed to the experts' buffers of its own."""
+            g, n, _ = x.shape
+            cap = n * top // experts  # capacity factor 1
+            probs = jax.nn.softmax(self.router(x), axis=-1)  # (g, n, experts)
+            weight, chosen = lax.top_k(probs, top)  # (g, n, top)
             # each expert's buffer fills in token order; a token past its capacity is dropped
-            onehot = jax.nn.one_hot(chosen.reshape(n * top), experts, dtype=jnp.int32)
-            slot = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1)  # (n * top,)
-            expert = chosen.reshape(n * top)
+            expert = chosen.reshape(g, n * top)
+            onehot = jax.nn.one_hot(expert, experts, dtype=jnp.int32)
+            slot = jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1)  # (g, n * top)
             token = jnp.repeat(jnp.arange(n, dtype=jnp.int32), top)
-            # token_index[e, c]: the token in slot c of expert e (n: an empty slot)
-            token_index = jnp.full((experts, capacity), n, jnp.int32).at[expert, slot].set(token, mode="drop")
-            gate = (
-                jnp.zeros((experts, capacity), x.dtype).at[expert, slot].set(weight.reshape(-1), mode="drop")
-            )
-            with jax.named_scope("dispatch"):
-                routed = flat.at[token_index].get(mode="fill", fill_value=0)  # (experts, capacity, d)
+
+            def buffers(e: Any, s: Any, w: Any) -> tuple[Any, Any]:
+                # index[e, c]: the token in slot c of expert e (n: an empty slot), and its gate
+                index = jnp.full((experts, cap), n, jnp.int32).at[e, s].set(token, mode="drop")
+                return index, jnp.zeros((experts, cap), w.dtype).at[e, s].set(w, mode="drop")
+
+            token_index, gate = jax.vmap(buffers)(expert, slot, weight.reshape(g, n * top))
+            with jax.named_scope("dispatch"):  # (g, experts, capacity, d)
+                routed = jax.vmap(lambda xs, i: xs.at[i].get(mode="fill", fill_value=0))(x, token_index)
             with jax.named_scope("experts"):
-                h = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", routed, self.w_in[...]))
-                out = jnp.einsum("ecf,efd->ecd", h, self.w_out[...]) * gate[..., None]
+                h = jax.nn.gelu(jnp.einsum("gecd,edf->gecf", routed, self.w_in[...]))
+                out = jnp.einsum("gecf,efd->gecd", h, self.w_out[...]) * gate[..., None]
             with jax.named_scope("combine"):
-                combined = jnp.zeros((n, d), x.dtype).at[token_index].add(out, mode="drop")
-            return combined.reshape(b, t, d)
+                return jax.vmap(lambda o, i: jnp.zeros((n, d), o.dtype).at[i].add(o, mode="drop"))(
+                    out, token_index
+                )
 
     class Block(nnx.Module):
         def __init__(self, rngs: Any):
@@ -360,11 +371,11 @@ def nnx_gather_moe(data_parallel: bool = False, layers: int = 2) -> Model:
     seq = tokens(4)
     batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
     model = Model(
-        "nnx gather moe",
+        "nnx gather moe, grouped" if grouped else "nnx gather moe",
         step,
         params,
         batch,
-        RULES / "nnx_gather_moe.shard",
+        RULES / ("nnx_gather_moe_grouped.shard" if grouped else "nnx_gather_moe.shard"),
         (4, 2),
         ("fsdp", "model"),
         _version("flax"),
