@@ -41,6 +41,7 @@ left alone: a rule never makes a gradient's operation less split.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -48,11 +49,14 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from .._interop._paths import LeafInfo
+from .._planning._spec import LeafError, leaf_spec
 from ._explicit import SHARDING_ERRORS, run_with_layout, spec_of
 from ._propagate import axes_of
 
 GATHERS = {"gather"}
 SCATTERS = {"scatter", "scatter-add", "scatter_add"}
+INDEXING = GATHERS | SCATTERS
 
 
 def source_line(eqn: Any) -> str:
@@ -135,7 +139,7 @@ def primal_layout(
     gather or scatter-add `eqn` (made at `origin`) computes: those recorded
     under its index operand in its own jaxpr, else under its origin in
     others; `None` where none fits or they disagree."""
-    if eqn.primitive.name not in GATHERS | SCATTERS or len(eqn.invars) < 2:
+    if eqn.primitive.name not in INDEXING or len(eqn.invars) < 2:
         return None
     near = [f for f in partners.get(_key(eqn.invars[1]), ()) if f.eqn is not eqn and _transposes(eqn, f)]
     far = contractions.get((("indexing", origin[0]), origin[1]), ())  # JAX may not say where: its scope
@@ -181,13 +185,10 @@ def backward_rule(c: Any, path: str, aval: Any) -> tuple[PartitionSpec, Any] | N
     docstring), or `None`."""
     if not path or c.group is None or not aval.shape:
         return None
-    from .._interop._paths import LeafInfo
-    from .._planning._spec import LeafError, leaf_spec
-
-    shape = tuple(int(d) for d in aval.shape)
-    for name, shapes in c.seen.outputs.items():
-        if name != path and not (name.startswith(path + "/") and name[len(path) + 1 :].isdigit()):
-            continue
+    shape, outputs = tuple(int(d) for d in aval.shape), c.seen.outputs
+    numbered = itertools.takewhile(outputs.__contains__, (f"{path}/{i}" for i in itertools.count()))
+    for name in ([path] if path in outputs else []) + list(numbered):  # S, or a use's S/0, S/1, ...
+        shapes = outputs[name]
         if shape not in shapes:
             continue
         rule = c.output_rule(name, shape, shapes[shape])

@@ -276,12 +276,12 @@ def interpret(
                     if len(specs) > 1 and c.strict and any(s is not None for s in specs):
                         raise _transpose.undecided(c, eqn, path, specs.values())
                     primal = next(iter(specs)) if len(specs) == 1 else None
-                elif not forward:  # an indexing operation's cotangent: its primal's layout
+                elif not forward and name in _cotangents.INDEXING:  # its primal's layout
                     origin = _transpose.origin(eqn, path)
                     primal = _cotangents.primal_layout(eqn, partners, c.contractions, origin)
                 elif name == "dot_general":
                     _transpose.remember(partners, c.contractions, eqn, read, arguments, path)
-                elif name in _cotangents.GATHERS | _cotangents.SCATTERS:
+                elif name in _cotangents.INDEXING:
                     origin = _transpose.origin(eqn, path)
                     _cotangents.remember(partners, c.contractions, eqn, read, origin)
                 _transpose.passed_on(arguments, eqn)
