@@ -31,9 +31,9 @@ the partitioner does on Auto axes); where JAX refuses that too, the layout
 is inferred as any other's.
 
 A gradient's operation recorded under scope `S (backward)` whose layout
-would otherwise be replicated (neither JAX nor the inference gives it a mesh
-axis) or that JAX cannot lay out, and whose result has the shape of an
-output of `S` (named `S`, or `S/0`, `S/1`, ...) that an activation rule
+would otherwise be replicated (JAX lays it out with no mesh axis, or cannot
+lay it out and the inference gives it none), and whose result has the shape
+of an output of `S` (named `S`, or `S/0`, `S/1`, ...) that an activation rule
 matches, takes that rule's spec (`backward_rule`): the cotangent of a scope
 output laid out as the output. A layout that already splits the result is
 left alone: a rule never makes a gradient's operation less split.

@@ -279,9 +279,9 @@ def interpret(
                 elif not forward and name in _cotangents.INDEXING:  # its primal's layout
                     origin = _transpose.origin(eqn, path)
                     primal = _cotangents.primal_layout(eqn, partners, c.contractions, origin)
-                elif name == "dot_general":
+                elif forward and name == "dot_general":
                     _transpose.remember(partners, c.contractions, eqn, read, arguments, path)
-                elif name in _cotangents.INDEXING:
+                elif forward and name in _cotangents.INDEXING:
                     origin = _transpose.origin(eqn, path)
                     _cotangents.remember(partners, c.contractions, eqn, read, origin)
                 _transpose.passed_on(arguments, eqn)
