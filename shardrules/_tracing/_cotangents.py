@@ -57,6 +57,7 @@ from ._propagate import axes_of
 GATHERS = {"gather"}
 SCATTERS = {"scatter", "scatter-add", "scatter_add"}
 INDEXING = GATHERS | SCATTERS
+_ADDS = {"scatter-add", "scatter_add"}  # a gather's transpose
 
 
 def source_line(eqn: Any) -> str:
@@ -121,7 +122,7 @@ def _transposes(eqn: Any, forward: Any) -> bool:
     """Whether the gradient's `eqn` is JAX's transpose of the forward `forward`."""
     shape = lambda v: tuple(v.aval.shape)  # noqa: E731
     f = forward.eqn
-    if eqn.primitive.name in SCATTERS and f.primitive.name in GATHERS:  # a gather's operand's cotangent
+    if eqn.primitive.name in _ADDS and f.primitive.name in GATHERS:  # a gather's operand's cotangent
         same = shape(eqn.invars[0]) == shape(f.invars[0]) and shape(eqn.invars[2]) == shape(f.outvars[0])
         mine, theirs = eqn.params["dimension_numbers"], f.params["dimension_numbers"]
         return same and _dims(mine, *_SCATTER) == _dims(theirs, *_GATHER)
