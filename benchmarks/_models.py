@@ -257,6 +257,132 @@ def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
     return _data_parallel(model, data_parallel)
 
 
+def nnx_gather_moe(data_parallel: bool = False, layers: int = 2, grouped: bool = False) -> Model:
+    """A decoder of `layers` blocks, each GQA (4 query heads sharing 2 key/value
+    heads) and an 8-expert top-2 MoE whose dispatch gathers the tokens into the
+    experts' buffers (`x[token_index]`) and whose combine scatter-adds them back
+    (`.at[token_index].add`), on a `fsdp=4, model=2` mesh: the gradient of the
+    dispatch (of the embedding lookup too) is a scatter-add into zeros. The
+    tokens of the whole batch share the buffers (one group of 512 tokens), or
+    with `grouped`, each sequence has buffers of its own (GShard's groups), the
+    gathers and scatters batched over the groups (`jax.vmap`)."""
+    nnx = _require("flax.nnx", "flax")
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    d, heads, kv_heads, head_dim, experts, hidden, top = 64, 4, 2, 16, 8, 128, 2
+    init = nnx.initializers.lecun_normal()
+
+    class Attention(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.q = nnx.Linear(d, heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.k = nnx.Linear(d, kv_heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.v = nnx.Linear(d, kv_heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
+            self.o = nnx.Linear(heads * head_dim, d, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            groups = heads // kv_heads
+            q = self.q(x).reshape(b, t, kv_heads, groups, head_dim)
+            k = self.k(x).reshape(b, t, kv_heads, head_dim)
+            v = self.v(x).reshape(b, t, kv_heads, head_dim)
+            scores = jnp.einsum("btkgh,bskh->bkgts", q, k) / np.sqrt(head_dim)
+            scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+            out = jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(scores, axis=-1), v)
+            return self.o(out.reshape(b, t, heads * head_dim))
+
+    class MoE(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.router = nnx.Linear(d, experts, use_bias=False, kernel_init=init, rngs=rngs)
+            self.w_in = nnx.Param(init(rngs.params(), (experts, d, hidden)))
+            self.w_out = nnx.Param(init(rngs.params(), (experts, hidden, d)))
+
+        def __call__(self, x: Any) -> Any:
+            if not grouped:
+                b, t, _ = x.shape
+                return self.route(x.reshape(1, b * t, d)).reshape(b, t, d)
+            return self.route(x)
+
+        def route(self, x: Any) -> Any:
+            """Each group (a row of `x`) routed to the experts' buffers of its own."""
+            g, n, _ = x.shape
+            cap = n * top // experts  # capacity factor 1
+            probs = jax.nn.softmax(self.router(x), axis=-1)  # (g, n, experts)
+            weight, chosen = lax.top_k(probs, top)  # (g, n, top)
+            # each expert's buffer fills in token order; a token past its capacity is dropped
+            expert = chosen.reshape(g, n * top)
+            onehot = jax.nn.one_hot(expert, experts, dtype=jnp.int32)
+            slot = jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1)  # (g, n * top)
+            token = jnp.repeat(jnp.arange(n, dtype=jnp.int32), top)
+
+            def buffers(e: Any, s: Any, w: Any) -> tuple[Any, Any]:
+                # index[e, c]: the token in slot c of expert e (n: an empty slot), and its gate
+                index = jnp.full((experts, cap), n, jnp.int32).at[e, s].set(token, mode="drop")
+                return index, jnp.zeros((experts, cap), w.dtype).at[e, s].set(w, mode="drop")
+
+            token_index, gate = jax.vmap(buffers)(expert, slot, weight.reshape(g, n * top))
+            with jax.named_scope("dispatch"):  # (g, experts, capacity, d)
+                routed = jax.vmap(lambda xs, i: xs.at[i].get(mode="fill", fill_value=0))(x, token_index)
+            with jax.named_scope("experts"):
+                h = jax.nn.gelu(jnp.einsum("gecd,edf->gecf", routed, self.w_in[...]))
+                out = jnp.einsum("gecf,efd->gecd", h, self.w_out[...]) * gate[..., None]
+            with jax.named_scope("combine"):
+                return jax.vmap(lambda o, i: jnp.zeros((n, d), o.dtype).at[i].add(o, mode="drop"))(
+                    out, token_index
+                )
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
+            self.attn = Attention(rngs)
+            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
+            self.moe = MoE(rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = x + self.attn(self.norm1(x))
+            return x + self.moe(self.norm2(x))
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.embed = nnx.Embed(VOCAB, d, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(layers)])
+            self.norm = nnx.RMSNorm(d, rngs=rngs)
+            self.head = nnx.Linear(d, VOCAB, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, ids: Any) -> Any:
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    graphdef, state = nnx.split(Decoder(nnx.Rngs(0)))
+    params = jax.device_get(state)
+
+    def step(state: Any, batch: dict) -> tuple[Any, Any]:
+        model = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> Any:
+            return cross_entropy(model(batch["tokens"]), batch["targets"])
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
+
+    seq = tokens(4)
+    batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+    model = Model(
+        "nnx gather moe, grouped" if grouped else "nnx gather moe",
+        step,
+        params,
+        batch,
+        RULES / ("nnx_gather_moe_grouped.shard" if grouped else "nnx_gather_moe.shard"),
+        (4, 2),
+        ("fsdp", "model"),
+        _version("flax"),
+    )
+    return _data_parallel(model, data_parallel)
+
+
 # --- keras-hub -------------------------------------------------------------------------------------------
 
 
@@ -551,4 +677,99 @@ def maxtext_llama(layers: int = 2, iota_embed: bool = False) -> Model:
         bind=bind,
         native_specs=native,
         boxed=jax.device_get(boxed),
+    )
+
+
+# --- a 1.1B decoder (TinyLlama's sizes), shapes only ------------------------------------------------------
+
+
+def nnx_decoder_1b(layers: int = 22, batch: int = 32, seq: int = 512) -> Model:
+    """A Flax NNX decoder of TinyLlama-1.1B's sizes (vocabulary 32,000, width
+    2,048, 32 query heads of 64 sharing 4 key/value heads, a SwiGLU MLP of
+    5,632, `layers` layers, RMSNorm, an untied output head), float32, on a
+    `fsdp=32, model=8` mesh (256 devices). Nothing is allocated: the
+    parameters and the batch are `jax.ShapeDtypeStruct`s (`nnx.eval_shape`),
+    for `step.cost`. The embedding is looked up by a gather (`nnx.Embed`),
+    so its gradient is a scatter-add of `(batch, seq, 2048)` into `(32000,
+    2048)`."""
+    nnx = _require("flax.nnx", "flax")
+    import jax
+    import jax.numpy as jnp
+
+    vocab, d, heads, kv_heads, head_dim, ffn = 32000, 2048, 32, 4, 64, 5632
+
+    class Attention(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.q = nnx.Linear(d, heads * head_dim, use_bias=False, rngs=rngs)
+            self.k = nnx.Linear(d, kv_heads * head_dim, use_bias=False, rngs=rngs)
+            self.v = nnx.Linear(d, kv_heads * head_dim, use_bias=False, rngs=rngs)
+            self.o = nnx.Linear(heads * head_dim, d, use_bias=False, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            b, t, _ = x.shape
+            groups = heads // kv_heads  # key/value heads repeated for their query heads, as transformers does
+            q = self.q(x).reshape(b, t, heads, head_dim)
+            k = jnp.repeat(self.k(x).reshape(b, t, kv_heads, head_dim), groups, axis=2)
+            v = jnp.repeat(self.v(x).reshape(b, t, kv_heads, head_dim), groups, axis=2)
+            scores = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(head_dim)
+            scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
+            out = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), v)
+            return self.o(out.reshape(b, t, heads * head_dim))
+
+    class Mlp(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.gate = nnx.Linear(d, ffn, use_bias=False, rngs=rngs)
+            self.up = nnx.Linear(d, ffn, use_bias=False, rngs=rngs)
+            self.down = nnx.Linear(ffn, d, use_bias=False, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
+            self.attn = Attention(rngs)
+            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
+            self.mlp = Mlp(rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.embed = nnx.Embed(vocab, d, rngs=rngs)
+            self.blocks = nnx.List([Block(rngs) for _ in range(layers)])
+            self.norm = nnx.RMSNorm(d, rngs=rngs)
+            self.head = nnx.Linear(d, vocab, use_bias=False, rngs=rngs)
+
+        def __call__(self, ids: Any) -> Any:
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    abstract = nnx.eval_shape(lambda: Decoder(nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+    def step(state: Any, batch: dict) -> tuple[Any, Any]:
+        model = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> Any:
+            return cross_entropy(model(batch["tokens"]), batch["targets"])
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
+
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+    return Model(
+        f"nnx 1.1B decoder ({layers} layers)",
+        step,
+        params,
+        {"tokens": ids, "targets": ids},  # type: ignore[dict-item]
+        RULES / "decoder_1b.shard",
+        (32, 8),
+        ("fsdp", "model"),
+        _version("flax"),
     )

@@ -42,9 +42,13 @@ operation:
    and is dropped.
 
 The gradient's operations (a `transpose` in their name stack, and everything
-inside the loop bodies and remat regions of such an operation) never take a
-rule's layout: rules describe the forward pass. They are recorded under the
-scope of the forward operation they differentiate, as `SCOPE (backward)`.
+inside the loop bodies and remat regions of such an operation) are recorded
+under the scope of the forward operation they differentiate, as `SCOPE
+(backward)`. Rules describe the forward pass: a gradient's operation takes a
+rule's layout only where it would be replicated and has the shape of its
+scope's output that the rule matches (`_cotangents`); cotangents of
+arguments' contractions (`_transpose`) and of gathers and scatters
+(`_cotangents`) are laid out as their primal operands.
 
 Every such decision is recorded as a `Decision`, which `RuleJit.decisions`
 lists.

@@ -15,6 +15,7 @@ import jax
 from .._errors import Diagnostic, ShardRulesError, error_for
 from .._pspec import entries
 from ._compat import jcore, rebind, scan_counts, while_counts
+from ._cotangents import as_primal, backward_rule, source_line
 from ._explicit import (
     SHARDING_ERRORS,
     Decision,
@@ -47,8 +48,10 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     an axis, the propagated layout (`_propagate`; SR117 with `strict` where
     JAX refused). A rule's unconstrained entries take the layout JAX or the
     propagation gives their dimension (unsharded where another entry uses its
-    axes: `settled`). The gradient's equations (`at.backward`) never take a
-    rule's layout. See `_explicit`'s docstring."""
+    axes: `settled`). A cotangent whose primal's layout is known (`at.primal`)
+    takes it; the gradient's other equations (`at.backward`) take a rule's
+    layout only where theirs would be replicated (`_cotangents.backward_rule`).
+    See `_explicit`'s docstring."""
     name, multiple = eqn.primitive.name, eqn.primitive.multiple_results
     path, backward = at.path, at.backward
     params, stated = _stated(_params(c, eqn, invals, at, interpret), c.abstract_mesh)
@@ -99,16 +102,11 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
         elif not backward and axes_of(stated.spec):
             record(spec_of(listed(result)[0]), "model")
         return listed(result)
-    if at.primal is not None:  # an argument's cotangent: laid out as the argument (`_transpose`)
-        try:
-            result = bind(
-                *invals, out_sharding=jax.sharding.NamedSharding(jax.sharding.get_abstract_mesh(), at.primal)
-            )
-        except SHARDING_ERRORS:
-            pass  # JAX refuses the argument's layout here: inferred, as any other
-        else:
-            record(spec_of(listed(result)[0]), "jax")
-            return listed(result)
+    if at.primal is not None:  # a cotangent laid out as its primal (`_transpose`, `_cotangents`)
+        laid = as_primal(bind, name, invals, at.primal, at.made)
+        if laid is not None:  # else JAX refuses that layout here: inferred, as any other
+            record(spec_of(listed(laid[0])[0]), laid[1])
+            return listed(laid[0])
 
     with_specs = [
         (tuple(x.shape), spec_of(x)) if a else (None, None) for x, a in zip(invals, arrays, strict=True)
@@ -116,13 +114,15 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     propagated = [propagate(name, with_specs, eqn.params, a.shape, sizes) for a in avals]
 
     def ruled(i: int) -> tuple[Any, Any] | None:
-        found = None if backward else c.scope_rule(path, at.aligned[i], avals[i].dtype)
+        if backward:  # where the gradient's result would be replicated: its scope output's rule
+            return None if axes_of(propagated[i].spec) else backward_rule(c, path, avals[i])
+        found = c.scope_rule(path, at.aligned[i], avals[i].dtype)
         if found is None or not any(e is jax.sharding.PartitionSpec.UNCONSTRAINED for e in found[0]):
             return found
         # unconstrained entries take the layout the operands give their dimension
         return settled(found[0], propagated[i].spec), found[1]
 
-    if name == "dot_general":
+    if name == "dot_general" and not backward:
         found = ruled(0)
         if found is not None:
             spec, rule = found
@@ -143,12 +143,15 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
             if hasattr(r, "shape") and p.known
         ):
             dropped = tuple(d for p in propagated for d in p.dropped if p.known)
-            if name == "dot_general" or (dropped and not backward):
+            if backward and not multiple and not axes_of(spec_of(got[0])) and ruled(0) is not None:
+                ambiguous = LayoutRefused("replicated")  # the gradient's scope output's rule lays it out
+            elif name == "dot_general" or (dropped and not backward):
                 record(spec_of(got[0]), "jax", dropped=dropped)
             if not backward and dropped:  # JAX drops what it must: said all the same
                 hint = suggestion(path, spec_of(got[0]), at.aligned[0])
                 c.warn_dropped(eqn, name, path, operands, spec_of(got[0]), dropped, hint)
-            return got
+            if ambiguous is None:
+                return got
         # JAX decided, but its layout drops an axis the operands carried on a kept dimension
     if ambiguous is not None and name != "dot_general":
         lifted = lift_replicated(invals, at.made)
@@ -162,7 +165,7 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     rule = found[0][1] if found[0] is not None and all(found) else None  # every result from a rule
     dropped = () if rule is not None else tuple(d for p in propagated for d in p.dropped)
     if backward:
-        hint = "no activation rule applies to the gradient's operations: they follow the forward pass"
+        hint = "a gradient's operation takes a rule only where it would be replicated and has the shape of its scope's output"
     elif rule is not None:
         hint = f"JAX refuses the layout rule `{rule.pattern}` ({rule.location}) gives it: change that rule's spec"
     else:
@@ -240,20 +243,6 @@ def _stated(params: dict[str, Any], mesh: Any) -> tuple[dict[str, Any], Any]:
         elif key != "dst_sharding":
             out[key] = None
     return out, stated
-
-
-def source_line(eqn: Any) -> str:
-    """`FILE:LINE` of the user's code that made `eqn` (from the trace's
-    source information), or `""` where JAX does not say."""
-    try:
-        from jax._src import source_info_util
-
-        frame = source_info_util.user_frame(eqn.source_info.traceback)
-    except (ImportError, AttributeError):  # another JAX: the source is not named
-        return ""
-    if frame is None:
-        return ""
-    return f"{frame.file_name}:{frame.start_line}"
 
 
 def _ambiguous(c: Any, name: str, path: str, operands: Any, hint: str, err: Exception) -> Exception:

@@ -43,7 +43,7 @@ from .._planning._mesh import pin
 from .._planning._spec import LeafError, leaf_spec
 from .._pspec import entries
 from .._quiet import warn
-from . import _compat, _explicit, _layouts, _transpose
+from . import _compat, _cotangents, _explicit, _layouts, _transpose
 from ._compat import jcore
 from ._outputs import Aligned, Where, analyse, forward_path, join, scope_path, transposed, under
 from ._regions import Shadows, elsewhere_mesh, mesh_of
@@ -276,8 +276,14 @@ def interpret(
                     if len(specs) > 1 and c.strict and any(s is not None for s in specs):
                         raise _transpose.undecided(c, eqn, path, specs.values())
                     primal = next(iter(specs)) if len(specs) == 1 else None
+                elif not forward and name in _cotangents.INDEXING:  # its primal's layout
+                    origin = _transpose.origin(eqn, path)
+                    primal = _cotangents.primal_layout(eqn, partners, c.contractions, origin)
                 elif forward and name == "dot_general":
                     _transpose.remember(partners, c.contractions, eqn, read, arguments, path)
+                elif forward and name in _cotangents.INDEXING:
+                    origin = _transpose.origin(eqn, path)
+                    _cotangents.remember(partners, c.contractions, eqn, read, origin)
                 _transpose.passed_on(arguments, eqn)
                 at = Where(path, back, aligned, used, consts, primal)
                 results = _layouts.evaluate(c, eqn, invals, at, interpret)

@@ -53,8 +53,8 @@ from typing import Any, NamedTuple
 from jax.sharding import PartitionSpec
 
 from .._pspec import cotangent, entries, with_entries
+from ._cotangents import source_line
 from ._explicit import spec_of
-from ._layouts import source_line
 from ._outputs import _REMAT_SCOPE
 from ._propagate import axes_of
 
@@ -68,11 +68,13 @@ class Contraction(NamedTuple):
     origin: tuple[Any, str]
 
 
-Partners = dict[Any, list[Contraction]]
+Partners = dict[Any, list[Any]]
 """A value (a jaxpr variable) → the forward `dot_general`s of its jaxpr that take it as an operand."""
 
-Contractions = dict[tuple[Any, str], list[Contraction]]
-"""An origin (`origin`: where the model's code made it, its scope path) → the forward `dot_general`s it made, in every jaxpr of a step."""
+Contractions = dict[tuple[Any, str], list[Any]]
+"""An origin (`origin`: where the model's code made it, its scope path) → the forward `dot_general`s
+it made (`Contraction`s), in every jaxpr of a step; `_cotangents` keeps its gathers and scatters
+there too, under `(("indexing", frames), path)`."""
 
 KEEP_LAYOUT = {"convert_element_type", "copy", "copy_p", "reduce_precision"}
 """Operations whose result is laid out as their operand: a weight cast to bfloat16 is still the weight."""
