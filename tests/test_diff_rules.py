@@ -95,8 +95,8 @@ def test_rules_are_matched_by_text_then_pattern_then_line_most_changed_first() -
     # most changed first (inferred's 600 fewer before down's 600 more: more bytes), then 70, 30, 5
     assert [m.change for m in found] == [-600, 600, -70, -30, 5, 0]
     # one pattern in two groups: the rule nearest in line is taken
-    a = _Cost(("a.shard:8", '"up$" -> (data, model)', 200), ("a.shard:4", '"up$" -> replicated', 0))
-    found = changes({"a": a, "b": _Cost(("b.shard:4", '"up$" -> (_, model)', 0))})
+    a = _Cost(("a.shard:8", '"up$" -> (data, model)', 200), ("a.shard:4", '"up$" -> replicated', 10))
+    found = changes({"a": a, "b": _Cost(("b.shard:4", '"up$" -> (_, model)', 10))})
     assert found is not None and _pairs(found) == {
         ("a.shard:4", "b.shard:4"): "pattern",
         ("a.shard:8", None): None,
@@ -117,10 +117,9 @@ def test_diff_step_shows_the_collectives_of_each_rule_line(project, capsys) -> N
     assert down["matched_by"] == "pattern" and down["a"]["rule"] == "rep.shard:5"
     assert (down["a"]["text"], down["b"]["text"]) == ('"down$" -> replicated', '"down$" -> (model, _)')
     assert down["change"] == down["bytes_per_device"]["b"] - down["bytes_per_device"]["a"]
-    up = next(r for r in rows if r["b"] is not None and r["b"]["rule"] == "tp.shard:4")
-    assert (
-        up["a"]["rule"] == "rep.shard:4" and up["matched_by"] == "pattern"
-    )  # not the activation rule's `up$`
+    # a rule line that moves nothing under either file is not listed (which rule a pattern in two
+    # groups is matched to is the unit test's above)
+    assert all(r["bytes_per_device"]["a"] or r["bytes_per_device"]["b"] for r in rows)
     assert main(argv) == 1
     out = capsys.readouterr().out
     table = out[out.index("collectives per rule line") :].splitlines()

@@ -74,6 +74,11 @@ def layered_step(rules, mesh):
 _names = itertools.count()
 
 
+def _mesh(shape, names):
+    """A mesh with Explicit axes (JAX's default since 0.9; 0.8 defaults to Auto)."""
+    return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Explicit,) * len(names))
+
+
 @pytest.fixture
 def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A module of steps, imported from a fresh name, with its folder current."""
@@ -91,7 +96,7 @@ def _codes(cost) -> list[str]:
 
 def test_a_gradient_reduced_on_every_microbatch_is_sr216_with_its_rule_line(steps) -> None:
     rules = sr.loads(MICROBATCHES)
-    mesh = jax.make_mesh((8,), ("data",))
+    mesh = _mesh((8,), ("data",))
     step, args = steps.accumulating_step(rules, mesh)
     cost = step.cost(*args, ideal=False)
     found = [f for f in cost.findings if f.code == "SR216"]
@@ -111,7 +116,7 @@ def test_a_scan_over_layers_writes_each_layer_s_gradient_once_no_sr216(steps) ->
         'mesh data=4, model=2\nrules params:\n  "w1$" -> (_, data, model)\n  "w2$" -> replicated\n'
         'rules inputs:\n  "x" -> (_, data, _)\n'
     )
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    mesh = _mesh((4, 2), ("data", "model"))
     step, args = steps.layered_step(rules, mesh)
     cost = step.cost(*args, ideal=False)
     assert any(c.kind in ("all-reduce", "reduce-scatter") and c.count > 1 for c in cost.collectives)
@@ -140,7 +145,7 @@ def test_a_weight_gathered_whole_and_kept_for_the_backward_pass_is_sr217() -> No
         'mesh fsdp=8\nrules params:\n  "embed$" -> (fsdp, _)\n  "w\\d$" -> (fsdp, _)\n'
         'rules inputs:\n  "tokens" -> (fsdp, _)\n'
     )
-    mesh = jax.make_mesh((8,), ("fsdp",))
+    mesh = _mesh((8,), ("fsdp",))
 
     def step(params, tokens):
         def loss(p):  # `w1`'s input needs its gradient: the backward pass uses `w1` too
@@ -167,7 +172,7 @@ def test_an_output_computed_whole_then_cut_to_its_layout_is_sr218() -> None:
     rules = sr.loads(
         'mesh fsdp=8\nrules params:\n  "table$" -> (fsdp, _)\nrules inputs:\n  "ids|rows" -> replicated\n'
     )
-    mesh = jax.make_mesh((8,), ("fsdp",))
+    mesh = _mesh((8,), ("fsdp",))
 
     def scatter(params, ids, rows):
         update = jnp.zeros(params["table"].shape).at[ids].add(rows)  # every device scatters every row
@@ -184,7 +189,7 @@ def test_an_output_computed_whole_then_cut_to_its_layout_is_sr218() -> None:
 
 def test_a_partial_sum_of_the_batch_is_not_sr218() -> None:
     rules = sr.loads('mesh fsdp=8\nrules params:\n  "w$" -> (fsdp, _)\nrules inputs:\n  "x" -> (fsdp, _)\n')
-    mesh = jax.make_mesh((8,), ("fsdp",))
+    mesh = _mesh((8,), ("fsdp",))
 
     def step(params, x):
         g = jax.grad(lambda p: jnp.tanh(x @ p["w"]).sum())(params)
@@ -198,7 +203,7 @@ def test_a_partial_sum_of_the_batch_is_not_sr218() -> None:
 
 def test_an_array_moved_there_and_straight_back_is_sr219() -> None:
     rules = sr.loads('mesh data=8\nrules params:\n  "w$" -> replicated\nrules inputs:\n  "x" -> (data, _)\n')
-    mesh = jax.make_mesh((8,), ("data",))
+    mesh = _mesh((8,), ("data",))
 
     def step(params, x):
         h = x @ params["w"]

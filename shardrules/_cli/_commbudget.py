@@ -52,12 +52,13 @@ def _arrays(cost: Any, rule: str) -> str:
 
 
 def _top_rules(cost: Any) -> str:
-    shown = cost.by_rule[:SHOWN_RULES]
+    moving = [r for r in cost.by_rule if r.bytes_per_device]  # not those that own matrix products alone
+    shown = moving[:SHOWN_RULES]
     lines = [
         f"{_rule_name(r.rule, r.text)} {format_bytes(r.bytes_per_device)}{_arrays(cost, r.rule)}"
         for r in shown
     ]
-    more = len(cost.by_rule) - len(shown)
+    more = len(moving) - len(shown)
     return "; ".join(lines) + (f"; and {more} more" if more > 0 else "")
 
 

@@ -33,7 +33,7 @@ def changes(costs: Mapping[str, Any]) -> list[Move] | None:
     plan file written before costs were attributed to them)."""
     if not all(has_rules(costs[side].to_json()) for side in ("a", "b")):
         return None
-    found = moves(_rows(costs["a"]), _rows(costs["b"]))
+    found = [m for m in moves(_rows(costs["a"]), _rows(costs["b"])) if m.before_bytes or m.after_bytes]
     found.sort(key=lambda m: (-abs(m.change), -max(m.before_bytes, m.after_bytes), _rule(m)))
     return found
 

@@ -356,6 +356,7 @@ def rule_lines(by_rule: Sequence[RuleCost], top: int = 5) -> list[str]:
     bytes, a line each (`FILE:LINE` relative to the working directory when
     inside it, the rule as written, bytes per device, runs per kind), and how
     many more there are with their bytes; none without rule lines."""
+    by_rule = [r for r in by_rule if r.bytes_per_device]  # not those that own matrix products alone
     if not by_rule:
         return []
     out = ["by rule line (collective bytes per device per step, most first):"]

@@ -77,6 +77,8 @@ def groups(cost: Mapping[str, Any]) -> list[Group]:
     arrays = {(a["array"], a["rule"]): a for a in cost.get("by_array") or ()}
     out = []
     for r in cost.get("by_rule") or ():
+        if not _bytes(r["collectives"]):  # a rule line that owns matrix products and no collective
+            continue
         rows = []
         for name in r.get("arrays") or ():
             a = arrays.get((name, r["rule"]))
