@@ -188,7 +188,7 @@ def test_a_baseline_without_by_rule_says_the_rule_lines_are_not_recorded(project
     assert "older.json does not record the collectives per rule line" in finding
     assert "so which rule lines grew is not known; now most by rule line: edited.shard:" in finding
     assert (
-        "to record it again: `shardrules dump RULES --shapes SOURCE --step budget_step:check_step -o older.json`"
+        "to record it again: `shardrules dump edited.shard --step budget_step:check_step -o older.json`"
         in out
     )
 

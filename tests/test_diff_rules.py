@@ -117,9 +117,14 @@ def test_diff_step_shows_the_collectives_of_each_rule_line(project, capsys) -> N
     assert down["matched_by"] == "pattern" and down["a"]["rule"] == "rep.shard:5"
     assert (down["a"]["text"], down["b"]["text"]) == ('"down$" -> replicated', '"down$" -> (model, _)')
     assert down["change"] == down["bytes_per_device"]["b"] - down["bytes_per_device"]["a"]
-    # a rule line that moves nothing under either file is not listed (which rule a pattern in two
-    # groups is matched to is the unit test's above)
-    assert all(r["bytes_per_device"]["a"] or r["bytes_per_device"]["b"] for r in rows)
+    # a rule line is listed where it moves bytes or its matrix products' FLOPs changed (which rule a
+    # pattern in two groups is matched to is the unit test's above)
+    flops = [(r["matmul_flops_per_device"]["a"], r["matmul_flops_per_device"]["b"]) for r in rows]
+    assert all(
+        r["bytes_per_device"]["a"] or r["bytes_per_device"]["b"] or a != b
+        for r, (a, b) in zip(rows, flops, strict=True)
+    )
+    assert down["matmul_flops_per_device"]["b"] < down["matmul_flops_per_device"]["a"]  # split over `model`
     assert main(argv) == 1
     out = capsys.readouterr().out
     table = out[out.index("collectives per rule line") :].splitlines()

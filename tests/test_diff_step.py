@@ -135,3 +135,35 @@ def test_rules_that_do_not_plan_the_steps_arguments_are_shown_as_lint_shows_them
     captured = capsys.readouterr()
     assert "bad.shard:4:" in captured.err and "SR10" in captured.err
     assert captured.out == ""
+
+
+def test_dump_step_without_shapes_records_the_plan_of_the_steps_parameters(tmp_path, monkeypatch) -> None:
+    """`dump --step` with no `--shapes`: the step's example argument of the group
+    (`params`) is the tree planned, and the file records the step's cost."""
+    import json as _json
+
+    from shardrules._cli._main import main as _main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "dump_steps.py").write_text(
+        "import jax, jax.numpy as jnp\nimport shardrules as sr\n\n"
+        "def step(params, x):\n"
+        "    g = jax.grad(lambda p: jnp.tanh(x @ p['w']).sum())(params)\n"
+        "    return jax.tree.map(lambda a, b: a - 0.1 * b, params, g)\n\n"
+        "def check_step(rules, mesh):\n"
+        "    S = jax.ShapeDtypeStruct\n"
+        "    jitted = sr.jit(step, rules, mesh, in_groups=('params', 'inputs'), out_groups='params')\n"
+        "    return jitted, ({'w': S((64, 32), jnp.float32)}, S((16, 64), jnp.float32))\n"
+    )
+    (tmp_path / "r.shard").write_text(
+        'mesh fsdp=8\nrules params:\n  "w$" -> (fsdp, _)\nrules inputs:\n  "x" -> (fsdp, _)\n'
+    )
+    assert _main(["dump", "r.shard", "--step", "dump_steps:check_step", "-o", "plan.json"]) == 0
+    data = _json.loads((tmp_path / "plan.json").read_text())
+    assert (
+        data["group"] == "params"
+        and data["arrays"] == 1
+        and data["step_cost"]["step"] == "dump_steps:check_step"
+    )
+    assert _main(["dump", "r.shard", "-o", "none.json"]) == 2  # neither shapes nor a step: a usage error

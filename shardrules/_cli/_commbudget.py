@@ -62,7 +62,13 @@ def _top_rules(cost: Any) -> str:
     return "; ".join(lines) + (f"; and {more} more" if more > 0 else "")
 
 
-def _fix(rule: str, text: str, option: str) -> str:
+def _file_of(rule: str) -> str:
+    """The rule file of a rule line `FILE:LINE`; `RULES` for an owner that is no rule line."""
+    file, _, line = rule.rpartition(":")
+    return file if file and line.isdigit() else "RULES"
+
+
+def _fix(rule: str, text: str, option: str, step: str | None = None) -> str:
     """What to change for the collectives of `rule` (a rule line, or an owner that is none)."""
     from .._costs._attribute import INFERRED, MODEL
 
@@ -79,9 +85,10 @@ def _fix(rule: str, text: str, option: str) -> str:
             f"change the rule line {_rule_name(rule, text)}: lay its arrays out so that fewer bytes "
             "cross the mesh (the same axes as the arrays they meet, or fewer axes split)"
         )
+    file = _file_of(rule)
     return (
-        f"{where}; `shardrules explain RULES --step MODULE:FUNCTION --cost` shows every collective. "
-        f"If the communication is the price of the layout, raise the budget ({option})"
+        f"{where}; `shardrules explain {file} --step {step or 'MODULE:FUNCTION'} --cost` shows every "
+        f"collective. If the communication is the price of the layout, raise the budget ({option})"
     )
 
 
@@ -125,7 +132,9 @@ def _over_bytes(cost: Any, rules: RuleSet, span: Span | None, args: Any, limit: 
             f"{format_bytes(budget)} allowed by {option}): {kinds}{by_rule}",
             (_span(rules, top.rule) if top is not None else None) or span,
             None,
-            _fix(top.rule, top.text, option) if top is not None else _fix("", "", option),
+            _fix(top.rule, top.text, option, args.step)
+            if top is not None
+            else _fix("", "", option, args.step),
         )
     ]
 
@@ -146,8 +155,8 @@ def baseline_cost(args: Any) -> dict[str, Any]:
         raise UsageError(f"{option}: {err}") from None
     if table.step_cost is None:
         raise UsageError(
-            f"{option}: {path} records no step cost: write it with `shardrules dump RULES --shapes SOURCE --step "
-            "MODULE:FUNCTION -o FILE` (the step lint compiles, on the same mesh)"
+            f"{option}: {path} records no step cost: write it with `shardrules dump RULES --step "
+            f"{args.step or 'MODULE:FUNCTION'} -o {path}` (the step lint compiles, on the same mesh)"
         )
     args.baseline_read = (path, table.step_cost)
     return table.step_cost
@@ -188,7 +197,7 @@ def _over_increase(cost: Any, rules: RuleSet, span: Span | None, args: Any) -> l
         )
         top = now[0] if now else None
     rule, text = (top["rule"], top["text"]) if top is not None else ("", "")
-    fix = _fix(rule, text, option).replace(
+    fix = _fix(rule, text, option, args.step).replace(
         "raise the budget", "raise the budget or record the baseline again"
     )
     changed = _edited(old.get("by_rule") or [], now) if has_rules(old) else []
@@ -198,7 +207,11 @@ def _over_increase(cost: Any, rules: RuleSet, span: Span | None, args: Any) -> l
             f"the edit of {_rule_name(first['rule'], first['text'])} may be what grew them: a rule's layout "
             "decides what the arrays it meets must move; undo or rework it. Otherwise " + fix
         )
-    hint = f"{fix}; to record it again: `shardrules dump RULES --shapes SOURCE --step {args.step} -o {args.baseline}`"
+    file = _file_of(rule)
+    shapes = f" --shapes {args.shapes}" if getattr(args, "shapes", None) else ""
+    hint = (
+        f"{fix}; to record it again: `shardrules dump {file}{shapes} --step {args.step} -o {args.baseline}`"
+    )
     return [Diagnostic("SR130", "error", message, _span(rules, rule) or span, None, hint)]
 
 

@@ -40,11 +40,13 @@ def _mesh(value: Any, where: str) -> dict[str, int] | None:
     return _lint.parse_mesh(value, where)
 
 
-def _shapes(args: argparse.Namespace, diff: bool = False) -> Any:
+def _shapes(args: argparse.Namespace, diff: bool = False, step: bool = False) -> Any:
     if not args.shapes:
         also = (
             " (or, with two rule files, a step whose example arguments give them: --step MODULE:FUNCTION)"
             if diff
+            else " (or a step whose example arguments give them: --step MODULE:FUNCTION)"
+            if step
             else ""
         )
         raise _lint.UsageError(
@@ -75,19 +77,32 @@ def run_dump(args: argparse.Namespace) -> int:
     _config.apply(args, _config.for_paths([args.rules]))
     if args.target and not args.cost_step and "target" not in args.origins:
         raise _lint.UsageError("--target costs a step: give one with --step MODULE:FUNCTION")
-    tree = _shapes(args)
     mesh = _mesh(args.mesh, args.origins.get("mesh", "--mesh"))
+    made, cost = None, None
     try:
-        table = table_of(plan_file(args.rules, tree, mesh, args.group))
+        if args.cost_step:
+            made = _made_steps(args.cost_step, {"a": mesh}, {"a": args.rules}, args.target)
+        if args.shapes or not args.cost_step:
+            table = table_of(plan_file(args.rules, _shapes(args, step=True), mesh, args.group))
+        else:  # the step's example argument of the group is the tree
+            assert made is not None  # made above, for the step
+            group = args.group or "params"
+            trees = _stepplans.argument_trees(args.cost_step, *made["a"])
+            _stepplans.chosen(args.cost_step, trees, group)
+
+            def plan(tree: Any) -> Table:
+                return table_of(plan_file(args.rules, tree, mesh, group))
+
+            table = _stepplans.group_table(trees[group], plan)
+        if made is not None:
+            cost = _costs_of(args.cost_step, made, {"a": args.rules}, args.target)["a"]
     except PlanFailed:
         return EXIT_DIFFERENT
+    except _StepFailed as failed:  # the rules do not trace the step: nothing is written
+        sys.stdout.flush()
+        print(f"{args.rules}: --step {args.cost_step}:\n{failed.error}", file=sys.stderr)
+        return EXIT_DIFFERENT
     if args.cost_step:
-        try:
-            cost = _step_costs(args.cost_step, {"a": mesh}, {"a": args.rules}, args.target)["a"]
-        except _StepFailed as failed:  # the rules do not trace the step: nothing is written
-            sys.stdout.flush()
-            print(f"{args.rules}: --step {args.cost_step}:\n{failed.error}", file=sys.stderr)
-            return EXIT_DIFFERENT
         folder = os.path.dirname(args.rules)  # rule lines written as the leaves' are
         table = dataclasses.replace(table, step_cost=recorded(cost, args.cost_step, folder))
     _lint.write_output(dumps(table), args.output)

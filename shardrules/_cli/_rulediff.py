@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._planning._plan import format_bytes
+from .._planning._plan import format_bytes, format_flops
 from .._reports._rulebytes import Move, has_rules, moves, recorded_rules
 
-HEADER = ("collectives per rule line", "as written", "A", "B", "B - A")
+HEADER = ("collectives per rule line", "as written", "A", "B", "B - A", "matmul FLOPs A", "matmul FLOPs B")
 
 
 def _rows(cost: Any) -> list[dict[str, Any]]:
@@ -33,7 +33,11 @@ def changes(costs: Mapping[str, Any]) -> list[Move] | None:
     plan file written before costs were attributed to them)."""
     if not all(has_rules(costs[side].to_json()) for side in ("a", "b")):
         return None
-    found = [m for m in moves(_rows(costs["a"]), _rows(costs["b"])) if m.before_bytes or m.after_bytes]
+    found = [
+        m
+        for m in moves(_rows(costs["a"]), _rows(costs["b"]))
+        if m.before_bytes or m.after_bytes or m.flops("a") != m.flops("b")
+    ]
     found.sort(key=lambda m: (-abs(m.change), -max(m.before_bytes, m.after_bytes), _rule(m)))
     return found
 
@@ -71,6 +75,7 @@ def to_json(m: Move) -> dict[str, Any]:
         "matched_by": matched_by(m),
         "bytes_per_device": {"a": m.before_bytes, "b": m.after_bytes},
         "change": m.change,
+        "matmul_flops_per_device": {"a": m.flops("a"), "b": m.flops("b")},
     }
 
 
@@ -88,7 +93,8 @@ def missing_note(costs: Mapping[str, Any]) -> str | None:
 def rows(found: Sequence[Move]) -> list[tuple[str, ...]]:
     """One row per rule line: where it is (B's, else A's; `A's -> B's` where
     they differ), as written (`A's  =>  B's` where they differ), the bytes
-    per device per step under A and B, and the change."""
+    per device per step under A and B, the change, and the FLOPs per device
+    of the matrix products it owns under A and B."""
     out = []
     for m in found:
         a, b = m.before, m.after
@@ -105,6 +111,8 @@ def rows(found: Sequence[Move]) -> list[tuple[str, ...]]:
                 format_bytes(m.before_bytes),
                 format_bytes(m.after_bytes),
                 sign + format_bytes(abs(m.change)),
+                format_flops(m.flops("a")),
+                format_flops(m.flops("b")),
             )
         )
     return out

@@ -93,7 +93,7 @@ def pairs(
     out = []
     for name in groups:
         found = {
-            side: _group_table(trees[side][name], lambda tree, side=side, name=name: plan(side, tree, name))
+            side: group_table(trees[side][name], lambda tree, side=side, name=name: plan(side, tree, name))
             for side in ("a", "b")
             if name in trees[side]
         }
@@ -104,7 +104,7 @@ def pairs(
     return out
 
 
-def _group_table(trees: list[tuple[str, Any]], plan: Callable[[Any], Table]) -> Table:
+def group_table(trees: list[tuple[str, Any]], plan: Callable[[Any], Table]) -> Table:
     """One table for the trees of a group: each planned by `plan`, their paths
     under their argument's label when there is more than one."""
     tables = [(label, plan(tree)) for label, tree in trees]

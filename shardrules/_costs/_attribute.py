@@ -204,9 +204,10 @@ class RuleCost:
     - `arrays`: the arrays whose collectives these are, most bytes first
       (`params/blocks/0/attn/o/kernel`, `... (gradient)`, `activation SCOPE`).
     - `matmul_flops_per_device`: the FLOPs per device of the matrix products
-      (dots, convolutions) it owns: those with one of its parameters as an
-      operand (the gradient's too), else those of a scope its activation rule
-      lays out; a loop's, once per trip.
+      (dots, convolutions) it owns: those with one of its arrays as an
+      operand (the largest argument of the step among the operands, usually
+      a parameter; the gradient's products too), else those of a scope its
+      activation rule lays out; a loop's, once per trip.
     """
 
     rule: str

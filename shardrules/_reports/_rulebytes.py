@@ -27,7 +27,7 @@ from ._refuse import cost_fail, exact_keys, figure, shown
 
 VERSION_WITH_RULES = 4
 """The file's version whose `step_cost` holds `by_rule` (with or without a target's keys)."""
-RULE_KEYS = ("rule", "text", "bytes_per_device", "collectives")
+RULE_KEYS = ("rule", "text", "bytes_per_device", "collectives", "matmul_flops_per_device")
 SHARE_KEYS = ("kind", "count", "bytes_per_device")
 
 
@@ -46,7 +46,8 @@ def _relative(rule: str, folder: str) -> str:
 def recorded_rules(data: dict[str, Any], folder: str | None = None) -> list[dict[str, Any]] | None:
     """`by_rule` as the file holds it, from a `StepCost.to_json()` dict (or a
     file's `step_cost`): each rule line's `rule` (its file relative to
-    `folder`, when given), `text`, bytes per device and a share per kind;
+    `folder`, when given), `text`, bytes per device, a share per kind and
+    the FLOPs of the matrix products it owns;
     `None` when the cost has none (a step with no collectives, or a cost
     not attributed)."""
     rows = data.get("by_rule") or ()
@@ -59,6 +60,7 @@ def recorded_rules(data: dict[str, Any], folder: str | None = None) -> list[dict
                 "text": str(r.get("text", "")),
                 "bytes_per_device": int(r["bytes_per_device"]),
                 "collectives": [{key: s[key] for key in SHARE_KEYS} for s in r["collectives"]],
+                "matmul_flops_per_device": float(r.get("matmul_flops_per_device", 0.0)),
             }
         )
     return out or None
@@ -104,6 +106,7 @@ def read_rules(value: Any, where: str, kinds: Sequence[str], total: int) -> None
             summed += figure(share["bytes_per_device"], f"{where} {i}: the bytes of {kind}", whole=True)
         if summed != nbytes:
             raise cost_fail(f"{where} {i}: its collectives add up to {summed} bytes, not {nbytes}")
+        figure(row["matmul_flops_per_device"], f'{where} {i}: "matmul_flops_per_device"')
         seen += nbytes
     if seen != total:
         raise cost_fail(f"{where}: the rule lines add up to {seen} bytes, but the collectives to {total}")
@@ -138,6 +141,11 @@ class Move:
     @property
     def after_bytes(self) -> int:
         return 0 if self.after is None else int(self.after["bytes_per_device"])
+
+    def flops(self, side: str) -> float:
+        """The FLOPs of the matrix products the rule line owns in `side`'s cost (`"a"`, `"b"`)."""
+        row = self.before if side == "a" else self.after
+        return 0.0 if row is None else float(row.get("matmul_flops_per_device", 0.0))
 
     def text(self) -> str:
         """`FILE:LINE `rule`: before -> after (+change)`, saying what it was where it changed."""
