@@ -503,7 +503,8 @@ class TestTpuTarget:
         step = ["--step", f"{project}:check_step", "--target", "v5e:2x4"]
         text = _dump(capsys, "dp.shard", project, *step)
         cost = json.loads(text)["step_cost"]
-        assert json.loads(text)["version"] == 3
+        # a target's keys (version 3) and the collectives per rule line (4): the gradients' all-reduce
+        assert json.loads(text)["version"] == 4 and cost["by_rule"]
         assert cost["target"] == "v5e:2x4" and cost["compiler"] == "tpu"
         assert cost["code_bytes_per_device"] > 0 and cost["fits"] is True
         assert cost["hbm_bytes_per_device"] == 16 * 2**30
