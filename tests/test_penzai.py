@@ -222,3 +222,37 @@ def test_a_variable_holding_several_arrays_is_warned_about() -> None:
     assert "unbind_variables" in found[0].hint
     with pytest.warns(sr.ShardRulesWarning, match="SR213"):
         assert sr.specs(tree, rules, {"data": 8}) == {"p": None}
+
+
+def test_a_penzai_steps_collectives_are_owned_by_its_rule_lines() -> None:
+    """On penzai's own model code, every collective of the compiled train step
+    has an owner, and each parameter is named by its label as rules match it
+    (not its `data_array`), the same in the forward pass and as a gradient."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "_models.py"
+    spec = importlib.util.spec_from_file_location("_penzai_models", path)
+    assert spec is not None and spec.loader is not None
+    models = importlib.util.module_from_spec(spec)
+    sys.modules["_penzai_models"] = models
+    spec.loader.exec_module(models)
+    model = models.penzai_llamalike()
+    rules = sr.load(model.rules)
+    mesh = jax.make_mesh(model.shape, model.axes)
+    step = sr.jit(
+        model.step_on(mesh), rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None)
+    )
+    cost = step.cost(model.params, model.batch, ideal=False)
+    total = sum(c.bytes_per_device for c in cost.collectives)
+    assert (
+        sum(r.bytes_per_device for r in cost.by_rule)
+        == sum(a.bytes_per_device for a in cost.by_array)
+        == total
+        > 0
+    )
+    arrays = {a.array: a.rule for a in cost.by_array}
+    assert not any("data_array" in name for name in arrays)
+    down = "params/transformer/block_0/mlp/out_linear.weights"
+    assert arrays[down] == arrays[f"{down} (gradient)"] == f"{model.rules}:14"

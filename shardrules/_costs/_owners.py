@@ -51,8 +51,13 @@ def owners_of(step: Any, args: tuple[Any, ...], mesh: Any, traced: Any) -> Owner
     numbered: list[Leaf] = []
     for name, arg in zip(names, args, strict=True):
         for keypath, value in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            path = path_str(keypath)
-            leaf = _leaf(f"{name}/{path}" if path else name, origins[len(numbered)][1], value)
+            label, rule = origins[len(numbered)]
+            # the path as rules match it (`leaf_origins`' label: a penzai parameter's label, not its
+            # `data_array`), as the output's leaves are shown
+            path = (
+                label.partition(", leaf `")[2].removesuffix("`") if ", leaf `" in label else path_str(keypath)
+            )
+            leaf = _leaf(f"{name}/{path}" if path else name, rule, value)
             inputs[f"{name}{jax.tree_util.keystr(keypath)}"] = leaf
             numbered.append(leaf)
     outputs: list[Leaf] = []
