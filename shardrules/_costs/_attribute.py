@@ -189,8 +189,31 @@ class Share:
     bytes_per_device: int
 
 
+class _Summed:
+    """What `RuleCost` and `ArrayCost` sum over their `Share`s, and their JSON."""
+
+    collectives: tuple[Share, ...]
+
+    @property
+    def bytes_per_device(self) -> int:
+        """Bytes per device per step, over every kind."""
+        return sum(s.bytes_per_device for s in self.collectives)
+
+    @property
+    def count(self) -> int:
+        """Runs per step, over every kind."""
+        return sum(s.count for s in self.collectives)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of every attribute (lists for tuples), `bytes_per_device` included."""
+        out = dataclasses.asdict(self)  # pyright: ignore[reportArgumentType]  # each subclass is a dataclass
+        out = {key: list(value) if isinstance(value, tuple) else value for key, value in out.items()}
+        out["bytes_per_device"] = self.bytes_per_device
+        return out
+
+
 @dataclasses.dataclass(frozen=True)
-class RuleCost:
+class RuleCost(_Summed):
     """The collectives one rule line is for, in one call of the step.
 
     **Attributes:**
@@ -216,27 +239,9 @@ class RuleCost:
     arrays: tuple[str, ...] = ()
     matmul_flops_per_device: float = 0.0
 
-    @property
-    def bytes_per_device(self) -> int:
-        """Bytes per device per step, over every kind."""
-        return sum(s.bytes_per_device for s in self.collectives)
-
-    @property
-    def count(self) -> int:
-        """Runs per step, over every kind."""
-        return sum(s.count for s in self.collectives)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict of every attribute, `bytes_per_device` included."""
-        out = dataclasses.asdict(self)
-        out["arrays"] = list(self.arrays)
-        out["collectives"] = [dataclasses.asdict(s) for s in self.collectives]
-        out["bytes_per_device"] = self.bytes_per_device
-        return out
-
 
 @dataclasses.dataclass(frozen=True)
-class ArrayCost:
+class ArrayCost(_Summed):
     """The collectives one array is for, in one call of the step: its name
     (`array`), the `rule` line that lays it out (as in `RuleCost`) and its
     `text`, and a `Share` per collective kind."""
@@ -245,23 +250,6 @@ class ArrayCost:
     rule: str
     text: str
     collectives: tuple[Share, ...]
-
-    @property
-    def bytes_per_device(self) -> int:
-        """Bytes per device per step, over every kind."""
-        return sum(s.bytes_per_device for s in self.collectives)
-
-    @property
-    def count(self) -> int:
-        """Runs per step, over every kind."""
-        return sum(s.count for s in self.collectives)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict of every attribute, `bytes_per_device` included."""
-        out = dataclasses.asdict(self)
-        out["collectives"] = [dataclasses.asdict(s) for s in self.collectives]
-        out["bytes_per_device"] = self.bytes_per_device
-        return out
 
 
 def _shares(found: Iterable[tuple[CollectiveCall, int]]) -> tuple[Share, ...]:
