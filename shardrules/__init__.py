@@ -43,6 +43,9 @@ from ._placement._meeting import agree_on_step as _agree_on_step
 from ._placement._orbax import load_orbax as load_orbax
 from ._placement._reshard import reshard as reshard
 from ._placement._sharded_init import init as init
+from ._placement._transfer import MovedLeaf as MovedLeaf
+from ._placement._transfer import Transfer as Transfer
+from ._placement._transfer import transfer as transfer
 from ._planning._api import check as check
 from ._planning._api import plan as plan
 from ._planning._inputs import check_devices as check_devices
@@ -96,6 +99,7 @@ __all__ = [
     "LeafDifference",
     "LeafPlan",
     "MeshError",
+    "MovedLeaf",
     "PlacementError",
     "Plan",
     "PlanError",
@@ -113,6 +117,7 @@ __all__ = [
     "StepCost",
     "TargetError",
     "TimeEstimate",
+    "Transfer",
     "TreeError",
     "apply",
     "assert_plan_matches",
@@ -138,6 +143,7 @@ __all__ = [
     "shardings",
     "specs",
     "suggest",
+    "transfer",
 ]
 
 # Before a step first runs in a multi-process run, `sr.jit` has the processes

@@ -292,6 +292,8 @@ _CLASSES: dict[str, type[ShardRulesError]] = {
     "SR106": PlacementError,
     "SR107": PlacementError,
     "SR111": PlacementError,
+    "SR131": PlacementError,
+    "SR132": PlacementError,
     "SR112": ProcessMismatchError,
     "SR114": ProcessMismatchError,
     "SR109": TreeError,

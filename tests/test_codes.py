@@ -320,6 +320,8 @@ TESTED_ELSEWHERE = {
     "SR128",  # tests/test_targets.py
     "SR129",  # tests/test_collective_budgets.py: a step's cost, compiled
     "SR130",  # tests/test_collective_budgets.py: against a baseline plan file
+    "SR131",  # tests/test_transfer_run.py: an array, not a rule file, is at fault
+    "SR132",  # tests/test_transfer_run.py: a corrupted copy, injected
     "SR121",  # tests/test_leaf_kinds.py: a leaf, not a rule file, is at fault
     "SR206",
     "SR208",

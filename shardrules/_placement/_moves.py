@@ -92,7 +92,13 @@ def _move_one(source: jax.Array, target: jax.sharding.NamedSharding, mine: set[A
     return unshared(jax.device_put(source, target), source, mine).block_until_ready()
 
 
-def _carrying(error: BaseException, tree: Callable[[], Any], deleted: int, moving: int) -> BaseException:
+def _carrying(
+    error: BaseException,
+    tree: Callable[[], Any],
+    deleted: int,
+    moving: int,
+    what: str = "shardrules.reshard(donate=True)",
+) -> BaseException:
     """The error that stopped the moves, handing the caller the whole tree
     (`error.tree`) and saying so in a note."""
     try:
@@ -107,7 +113,7 @@ def _carrying(error: BaseException, tree: Callable[[], Any], deleted: int, movin
         carrier.__cause__ = error
         error = carrier
     error.add_note(
-        f"shardrules.reshard(donate=True) stopped after {deleted} of {moving} arrays had moved and "
+        f"{what} stopped after {deleted} of {moving} arrays had moved and "
         "their inputs were deleted: the error's `tree` attribute holds the whole tree, each leaf "
         "its moved copy where its input was deleted, else its input, untouched"
     )

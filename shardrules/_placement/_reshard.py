@@ -24,7 +24,7 @@ from .._planning._check import DEFAULT_REPLICATED_TOLERANCE
 from .._planning._compile import compile_leaves
 from .._planning._concrete import unconstrained_diagnostics
 from .._planning._plan import LeafPlan, Plan
-from . import _fingerprint, _moves, _multihost
+from . import _fingerprint, _moves, _moving, _multihost
 from ._exchange import join_timeout
 
 
@@ -35,6 +35,7 @@ def reshard(
     *,
     group: str = "params",
     donate: bool = False,
+    max_bytes_in_flight: int | str | None = None,
 ) -> Any:
     """Move an already placed tree to its planned layout on another mesh or group.
 
@@ -66,6 +67,12 @@ def reshard(
       of memory on a later leaf), the error is raised with `error.tree`: the
       whole tree, each leaf its moved copy where its input was deleted, else
       its input, untouched.
+    - `max_bytes_in_flight`: move the arrays in pieces, never more than this
+      many bytes in flight on any device at once (an int or a size such as
+      `"64MiB"`; a piece larger than the cap moves alone), as
+      `shardrules.transfer` does: with `donate`, the extra memory is then
+      about the cap rather than the largest leaf. Planned on every call; for
+      a move repeated on every refit, keep a `shardrules.transfer`.
 
     In a multi-process run every process calls it with the same global arrays;
     the processes first compare their plans and meshes (SR112, SR114, as
@@ -94,11 +101,13 @@ def reshard(
     if jax.process_count() > 1:
         with _multihost.joining_on_error(True, what=what):  # a process failing alone still meets the others
             _check_donate(donate)
+            cap = _moving.cap(max_bytes_in_flight)
             join_timeout()  # a bad SHARDRULES_JOIN_TIMEOUT is this process's own error
             the_plan, leaves, restore, ruleset, resolved, problems = _prepare(tree, rules, mesh, group, what)
         _agree(the_plan, leaves, resolved, problems, ruleset, what)
     else:
         _check_donate(donate)
+        cap = _moving.cap(max_bytes_in_flight)
         the_plan, leaves, restore, ruleset, resolved, problems = _prepare(tree, rules, mesh, group, what)
         if problems:
             raise error_for(problems, ruleset.sources)
@@ -107,9 +116,44 @@ def reshard(
         out = jax.tree_util.tree_unflatten(the_plan.treedef, flat)
         return restore(out) if restore is not None else out
 
-    out = _moves.move(the_plan, leaves, resolved, donate, finish)
+    if cap is None:
+        out = _moves.move(the_plan, leaves, resolved, donate, finish)
+    else:
+        out = _capped(the_plan, leaves, resolved, donate, cap, finish)
     _check.warn_about(the_plan, DEFAULT_REPLICATED_TOLERANCE)
     return out
+
+
+def _capped(
+    the_plan: Plan,
+    leaves: list[Any],
+    mesh: jax.sharding.Mesh,
+    donate: bool,
+    cap: int,
+    finish: Any,
+) -> Any:
+    """The moves of `shardrules.transfer`, from each array's own sharding to
+    its planned one, under the cap."""
+    arrays, rewrap = arrays_of(leaves)
+    rebuild = rewrap if rewrap is not None else list
+    sources = [
+        x.sharding if lp.spec is not None else None for lp, x in zip(the_plan.leaves, arrays, strict=True)
+    ]
+    targets = [
+        jax.sharding.NamedSharding(mesh, lp.spec) if lp.spec is not None else None for lp in the_plan.leaves
+    ]
+    layout = _moving.layout_of(the_plan, sources, targets)
+    out = _moving.run_moves(
+        layout,
+        arrays,
+        cap,
+        donate,
+        False,
+        lambda flat: finish(rebuild(flat)),
+        the_plan.rules,
+        "shardrules.reshard(donate=True)",
+    )
+    return finish(rebuild(out))
 
 
 def _check_donate(donate: Any) -> None:

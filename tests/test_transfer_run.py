@@ -1,0 +1,410 @@
+"""`shardrules.transfer`: a plan moving a tree between two layouts, run under a
+cap on the memory in flight, on the 8 simulated CPU devices.
+
+The oracle for what moves is JAX's own geometry (`devices_indices_map`,
+element masks per device); values are compared with the NumPy tree they came
+from; memory is read from `jax.live_arrays()` while each chunk is in flight.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import shardrules as sr
+from shardrules._placement import _moving, _pieces, _transfer
+
+DEVICES = jax.devices()
+
+TRAIN = """\
+mesh data, model
+rules params:
+  "w"  -> (data, model)
+  "b"  -> (model)
+  "r"  -> replicated
+  "e"  -> (_, data)
+"""
+ROLLOUT = """\
+mesh model
+rules params:
+  "w"  -> (_, model)
+  "b"  -> replicated
+  "r"  -> (model)
+  "e"  -> (model, _)
+"""
+
+
+def _tree() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "w": rng.standard_normal((12, 8)).astype(np.float32),
+        "b": np.arange(8, dtype=np.int32),
+        "r": rng.standard_normal(6).astype(jnp.bfloat16),
+        "e": rng.integers(0, 2, (4, 6)).astype(bool),
+    }
+
+
+def _meshes() -> tuple[Mesh, Mesh]:
+    """The trainer on devices 0-5, the rollout on 6-7."""
+    return (
+        Mesh(np.array(DEVICES[:6]).reshape(3, 2), ("data", "model")),
+        Mesh(np.array(DEVICES[6:]), ("model",)),
+    )
+
+
+def _equal(out: dict, tree: dict, mesh: Mesh, rules: sr.RuleSet) -> None:
+    want = sr.shardings(tree, rules, mesh)
+    for key, value in tree.items():
+        assert np.array_equal(np.asarray(out[key]), np.asarray(value)), key
+        assert out[key].sharding.is_equivalent_to(want[key], value.ndim), key
+
+
+@pytest.mark.parametrize("cap", [None, 1, 40, "1KiB"])
+@pytest.mark.parametrize("verify", [False, True])
+def test_trainer_to_rollout_on_other_devices(cap: int | str | None, verify: bool) -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train, rollout = sr.loads(TRAIN), sr.loads(ROLLOUT)
+    tree = _tree()
+    placed = sr.apply(tree, train, train_mesh)
+    t = sr.transfer(train, rollout, train_mesh, rollout_mesh)
+    out = t.run(placed, max_bytes_in_flight=cap, verify=verify)
+    _equal(out, tree, rollout_mesh, rollout)
+    assert all(not x.is_deleted() for x in placed.values())  # not donated: the inputs stay
+    # Disjoint devices: every byte each rollout device holds came from elsewhere.
+    assert t.bytes_moved == sum(sum(s.data.nbytes for s in out[k].addressable_shards) for k in tree)
+
+
+def _needed_bytes(shape: tuple[int, ...], itemsize: int, old: NamedSharding, new: NamedSharding) -> int:
+    """The oracle: for each device of the new layout, the elements it needs
+    and did not hold under the old one."""
+    total = 0
+    held = {d.id: index for d, index in old.devices_indices_map(shape).items()}
+    for device, index in new.devices_indices_map(shape).items():
+        need = np.zeros(shape, bool)
+        need[index] = True
+        if device.id in held:
+            have = np.zeros(shape, bool)
+            have[held[device.id]] = True
+            need &= ~have
+        total += int(need.sum()) * itemsize
+    return total
+
+
+MESH_SHAPES = [(8,), (4, 2), (2, 4), (2, 2, 2), (2,), (4,), (2, 2), (1, 2), (3,), (3, 2), (6,)]
+
+
+@st.composite
+def _layouts(draw: st.DrawFn) -> tuple[Mesh, P, Mesh, P, tuple[int, ...]]:
+    def mesh(prefix: str) -> Mesh:
+        shape = draw(st.sampled_from(MESH_SHAPES))
+        n = math.prod(shape)
+        ids = draw(st.permutations(range(8)))[:n]
+        names = tuple(f"{prefix}{k}" for k in range(len(shape)))
+        return Mesh(np.array([DEVICES[i] for i in ids]).reshape(shape), names)
+
+    def spec(mesh: Mesh, rank: int) -> P:
+        axes = list(mesh.axis_names)
+        draw(st.randoms()).shuffle(axes)
+        entries: list = []
+        for _ in range(rank):
+            k = draw(st.integers(0, min(2, len(axes))))
+            taken, axes = axes[:k], axes[k:]
+            entries.append(None if not taken else taken[0] if k == 1 else tuple(taken))
+        return P(*entries)
+
+    a, b = mesh("a"), mesh("b")
+    rank = draw(st.integers(1, 3))
+    sa, sb = spec(a, rank), spec(b, rank)
+    shape = []
+    for k in range(rank):
+        need = math.lcm(
+            *(
+                math.prod(m.shape[x] for x in ((e,) if isinstance(e, str) else e or ()))
+                for m, e in ((a, sa[k] if k < len(sa) else None), (b, sb[k] if k < len(sb) else None))
+            )
+        )
+        shape.append(need * draw(st.integers(1, 2)))
+    return a, sa, b, sb, tuple(shape)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=_layouts(),
+    cap=st.sampled_from([None, 1, 48, 4096]),
+    donate=st.booleans(),
+    crossing=st.booleans(),
+)
+def test_any_layout_to_any_other(case: tuple, cap: int | None, donate: bool, crossing: bool) -> None:
+    """Random meshes over random subsets of the 8 devices (overlapping or
+    not), random layouts: every value arrives, in the target sharding, and
+    `bytes_moved` is what JAX's geometry says each device lacks. `crossing`
+    sends every piece that moves through the collective used between
+    processes (here on one process)."""
+    a, sa, b, sb, shape = case
+    old, new = NamedSharding(a, sa), NamedSharding(b, sb)
+    value = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    source_rules = sr.loads(f"rules params:\n  default -> {_spec_text(sa)}\n")
+    target_rules = sr.loads(f"rules params:\n  default -> {_spec_text(sb)}\n")
+    placed = {"x": jax.device_put(value, old)}
+    t = sr.transfer(source_rules, target_rules, a, b, shapes=placed)
+    moved = 0 if old.is_equivalent_to(new, len(shape)) else _needed_bytes(shape, 4, old, new)
+    assert t.bytes_moved == moved
+    previous = _moving._crossing_hook
+    _moving._crossing_hook = (lambda p: not p.stays) if crossing else None
+    try:
+        out = t.run(placed, max_bytes_in_flight=cap, donate=donate)
+    finally:
+        _moving._crossing_hook = previous
+    assert np.array_equal(np.asarray(out["x"]), value)
+    assert out["x"].sharding.is_equivalent_to(new, len(shape))
+    if donate and moved:
+        assert placed["x"].is_deleted()
+
+
+def _spec_text(spec: P) -> str:
+    parts = []
+    for e in spec:
+        parts.append("_" if e is None else e if isinstance(e, str) else "(" + ", ".join(e) + ")")
+    return "(" + ", ".join(parts) + ")" if parts else "replicated"
+
+
+def _live_bytes() -> dict[int, int]:
+    """The bytes of the buffers alive on each device (a buffer that several
+    arrays share, such as an array and its shards' `.data`, once)."""
+    out: dict[int, int] = {}
+    seen: set[tuple[int, int]] = set()
+    for x in jax.live_arrays():
+        if x.is_deleted():
+            continue
+        for s in x.addressable_shards:
+            key = (s.device.id, s.data.unsafe_buffer_pointer())
+            if key not in seen:
+                seen.add(key)
+                out[s.device.id] = out.get(s.device.id, 0) + s.data.nbytes
+    return out
+
+
+def test_memory_in_flight_stays_under_the_cap_plus_one_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trainer (data=3, model=2 on devices 0-5) to rollout (model=2 on 6-7),
+    donating: measured while each chunk is in flight, every device holds at
+    most what it holds before or after the transfer, plus the cap, plus one
+    piece; and no more than `peaks` predicts."""
+    train_mesh, rollout_mesh = _meshes()
+    train = sr.loads("mesh data, model\nrules params:\n  default -> (data, model)\n")
+    rollout = sr.loads("mesh model\nrules params:\n  default -> (_, model)\n")
+    tree = {f"w{i}": np.full((96, 64), i, np.float32) for i in range(6)}
+    placed = sr.apply(tree, train, train_mesh)
+    cap = 8 * 1024  # each rollout block (48 x 64 x 4 = 12 KiB) spans chunks
+    t = sr.transfer(train, rollout, train_mesh, rollout_mesh, shapes=placed)
+    largest = max(p.nbytes for leaf in t.leaves for p in leaf.pieces)
+    predicted = t.peaks(cap, donate=True)
+    start = _live_bytes()
+    seen: list[dict[int, int]] = []
+    monkeypatch.setattr(_moving, "_observe", lambda mover, chunk: seen.append(_live_bytes()))
+    out = t.run(placed, max_bytes_in_flight=cap, donate=True)
+    end = _live_bytes()
+    assert len(seen) > len(tree)  # the cap cut the transfer into more chunks than arrays
+    for live in seen:
+        for device, held in live.items():
+            bound = max(start.get(device, 0), end.get(device, 0)) + cap + largest
+            assert held <= bound, (device, held, bound)
+            if device in predicted:
+                others = start.get(device, 0) - sum(
+                    s.data.nbytes
+                    for x in placed.values()
+                    if not x.is_deleted()
+                    for s in x.addressable_shards
+                    if s.device.id == device
+                )
+                assert held - max(others, 0) <= predicted[device] + 1, (device, held, predicted[device])
+    assert t.in_flight_per_device(cap) <= cap + largest
+    assert all(x.is_deleted() for x in placed.values())
+    _equal(out, tree, rollout_mesh, rollout)
+
+
+def test_a_warm_run_plans_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train, rollout = sr.loads(TRAIN), sr.loads(ROLLOUT)
+    tree = _tree()
+    t = sr.transfer(train, rollout, train_mesh, rollout_mesh)
+    t.run(sr.apply(tree, train, train_mesh), max_bytes_in_flight=64)
+    calls: list[str] = []
+    for module, name in (
+        (_moving, "leaf_pieces"),
+        (_transfer, "compile_leaves"),
+        (_moving._schedule, "chunks"),
+    ):
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k)
+        )
+    out = t.run(sr.apply(tree, train, train_mesh), max_bytes_in_flight=64)
+    assert calls == []
+    _equal(out, tree, rollout_mesh, rollout)
+    t.run(sr.apply(tree, train, train_mesh), max_bytes_in_flight=128)  # another cap: chunks only
+    assert calls == ["chunks"]
+
+
+def test_verify_names_the_array_a_corrupted_piece_belongs_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train, rollout = sr.loads(TRAIN, name="train.shard"), sr.loads(ROLLOUT, name="rollout.shard")
+    tree = _tree()
+    placed = sr.apply(tree, train, train_mesh)
+    t = sr.transfer(train, rollout, train_mesh, rollout_mesh)
+    t.run(placed, verify=True)  # clean: no error
+
+    def corrupting(part: jax.Array, device: jax.Device) -> jax.Array:
+        if part.dtype == np.float32 and part.ndim == 2:  # a piece of "w"
+            part = part.at[0, 0].add(1.0)
+        return jax.device_put(part, device)
+
+    monkeypatch.setattr(_moving, "_send_hook", corrupting)
+    with pytest.raises(sr.PlacementError) as caught:
+        t.run(placed, max_bytes_in_flight=64, verify=True, donate=True)
+    text = str(caught.value)
+    assert "SR132" in text and "`w` (12, 8)" in text and "rollout.shard:3" in text
+    assert not placed["w"].is_deleted()  # its source is kept
+    assert np.array_equal(np.asarray(placed["w"]), tree["w"])
+    # The arrays finished before it were donated: the error hands back the whole tree.
+    whole = caught.value.tree
+    assert placed["b"].is_deleted() and whole["w"] is placed["w"]
+    assert whole["b"].sharding.mesh == rollout_mesh and np.array_equal(np.asarray(whole["b"]), tree["b"])
+    assert "stopped after 3 of 4 arrays" in "\n".join(caught.value.__notes__)
+    # Without verify the same corruption goes through unseen: the check is what caught it.
+    out = t.run(sr.apply(tree, train, train_mesh))
+    assert not np.array_equal(np.asarray(out["w"]), tree["w"])
+
+
+def test_a_source_not_in_the_source_layout_is_refused_before_anything_moves() -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train, rollout = sr.loads(TRAIN, name="train.shard"), sr.loads(ROLLOUT)
+    tree = _tree()
+    placed = sr.apply(tree, train, train_mesh)
+    placed["w"] = jax.device_put(tree["w"], NamedSharding(train_mesh, P("model", None)))
+    t = sr.transfer(train, rollout, train_mesh, rollout_mesh)
+    with pytest.raises(sr.PlacementError) as caught:
+        t.run(placed, donate=True)
+    assert "SR131" in str(caught.value) and "`w` (12, 8)" in str(caught.value)
+    assert not any(x.is_deleted() for x in placed.values())
+
+
+def test_a_deleted_input_is_refused() -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train, rollout = sr.loads(TRAIN), sr.loads(ROLLOUT)
+    placed = sr.apply(_tree(), train, train_mesh)
+    placed["b"].delete()
+    with pytest.raises(sr.PlacementError, match="SR107"):
+        sr.transfer(train, rollout, train_mesh, rollout_mesh).run(placed)
+
+
+def test_the_outputs_of_a_jitted_step_and_arrays_already_in_place() -> None:
+    train_mesh, _rollout_mesh = _meshes()
+    train = sr.loads("mesh data, model\nrules params:\n  default -> (data, model)\n")
+    same = sr.loads('mesh data, model\nrules params:\n  "k" -> (data, model)\n  default -> (model, _)\n')
+    tree = {"k": np.ones((6, 4), np.float32), "v": np.arange(24, dtype=np.float32).reshape(6, 4)}
+    shardings = sr.shardings(tree, train, train_mesh)
+    step = jax.jit(lambda t: jax.tree.map(lambda x: x * 2, t), out_shardings=shardings)
+    outputs = step(sr.apply(tree, train, train_mesh))
+    t = sr.transfer(train, same, train_mesh, train_mesh)
+    moved = t.run(outputs, donate=True)
+    assert moved["k"] is outputs["k"] and not outputs["k"].is_deleted()  # already in place: as it is
+    assert outputs["v"].is_deleted()
+    assert np.array_equal(np.asarray(moved["v"]), tree["v"] * 2)
+    assert moved["v"].sharding.spec == P("model", None)
+    assert t.leaves[0].bytes_moved == 0 and t.leaves[0].pieces == ()
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.int8, np.uint16, jnp.bfloat16, np.complex64, np.bool_, jnp.float8_e4m3fn]
+)
+def test_every_dtype_survives_the_crossing_between_processes(
+    dtype: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train_mesh, rollout_mesh = _meshes()
+    rng = np.random.default_rng(1)
+    value = (rng.standard_normal((12, 8)) * 10).astype(dtype)
+    if dtype is np.complex64:
+        value = value + 1j * value[::-1]
+    train = sr.loads('mesh data, model\nrules params:\n  "w" -> (data, model)\n')
+    rollout = sr.loads('mesh model\nrules params:\n  "w" -> (_, model)\n')
+    placed = sr.apply({"w": value}, train, train_mesh)
+    monkeypatch.setattr(_moving, "_crossing_hook", lambda p: not p.stays)
+    out = sr.transfer(train, rollout, train_mesh, rollout_mesh).run(
+        placed, max_bytes_in_flight=64, verify=True
+    )
+    assert np.array_equal(np.asarray(out["w"]), value)
+
+
+def test_plan_before_running_and_what_it_reports() -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train, rollout = sr.loads(TRAIN), sr.loads(ROLLOUT)
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _tree())
+    t = sr.transfer(train, rollout, train_mesh, rollout_mesh, shapes=shapes)
+    assert [leaf.path for leaf in t.leaves] == ["b", "e", "r", "w"]
+    w = t.leaves[3]
+    assert w.source == P("data", "model") and w.target == P(None, "model")
+    assert w.bytes_moved == 12 * 8 * 4  # every byte of w lands on other devices
+    assert "w" in str(t) and "Transfer(" in repr(t)
+    assert t.peak_bytes_per_device(64, donate=True) <= t.peak_bytes_per_device(None)
+    with pytest.raises(ValueError, match="max_bytes_in_flight"):
+        t.peak_bytes_per_device(0)
+    with pytest.raises(ValueError, match="max_bytes_in_flight"):
+        t.peak_bytes_per_device("lots")
+    fresh = sr.transfer(train, rollout, train_mesh, rollout_mesh)
+    with pytest.raises(ValueError, match="not been planned"):
+        _ = fresh.bytes_moved
+
+
+def test_a_plan_as_the_source() -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train, rollout = sr.loads(TRAIN), sr.loads(ROLLOUT)
+    tree = _tree()
+    plan = sr.plan(tree, train, train_mesh)
+    t = sr.transfer(plan, rollout, target_mesh=rollout_mesh)
+    assert t.bytes_moved > 0  # planned from the plan's shapes, with no tree
+    _equal(t.run(sr.apply(tree, train, train_mesh)), tree, rollout_mesh, rollout)
+
+
+def test_pieces_are_taken_from_the_target_itself_first() -> None:
+    mesh = Mesh(np.array(DEVICES).reshape(4, 2), ("a", "b"))
+    old, new = NamedSharding(mesh, P("a", None)), NamedSharding(mesh, P("a", "b"))
+    shape = (8, 4)
+    pieces = _pieces.leaf_pieces(
+        0, shape, 4, _pieces.blocks(old, shape), _pieces.blocks(new, shape), {d.id: 0 for d in DEVICES}, {}
+    )
+    assert all(p.stays for p in pieces)  # a finer split of what each device holds: nothing moves
+
+
+def test_reshard_under_a_cap_moves_pieces_from_any_source_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reshard(max_bytes_in_flight=)`: the sources as they are (here one on a
+    single device, one from a jitted step), moved under the cap, donated."""
+    _, rollout_mesh = _meshes()
+    rollout = sr.loads(ROLLOUT)
+    tree = _tree()
+    placed = {k: jax.device_put(v, DEVICES[k == "w"]) for k, v in tree.items()}
+    in_flight: list[int] = []
+    largest: list[int] = [0]
+
+    def observe(mover: object, chunk: _moving._schedule.Chunk) -> None:
+        held: dict[int, int] = {}
+        for piece in chunk.pieces:
+            largest[0] = max(largest[0], piece.nbytes)
+            for device, size in _moving._schedule.in_flight(piece).items():
+                held[device] = held.get(device, 0) + size
+        in_flight.append(max(held.values()))
+
+    monkeypatch.setattr(_moving, "_observe", observe)
+    out = sr.reshard(placed, rollout, rollout_mesh, donate=True, max_bytes_in_flight="64B")
+    _equal(out, tree, rollout_mesh, rollout)
+    assert all(x.is_deleted() for x in placed.values())
+    assert len(in_flight) >= 3 and max(in_flight) <= 64 + largest[0]
+    with pytest.raises(ValueError, match="max_bytes_in_flight"):
+        sr.reshard(out, rollout, rollout_mesh, max_bytes_in_flight=-1)
