@@ -408,3 +408,14 @@ def test_reshard_under_a_cap_moves_pieces_from_any_source_layout(monkeypatch: py
     assert len(in_flight) >= 3 and max(in_flight) <= 64 + largest[0]
     with pytest.raises(ValueError, match="max_bytes_in_flight"):
         sr.reshard(out, rollout, rollout_mesh, max_bytes_in_flight=-1)
+
+
+def test_errors_of_either_rule_file_show_that_file() -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train = sr.loads('mesh data, model\nrules params:\n  "w" -> (model, data)\n')  # 8 over data=3: SR104
+    rollout = sr.loads('mesh model\nrules params:\n  "w" -> (_, model)\n')
+    with pytest.raises(sr.PlanError) as caught:
+        sr.transfer(
+            train, rollout, train_mesh, rollout_mesh, shapes={"w": jax.ShapeDtypeStruct((12, 8), np.float32)}
+        )
+    assert "SR104" in str(caught.value) and '"w" -> (model, data)' in str(caught.value)

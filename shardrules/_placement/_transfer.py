@@ -99,9 +99,11 @@ class Transfer:
         else:
             source, _ = compile_leaves(tree, self._source_rules, self._source_mesh, self.group)
         target, _ = compile_leaves(tree, self._target_rules, self._target_mesh, self.target_group)
-        problems = [*source.errors, *target.errors] or unconstrained_diagnostics(target)
+        if source.errors:  # each file's findings with its own text (two rule strings are both "<string>")
+            raise error_for(source.errors, self._source_rules.sources)
+        problems = list(target.errors) or unconstrained_diagnostics(target)
         if problems:
-            raise error_for(problems, {**self._source_rules.sources, **self._target_rules.sources})
+            raise error_for(problems, self._target_rules.sources)
         if len(source.leaves) != len(target.leaves):
             raise ValueError(
                 f"the source plan has {len(source.leaves)} leaves and the tree {len(target.leaves)}: "
@@ -213,8 +215,8 @@ class Transfer:
             flat = jax.tree_util.tree_leaves(tree)
             arrays, rewrap = arrays_of(flat)
             problems = self._inputs(layout, arrays)
-            if problems:
-                raise error_for(problems, {**self._source_rules.sources, **self._target_rules.sources})
+            if problems:  # at the target rules' lines
+                raise error_for(problems, self._target_rules.sources)
         if jax.process_count() > 1:
             _meeting.agree_on_layouts(what, self._target_mesh, self._layouts_compared(layout))
         out = run_moves(
