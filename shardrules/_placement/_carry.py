@@ -28,59 +28,59 @@ import numpy as np
 from jax import lax
 
 from . import _crossing
+from ._checksums import sums
 from ._pieces import Box, Piece
 from ._schedule import Chunk
 
-
-@functools.partial(jax.jit, static_argnums=1)
-def _cut(block: jax.Array, box: Box) -> jax.Array:
-    return lax.slice(block, [a for a, _ in box], [b for _, b in box])
+# The programs below take offsets as arguments and sizes as static: one compile
+# per shape, however many places a piece of that shape comes from or goes to.
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _assemble(
-    parts: tuple[jax.Array, ...], offsets: tuple[tuple[int, ...], ...], shape: Any, dtype: Any
-) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=2)
+def _slice(block: jax.Array, starts: tuple[Any, ...], sizes: tuple[int, ...]) -> jax.Array:
+    return lax.dynamic_slice(block, starts, sizes)
+
+
+def cut(block: jax.Array, box: Box) -> jax.Array:
+    """The part `box` of a block (a new buffer on its device)."""
+    return _slice(block, _starts(box), _sizes(box))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _assemble(parts: tuple[jax.Array, ...], offsets: tuple[Any, ...], shape: Any, dtype: Any) -> jax.Array:
     out = jnp.zeros(shape, dtype)
     for part, offset in zip(parts, offsets, strict=True):
         out = lax.dynamic_update_slice(out, part, offset)
     return out
 
 
-@functools.partial(jax.jit, static_argnums=2, donate_argnums=0)
-def _write(block: jax.Array, parts: tuple[jax.Array, ...], offsets: tuple[tuple[int, ...], ...]) -> jax.Array:
+@functools.partial(jax.jit, donate_argnums=0)
+def _write(block: jax.Array, parts: tuple[jax.Array, ...], offsets: tuple[Any, ...]) -> jax.Array:
     for part, offset in zip(parts, offsets, strict=True):
         block = lax.dynamic_update_slice(block, part, offset)
     return block
 
 
-def words(x: jax.Array) -> jax.Array:
-    """`x`'s bits as unsigned 32-bit words (flattened)."""
-    if jnp.issubdtype(x.dtype, jnp.complexfloating):
-        x = jnp.stack([x.real, x.imag])
-    if x.dtype == jnp.bool_:
-        return x.astype(jnp.uint32).ravel()
-    size = x.dtype.itemsize
-    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[size]
-    bits = lax.bitcast_convert_type(x, unsigned)
-    return bits.astype(jnp.uint32).ravel()
+def _starts(box: Box) -> tuple[np.int32, ...]:
+    return tuple(np.int32(a) for a, _ in box)
 
 
-@functools.partial(jax.jit, static_argnums=1)
+def _sizes(box: Box) -> tuple[int, ...]:
+    return tuple(b - a for a, b in box)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _checksum(block: jax.Array, starts: tuple[Any, ...], sizes: tuple[int, ...]) -> jax.Array:
+    return sums(lax.dynamic_slice(block, starts, sizes))
+
+
 def checksum(block: jax.Array, box: Box) -> jax.Array:
-    """Two 32-bit sums of a box's bits: plain and weighted by position (so a
-    changed word, and two words swapped, both show)."""
-    w = words(lax.slice(block, [a for a, _ in box], [b for _, b in box]))
-    weights = lax.iota(jnp.uint32, w.size) * jnp.uint32(2) + jnp.uint32(1)
-    return jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * weights, dtype=jnp.uint32)])
+    """`sums` of the part `box` of a block, computed on its device."""
+    return _checksum(block, _starts(box), _sizes(box))
 
 
-def _offset(box: Box) -> tuple[int, ...]:
-    return tuple(a for a, _ in box)
-
-
-def _whole(block: jax.Array) -> Box:
-    return tuple((0, n) for n in block.shape)
+def _offset(box: Box) -> tuple[np.int32, ...]:
+    return _starts(box)
 
 
 class Mover:
@@ -140,7 +140,7 @@ class Mover:
             block = self.held[piece.leaf][piece.source]
             if self.verify:
                 sums.append((piece, checksum(block, piece.in_source)))
-            part = block if piece.whole_source else _cut(block, piece.in_source)
+            part = block if piece.whole_source else cut(block, piece.in_source)
             if piece.stays and piece.whole_source:
                 part = jax.device_put(part, self.devices[piece.target], may_alias=False)
             elif not piece.stays:

@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ._checksums import sums
 from ._pieces import Box, Piece
 
 _AXIS = "pieces"
@@ -56,17 +57,20 @@ def _as_bits(x: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(x, unsigned)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _pack(block: jax.Array, box: Box, length: int, verify: bool) -> jax.Array:
-    """One row of a round: the piece's bytes, its checksum, then zeros."""
-    from ._carry import checksum
-
-    part = lax.slice(block, [a for a, _ in box], [b for _, b in box])
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _pack_part(
+    block: jax.Array, starts: tuple[Any, ...], sizes: tuple[int, ...], length: int, verify: bool
+) -> jax.Array:
+    part = lax.dynamic_slice(block, starts, sizes)
     row = lax.bitcast_convert_type(_as_bits(part), jnp.uint8).ravel()
     if verify:
-        whole = tuple((0, n) for n in part.shape)
-        row = jnp.concatenate([row, lax.bitcast_convert_type(checksum(part, whole), jnp.uint8).ravel()])
+        row = jnp.concatenate([row, lax.bitcast_convert_type(sums(part), jnp.uint8).ravel()])
     return jnp.pad(row, (0, length - row.size))[None]
+
+
+def _pack(block: jax.Array, box: Box, length: int, verify: bool) -> jax.Array:
+    """One row of a round: the piece's bytes, its checksum, then zeros."""
+    return _pack_part(block, tuple(np.int32(a) for a, _ in box), tuple(b - a for a, b in box), length, verify)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
