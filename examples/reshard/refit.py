@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rollout mlp/up: {up.sharding.spec} on devices {sorted(d.id for d in up.sharding.device_set)}")
     tokens = jnp.arange(4) % 96
     hidden = served["embed"][tokens] @ served["mlp"]["up"]
-    print(f"a rollout forward pass on devices 6-7: {hidden.shape}, finite: {bool(jnp.isfinite(hidden).all())}")
+    print(
+        f"a rollout forward pass on devices 6-7: {hidden.shape}, finite: {bool(jnp.isfinite(hidden).all())}"
+    )
     return 0
 
 
