@@ -419,3 +419,15 @@ def test_errors_of_either_rule_file_show_that_file() -> None:
             train, rollout, train_mesh, rollout_mesh, shapes={"w": jax.ShapeDtypeStruct((12, 8), np.float32)}
         )
     assert "SR104" in str(caught.value) and '"w" -> (model, data)' in str(caught.value)
+
+
+def test_leaves_that_are_not_arrays_pass_through() -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train = sr.loads('mesh data, model\nrules params:\n  "w" -> (data, model)\n')
+    rollout = sr.loads('mesh model\nrules params:\n  "w" -> (_, model)\n')
+    tree = {"layers": [{"w": np.ones((6, 4), np.float32), "act": "gelu", "n": 3}], "none": None}
+    placed = sr.apply(tree, train, train_mesh)
+    out = sr.transfer(train, rollout, train_mesh, rollout_mesh).run(placed, max_bytes_in_flight=16)
+    assert out["layers"][0]["act"] == "gelu" and out["layers"][0]["n"] == 3 and out["none"] is None
+    assert out["layers"][0]["w"].sharding.spec == P(None, "model")
+    assert np.array_equal(np.asarray(out["layers"][0]["w"]), tree["layers"][0]["w"])

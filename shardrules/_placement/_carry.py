@@ -91,7 +91,8 @@ class Mover:
     - `targets[leaf]`: its new sharding; `shapes`, `dtypes` per leaf.
     - `counts[(leaf, device)]`: how many pieces the device's new block has.
     - `devices`: every device of both layouts, by id.
-    - `send`: copies a piece to a device of this process (`jax.device_put`).
+    - `send`: copies a piece to a device of this process (by default one
+      batched `jax.device_put` per chunk).
     - `crosses`: whether a piece goes between processes (through
       `_crossing`); by default, where its two devices' processes differ.
     """
@@ -115,7 +116,7 @@ class Mover:
         self.devices = devices
         self.mine = {d for d, device in devices.items() if device.process_index == jax.process_index()}
         self.verify = verify
-        self.send = send or _send
+        self.send = send
         self.crosses = crosses or (
             lambda p: devices[p.source].process_index != devices[p.target].process_index
         )
@@ -131,6 +132,7 @@ class Mover:
         sums: list[tuple[Piece, jax.Array]] = []
         crossing: list[Piece] = []
         flight: list[jax.Array] = []
+        sending: list[tuple[Piece, jax.Array]] = []
         for piece in chunk.pieces:
             if self.crosses(piece):
                 crossing.append(piece)  # every process meets in the exchange (the same rounds)
@@ -146,7 +148,10 @@ class Mover:
             elif not piece.stays:
                 if not piece.whole_source:
                     flight.append(part)
-                part = self.send(part, self.devices[piece.target])
+                sending.append((piece, part))
+                continue
+            arrived.setdefault((piece.leaf, piece.target), []).append((piece, part))
+        for piece, part in self._send_all(sending):
             arrived.setdefault((piece.leaf, piece.target), []).append((piece, part))
         if crossing:
             got, sent_sums = _crossing.exchange(
@@ -168,6 +173,16 @@ class Mover:
         if self.verify:
             self._check(sums)
         return flight
+
+    def _send_all(self, sending: Sequence[tuple[Piece, jax.Array]]) -> list[tuple[Piece, jax.Array]]:
+        """Each piece copied to its target device: in one batched
+        `jax.device_put` (or one call of `send` each, where one is given)."""
+        if self.send is not None:
+            return [(p, self.send(part, self.devices[p.target])) for p, part in sending]
+        if not sending:
+            return []
+        moved = jax.device_put([part for _, part in sending], [self.devices[p.target] for p, _ in sending])
+        return list(zip((p for p, _ in sending), moved, strict=True))
 
     def _place(self, key: tuple[int, int], parts: Sequence[tuple[Piece, jax.Array]]) -> jax.Array:
         """The new block of `key` with `parts` written in."""
@@ -209,7 +224,3 @@ class Mover:
     def release(self, leaf: int) -> None:
         """Forget the source blocks of `leaf` (the caller deletes the array)."""
         self.held.pop(leaf, None)
-
-
-def _send(part: jax.Array, device: jax.Device) -> jax.Array:
-    return jax.device_put(part, device)
