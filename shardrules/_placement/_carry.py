@@ -102,9 +102,9 @@ class Mover:
         sources: Mapping[int, jax.Array],
         targets: Mapping[int, jax.sharding.Sharding],
         counts: Mapping[tuple[int, int], int],
-        devices: Mapping[int, jax.Device],
+        devices: Mapping[int, Any],
         verify: bool,
-        send: Callable[[jax.Array, jax.Device], jax.Array] | None = None,
+        send: Callable[[jax.Array, Any], jax.Array] | None = None,
         crosses: Callable[[Piece], bool] | None = None,
     ) -> None:
         self.sources = dict(sources)
@@ -129,7 +129,7 @@ class Mover:
         before it is dropped). Every new block of the chunk is computed when
         this returns."""
         arrived: dict[tuple[int, int], list[tuple[Piece, jax.Array]]] = {}
-        sums: list[tuple[Piece, jax.Array]] = []
+        checks: list[tuple[Piece, jax.Array]] = []
         crossing: list[Piece] = []
         flight: list[jax.Array] = []
         sending: list[tuple[Piece, jax.Array]] = []
@@ -141,7 +141,7 @@ class Mover:
                 continue  # between two devices of another process
             block = self.held[piece.leaf][piece.source]
             if self.verify:
-                sums.append((piece, checksum(block, piece.in_source)))
+                checks.append((piece, checksum(block, piece.in_source)))
             part = block if piece.whole_source else cut(block, piece.in_source)
             if piece.stays and piece.whole_source:
                 part = jax.device_put(part, self.devices[piece.target], may_alias=False)
@@ -164,14 +164,14 @@ class Mover:
             )
             for piece, part in got:
                 arrived.setdefault((piece.leaf, piece.target), []).append((piece, part))
-            sums.extend(sent_sums)
+            checks.extend(sent_sums)
         made = []
         for key, parts in arrived.items():
             flight.extend(part for _, part in parts)
             made.append(self._place(key, parts))
         jax.block_until_ready(made + flight)
         if self.verify:
-            self._check(sums)
+            self._check(checks)
         return flight
 
     def _send_all(self, sending: Sequence[tuple[Piece, jax.Array]]) -> list[tuple[Piece, jax.Array]]:
@@ -206,10 +206,10 @@ class Mover:
         self.blocks[key] = block
         return block
 
-    def _check(self, sums: Sequence[tuple[Piece, jax.Array]]) -> None:
+    def _check(self, checks: Sequence[tuple[Piece, jax.Array]]) -> None:
         """Each piece's checksum where it arrived against its source's."""
-        got = [checksum(self.blocks[(p.leaf, p.target)], p.in_target) for p, _ in sums]
-        for (piece, want), have in zip(sums, got, strict=True):
+        got = [checksum(self.blocks[(p.leaf, p.target)], p.in_target) for p, _ in checks]
+        for (piece, want), have in zip(checks, got, strict=True):
             if not np.array_equal(np.asarray(want), np.asarray(have)):
                 self.mismatches.append(piece)
 

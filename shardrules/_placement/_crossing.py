@@ -97,7 +97,7 @@ def _unpack(row: jax.Array, shape: tuple[int, ...], dtype: Any, verify: bool) ->
 
 
 @functools.lru_cache(maxsize=64)
-def _permute(devices: tuple[jax.Device, ...], perm: tuple[tuple[int, int], ...]) -> Any:
+def _permute(devices: tuple[Any, ...], perm: tuple[tuple[int, int], ...]) -> Any:
     mesh = Mesh(np.array(devices), (_AXIS,))
 
     def body(rows: jax.Array) -> jax.Array:
@@ -110,7 +110,7 @@ def _permute(devices: tuple[jax.Device, ...], perm: tuple[tuple[int, int], ...])
 def exchange(
     pieces: Sequence[Piece],
     held: Mapping[int, Mapping[int, jax.Array]],
-    devices: Mapping[int, jax.Device],
+    devices: Mapping[int, Any],
     mine: set[int],
     verify: bool,
     dtypes: Mapping[int, Any],
@@ -119,7 +119,7 @@ def exchange(
     devices received (each on its target device) and, with `verify`, the
     checksum sent with each."""
     got: list[tuple[Piece, jax.Array]] = []
-    sums: list[tuple[Piece, jax.Array]] = []
+    checks: list[tuple[Piece, jax.Array]] = []
     for group in rounds(pieces):
         ids = sorted({p.source for p in group} | {p.target for p in group})
         if not mine.intersection(ids):
@@ -151,5 +151,5 @@ def exchange(
                 part, sent = _unpack(out[piece.target], piece.shape, np.dtype(dtypes[piece.leaf]), verify)
                 got.append((piece, part))
                 if verify:
-                    sums.append((piece, sent))
-    return got, sums
+                    checks.append((piece, sent))
+    return got, checks

@@ -14,6 +14,7 @@ use it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -22,7 +23,7 @@ import numpy as np
 from .._errors import Diagnostic, Span, error_for
 from .._language._rules import RuleSet
 from .._language._sizes import byte_size
-from .._planning._plan import Plan
+from .._planning._plan import LeafPlan, Plan
 from . import _carry, _moves, _schedule
 from ._pieces import Piece, blocks, leaf_pieces
 
@@ -56,8 +57,8 @@ class Moves:
     moving: list[int]
     pieces: list[Piece]
     counts: dict[tuple[int, int], int]
-    devices: dict[int, jax.Device]
-    planned: list[Any]
+    devices: dict[int, Any]
+    planned: list[LeafPlan]
     chunked: dict[int | None, list[_schedule.Chunk]] = dataclasses.field(default_factory=dict)
 
     def chunks(self, cap: int | None) -> list[_schedule.Chunk]:
@@ -68,13 +69,13 @@ class Moves:
 
 def layout_of(
     target: Plan,
-    sources: list[jax.sharding.Sharding | None],
-    targets: list[jax.sharding.Sharding | None],
+    sources: Sequence[jax.sharding.Sharding | None],
+    targets: Sequence[jax.sharding.Sharding | None],
 ) -> Moves:
     """The moves taking each leaf of `target` (the target plan, for paths,
     shapes, dtypes and rule lines) from its source sharding to its target
     sharding (`None`: not an array, nothing moves)."""
-    devices: dict[int, jax.Device] = {}
+    devices: dict[int, Any] = {}
     for sharding in [*sources, *targets]:
         if sharding is not None:
             for d in sharding.device_set:
@@ -102,7 +103,16 @@ def layout_of(
     for p in pieces:
         counts[(p.leaf, p.target)] = counts.get((p.leaf, p.target), 0) + 1
     return Moves(
-        target.treedef, leaves, spans, sources, targets, moving, pieces, counts, devices, list(target.leaves)
+        target.treedef,
+        leaves,
+        spans,
+        list(sources),
+        list(targets),
+        moving,
+        pieces,
+        counts,
+        devices,
+        list(target.leaves),
     )
 
 

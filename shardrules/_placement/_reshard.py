@@ -10,6 +10,7 @@ one leaf and no value is ever lost.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -175,7 +176,7 @@ def _prepare(
     the_plan, leaves = compile_leaves(tree, ruleset, resolved, group)
     problems = list(the_plan.errors) or unconstrained_diagnostics(the_plan)  # SR120
     if not problems:
-        problems = input_diagnostics(the_plan, arrays_of(leaves)[0], resolved)
+        problems = input_diagnostics(the_plan.leaves, arrays_of(leaves)[0], resolved)
     if not problems:
         budget = _mesh.memory_limit(resolved)
         if budget is not None:
@@ -187,13 +188,15 @@ def _span(lp: LeafPlan) -> Span | None:
     return lp.rule.span if lp.rule is not None else None
 
 
-def input_diagnostics(the_plan: Plan, leaves: list[Any], mesh: jax.sharding.Mesh) -> list[Diagnostic]:
+def input_diagnostics(
+    planned: Sequence[LeafPlan], leaves: list[Any], mesh: jax.sharding.Mesh
+) -> list[Diagnostic]:
     """SR107 for each array leaf that is not a live, placed `jax.Array`; SR106
     for an array spread over several processes whose devices are not the
     target mesh's (JAX moves such arrays only within one set of devices)."""
     problems = []
     devices = set(mesh.devices.flat)
-    for lp, leaf in zip(the_plan.leaves, leaves, strict=True):
+    for lp, leaf in zip(planned, leaves, strict=True):
         if lp.spec is None:
             continue
         if isinstance(leaf, Tracer):

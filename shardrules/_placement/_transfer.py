@@ -13,7 +13,6 @@ finished; with `verify` every piece is checked where it arrived.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import jax
@@ -44,7 +43,8 @@ class Transfer:
       counted, and are copied only on their own device).
     - `pieces`: how many pieces move.
 
-    Methods: `run`, `peak_bytes_per_device`, `in_flight_per_device`.
+    Methods: `run`, `plan_for`, `peak_bytes_per_device`, `peaks`,
+    `in_flight_per_device`.
     """
 
     def __init__(
@@ -82,9 +82,15 @@ class Transfer:
     def _signature(self, leaves: list[Any], treedef: Any) -> Any:
         return (treedef, tuple((getattr(x, "shape", None), str(getattr(x, "dtype", ""))) for x in leaves))
 
-    def plan_for(self, tree: Any) -> Moves:
-        """The transfer planned for trees like `tree` (arrays or
-        `jax.ShapeDtypeStruct`s), planned on first use and kept."""
+    def plan_for(self, tree: Any) -> Transfer:
+        """Plan for trees like `tree` (arrays or `jax.ShapeDtypeStruct`s) now,
+        as `shapes=` does; kept for every later `run` of such a tree. The
+        attributes then describe this tree. Returns the transfer itself."""
+        self._planned(tree)
+        return self
+
+    def _planned(self, tree: Any) -> Moves:
+        """The moves for trees like `tree`, planned on first use and kept."""
         flat, treedef = jax.tree_util.tree_flatten(tree)
         key = self._signature(flat, treedef)
         layout = self._layouts.get(key)
@@ -211,7 +217,7 @@ class Transfer:
         what = "transfer.run"
         with _multihost.joining_on_error(jax.process_count() > 1, what=what):
             tree, restore = to_jax(tree, plain_torch="error", what="transfer")
-            layout = self.plan_for(tree)
+            layout = self._planned(tree)
             flat = jax.tree_util.tree_leaves(tree)
             arrays, rewrap = arrays_of(flat)
             problems = self._inputs(layout, arrays)
@@ -239,8 +245,9 @@ class Transfer:
     def _inputs(self, layout: Moves, arrays: list[Any]) -> list[Diagnostic]:
         """SR107 for leaves that are not live placed arrays, SR131 for those
         not in the source layout."""
-        planned = types.SimpleNamespace(leaves=layout.planned)
-        problems = [p for p in input_diagnostics(planned, arrays, self._source_mesh) if p.code == "SR107"]
+        problems = [
+            p for p in input_diagnostics(layout.planned, arrays, self._source_mesh) if p.code == "SR107"
+        ]
         if problems:
             return problems
         for i, sharding in enumerate(layout.sources):
