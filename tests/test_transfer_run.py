@@ -431,3 +431,19 @@ def test_leaves_that_are_not_arrays_pass_through() -> None:
     assert out["layers"][0]["act"] == "gelu" and out["layers"][0]["n"] == 3 and out["none"] is None
     assert out["layers"][0]["w"].sharding.spec == P(None, "model")
     assert np.array_equal(np.asarray(out["layers"][0]["w"]), tree["layers"][0]["w"])
+
+
+def test_donating_an_array_that_appears_twice_loses_nothing() -> None:
+    """The same input twice (or two inputs sharing buffers): deleted only
+    once every leaf that uses it has its new array."""
+    train_mesh, rollout_mesh = _meshes()
+    train = sr.loads("mesh data, model\nrules params:\n  default -> (data, model)\n")
+    rollout = sr.loads('mesh model\nrules params:\n  "a" -> (_, model)\n  "b" -> (model, _)\n')
+    value = np.arange(48, dtype=np.float32).reshape(6, 8)
+    x = sr.apply({"a": value}, train, train_mesh)["a"]
+    out = sr.transfer(train, rollout, train_mesh, rollout_mesh).run(
+        {"a": x, "b": x}, max_bytes_in_flight=16, donate=True
+    )
+    assert x.is_deleted()
+    assert np.array_equal(np.asarray(out["a"]), value) and np.array_equal(np.asarray(out["b"]), value)
+    assert out["b"].sharding.spec == P("model", None)
