@@ -90,6 +90,13 @@ def test_trainer_to_a_rollout_on_the_other_process(runs: list[dict]) -> None:
     assert second["values"]["w"]["spec"] == "P(None, 'model')"
     assert first["bytes_moved"] == second["bytes_moved"] > 0
     assert first["sources_deleted"] and second["sources_deleted"]
+    # While each chunk was in flight, no device of either process held more than it holds before
+    # or after, plus the cap (64 bytes), plus one piece as bytes at both ends (twice its size).
+    # (Process 0 only sends: its devices only shrink.)
+    for run in (first, second):
+        assert run["chunks"] > 3
+        assert run["extra_in_flight"] <= 64 + 2 * run["largest_piece"], run
+    assert second["extra_in_flight"] > 0
 
 
 def test_rollout_back_to_the_trainer(runs: list[dict]) -> None:

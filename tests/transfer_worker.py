@@ -33,7 +33,7 @@ if PROCESSES > 1:
 from jax.sharding import Mesh  # noqa: E402
 
 import shardrules as sr  # noqa: E402
-from shardrules._placement import _crossing  # noqa: E402
+from shardrules._placement import _crossing, _moving  # noqa: E402
 from shardrules._planning._plan import spec_repr  # noqa: E402
 
 TRAIN = 'mesh data, model\nrules params:\n  "w" -> (data, model)\n  "b" -> (model)\n  "e" -> replicated\n'
@@ -94,11 +94,40 @@ rollout_mesh = Mesh(np.array(devices[6:]), ("model",))  # process 1 only
 train, rollout = sr.loads(TRAIN), sr.loads(ROLLOUT)
 
 
+def live() -> dict[int, int]:
+    """Bytes alive on each of this process's devices, each buffer once."""
+    out: dict[int, int] = {}
+    seen: set[tuple[int, int]] = set()
+    for x in jax.live_arrays():
+        if x.is_deleted():
+            continue
+        for s in x.addressable_shards:
+            key = (s.device.id, s.data.unsafe_buffer_pointer())
+            if key not in seen:
+                seen.add(key)
+                out[s.device.id] = out.get(s.device.id, 0) + s.data.nbytes
+    return out
+
+
 def trainer_to_rollout() -> dict:
     placed = sr.apply(tree, train, train_mesh)
-    t = sr.transfer(train, rollout, train_mesh, rollout_mesh)
-    out = t.run(placed, max_bytes_in_flight=64, verify=True, donate=True)
+    t = sr.transfer(train, rollout, train_mesh, rollout_mesh, shapes=placed)
+    seen: list[dict[int, int]] = []
+    before = live()
+    _moving._observe = lambda mover, chunk: seen.append(live())
+    try:
+        out = t.run(placed, max_bytes_in_flight=64, verify=True, donate=True)
+    finally:
+        _moving._observe = None
+    after = live()
+    extra = max(
+        (held - max(before.get(d, 0), after.get(d, 0)) for snapshot in seen for d, held in snapshot.items()),
+        default=0,
+    )
     return {
+        "extra_in_flight": extra,
+        "largest_piece": max(p.nbytes for leaf in t.leaves for p in leaf.pieces),
+        "chunks": len(seen),
         "values": local_values(out),
         "packed": sorted(packed),
         "unpacked": sorted(unpacked),

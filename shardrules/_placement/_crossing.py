@@ -32,9 +32,10 @@ _SUM_BYTES = 8  # the two 32-bit words of a checksum
 
 def rounds(pieces: Sequence[Piece]) -> list[list[Piece]]:
     """`pieces` grouped so that in each group no device sends twice or
-    receives twice (greedy, in order: the same on every process)."""
+    receives twice (greedy, largest first, so that a round's pieces are of
+    like sizes and little is padded; the same on every process)."""
     out: list[tuple[set[int], set[int], list[Piece]]] = []
-    for piece in pieces:
+    for piece in sorted(pieces, key=lambda p: (-p.nbytes, p.leaf, p.source, p.target)):
         for senders, receivers, group in out:  # noqa: B007 (the group found is used below)
             if piece.source not in senders and piece.target not in receivers:
                 break
@@ -104,7 +105,8 @@ def _permute(devices: tuple[Any, ...], perm: tuple[tuple[int, int], ...]) -> Any
         return lax.ppermute(rows, _AXIS, perm)
 
     spec = PartitionSpec(_AXIS)
-    return mesh, jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+    # The rows go in place of the rows sent (donated): one row per device at a time.
+    return mesh, jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec), donate_argnums=0)
 
 
 def exchange(

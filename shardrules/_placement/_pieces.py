@@ -44,6 +44,7 @@ class Piece:
       slicing there); `whole_target`: it is the target device's whole block
       (nothing to assemble).
     - `nbytes`: its size.
+    - `crosses`: its two devices belong to different processes.
     """
 
     leaf: int
@@ -55,6 +56,7 @@ class Piece:
     whole_source: bool
     whole_target: bool
     nbytes: int
+    crosses: bool = False
 
     @property
     def stays(self) -> bool:
@@ -148,6 +150,7 @@ def leaf_pieces(
                     part == source_box,
                     part == want,
                     size,
+                    process_of.get(source) != process_of.get(target),
                 )
             )
     return pieces

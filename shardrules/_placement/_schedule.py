@@ -4,7 +4,8 @@ device holds while they move.
 A piece in flight takes memory on its target (the copy that arrives, until
 it is written into the array it belongs to) and, where the source device has
 to cut it out of a larger block, on its source too (the cut, until it is
-sent). A chunk is a run of pieces, in leaf order, whose bytes in flight on
+sent); a piece between processes, as bytes, takes its size on its source and
+twice its size on its target (`in_flight`). A chunk is a run of pieces, in leaf order, whose bytes in flight on
 every device stay within the cap; a piece larger than the cap travels alone.
 So at any moment a device holds, beyond the arrays it keeps and the arrays it
 has received, at most the cap plus one piece.
@@ -32,7 +33,11 @@ class Chunk:
 
 
 def in_flight(piece: Piece) -> dict[int, int]:
-    """The bytes `piece` holds on each device while it moves."""
+    """The bytes `piece` holds on each device while it moves. Between
+    processes (`_crossing`) a piece travels as a row of bytes: the row on
+    its source, and on its target the row as well as the piece made from it."""
+    if piece.crosses:
+        return {piece.source: piece.nbytes, piece.target: 2 * piece.nbytes}
     out = {piece.target: piece.nbytes}
     if not piece.whole_source and not piece.stays:
         out[piece.source] = out.get(piece.source, 0) + piece.nbytes
