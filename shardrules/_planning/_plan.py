@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from itertools import repeat
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import jax
 import numpy as np
@@ -21,6 +21,9 @@ from .._pspec import described
 from ._mesh import MeshLike, axis_types_text, sizes_of
 from ._units import format_bytes as format_bytes
 from ._units import format_flops as format_flops
+
+if TYPE_CHECKING:
+    from ._loadcost import LoadCost
 
 Why = Literal["rule", "default", "scalar", "size-1", "key", "not an array", "unmatched", "error"]
 
@@ -242,6 +245,41 @@ class Plan:
     def total_bytes(self) -> int:
         """Bytes of all the arrays, counted once."""
         return sum(leaf.nbytes for leaf in self.leaves)
+
+    def load_cost(self, hosts: int = 1) -> LoadCost:
+        """What loading a checkpoint into this layout with `load_checkpoint`
+        costs each host: the bytes it reads, the reads it issues and the most
+        host memory it holds at once, from the plan alone (no file, no devices).
+
+        Hosts are as `shardrules lint --hosts` takes them: devices in mesh
+        order (`mesh.devices.flat`, row-major over the axes), each host a run of
+        consecutive devices. Each host reads its devices' distinct slices once,
+        with the reads `load_checkpoint` issues (the same function chooses
+        them): one per contiguous byte run of a slice, or, where a layout
+        splits an inner dimension into many small runs, whole rows in blocks
+        of at most 16 MiB. Its peak is the largest tensor's distinct slices
+        (and block buffer), which the reader holds until that array is made.
+
+        **Arguments:**
+
+        - `hosts`: how many hosts share the mesh's devices (it must divide
+          their number).
+
+        **Returns:** a `LoadCost`: one `HostLoad` row per host, the totals,
+        the worst host, and `findings` (SR220: a leaf whose slices on a host
+        are more than 10 times as many byte runs as slices, one per rule).
+
+        **Raises:** `ValueError` (`HostsError`) when the hosts do not share
+        the devices evenly, or the plan has no mesh.
+
+        ```python
+        cost = sr.plan(shapes, rules, {"fsdp": 16, "model": 8}).load_cost(hosts=16)
+        print(cost)  # a row per host (equal hosts on one row): bytes read, reads, peak
+        ```
+        """
+        from ._loadcost import load_cost
+
+        return load_cost(self, hosts)
 
     def to_json(self) -> str:
         """The plan as versioned JSON, the text `shardrules dump` writes: one leaf
