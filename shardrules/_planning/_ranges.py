@@ -20,7 +20,7 @@ than reading more bytes: the reader then reads *blocks* instead, the bounding
 box of the process's slices of the tensor in whole rows of one dimension, at
 most `BLOCK` bytes per read, and cuts each slice out in memory. `read_plan`
 chooses, per tensor, whichever costs less when a read is priced at
-`READ_COST` bytes.
+`READ_COST` bytes and the copy out of the blocks as many bytes again.
 
 ```python
 plan = read_plan((4096, 4096), 2, [((0, 4096), (0, 512))])
@@ -45,10 +45,10 @@ MAX_READ = 1 << 30
 BLOCK = 16 << 20
 """The most bytes one read of the block mode asks for, and so the most the
 reader holds besides the slices."""
-READ_COST = 32 << 10
-"""What one read costs, in bytes read: measured on this project's machines, a
-positioned read from the page cache costs about 10 µs and the copy moves about
-3 GB/s (`benchmarks/load_reads.py`)."""
+READ_COST = 8 << 10
+"""What one read costs, in bytes read: measured on this project's machines
+(`benchmarks/load_reads.py`), a positioned read from the page cache costs
+about 1 µs besides its bytes, which move at about 8 GiB/s: the time of 8 KiB."""
 
 
 def _rows(shape: Sequence[int], itemsize: int) -> list[int]:
@@ -216,8 +216,9 @@ class ReadPlan:
 
 def read_plan(shape: Sequence[int], itemsize: int, regions: Sequence[Region]) -> ReadPlan:
     """How `load_checkpoint` reads the distinct `regions` one process holds of
-    a tensor: one read per run, or blocks, whichever costs less (a read priced
-    at `READ_COST` bytes; runs when equal).
+    a tensor: one read per run, or blocks, whichever costs less: a read is
+    priced at `READ_COST` bytes, and blocks pay for the copy of the slices out
+    of them as for reading those bytes again (runs when equal).
 
     **Arguments:**
 
@@ -237,6 +238,7 @@ def read_plan(shape: Sequence[int], itemsize: int, regions: Sequence[Region]) ->
     if not held:
         return ReadPlan("none", each, None, 0, 0, 0)
     box = blocks(shape, itemsize, [region for region, r in zip(regions, each, strict=True) if r.count])
-    if box is not None and box.reads * READ_COST + box.nbytes < reads * READ_COST + nbytes:
+    # blocks: their reads, their bytes, and the slices copied out of them once more
+    if box is not None and box.reads * READ_COST + box.nbytes + held < reads * READ_COST + nbytes:
         return ReadPlan("blocks", each, box, box.reads, box.nbytes, held + box.buffer)
     return ReadPlan("runs", each, None, reads, nbytes, held)

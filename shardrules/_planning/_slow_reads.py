@@ -7,9 +7,11 @@ _)` one. Reading such a slice takes one read per run, or reading whole rows
 and cutting the slice out in memory (what `load_checkpoint` does where that
 costs less: more bytes read, and on several hosts, bytes other hosts need).
 
-Reported, once per rule with its leaves, where a leaf's distinct slices on a
-host make more than `RATIO` times as many runs as there are slices; the hint
-names the outer dimension the same mesh axes divide, where there is one.
+Reported, once per rule with its leaves, where the reader's reads of a leaf's
+distinct slices on a host are more than `RATIO` times as many as the slices
+(one read each, were each slice one range of the file), or ask for more than
+`RATIO` times their bytes (reading whole rows); the hint names the outer
+dimension the same mesh axes divide, where there is one.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from ._plan import LeafPlan, Plan, format_bytes, plural
 from ._ranges import ReadPlan
 
 RATIO = 10
-"""More runs than this many per distinct slice on a host is SR220."""
+"""More reads than this many per distinct slice on a host, or more than this
+many times the slices' bytes read, is SR220."""
 
 
 def slow_read_warnings(plan: Plan, sizes: Mapping[str, int], hosts: int, cache: dict) -> list[Diagnostic]:
-    """SR220 for each rule of `plan` with leaves whose slices on some host make
-    more than `RATIO` runs per slice, the worst leaf named first; warnings a
-    `# noqa: SR220` acknowledges are left out.
+    """SR220 for each rule of `plan` with leaves whose slices on some host
+    take more than `RATIO` reads per slice, or more than `RATIO` times their
+    bytes, to read; the worst leaf named first. Warnings a `# noqa: SR220`
+    acknowledges are left out.
 
     **Arguments:**
 
@@ -72,8 +76,11 @@ def _slices(read: ReadPlan) -> int:
 
 
 def _ratio(read: ReadPlan) -> float:
+    """How many times the reads, or the bytes, of the same slices stored
+    contiguously (one read each) the reader's reads are: the larger."""
     slices = _slices(read)
-    return read.run_count / slices if slices else 0.0
+    needed = sum(r.nbytes for r in read.runs)
+    return max(read.reads / slices, read.nbytes / needed) if slices and needed else 0.0
 
 
 def entry_text(entry: Any) -> str:
@@ -124,15 +131,16 @@ def _diagnostic(
     per_slice = read.run_count // slices
     length = next(r.length for r in read.runs if r.count)
     on = f"host {host}" if hosts > 1 else "the host"
+    needed = sum(r.nbytes for r in read.runs)
     if read.mode == "blocks":
-        needed = sum(r.nbytes for r in read.runs)
-        more = f" ({read.nbytes / needed:.1f}x)" if read.nbytes > needed else ""
         how = (
-            f"load_checkpoint reads whole rows instead, {format_bytes(read.nbytes)} in {plural(read.reads, 'read')} "
-            f"for {format_bytes(needed)}{more}, and cuts the slices out in memory"
+            f"so load_checkpoint reads whole rows, {format_bytes(read.nbytes)} in {plural(read.reads, 'read')}, "
+            f"for their {format_bytes(needed)} ({read.nbytes / needed:.1f}x the bytes)"
         )
     else:
-        how = f"load_checkpoint issues {plural(read.reads, 'read')}"
+        how = (
+            f"so load_checkpoint issues {read.reads:,} reads for them ({read.reads / slices:.0f}x the slices)"
+        )
     spec = tuple(entries(leaf.spec))
     current = "(" + ", ".join(entry_text(e) for e in spec + (None,) * (len(leaf.shape) - len(spec))) + ")"
     better = better_spec(leaf.shape, spec, sizes)
@@ -147,7 +155,7 @@ def _diagnostic(
         "warning",
         f"`{leaf.path}` {leaf.shape} {leaf.dtype}: its {plural(slices, 'distinct slice')} on {on} {'is' if slices == 1 else 'are'} "
         f"{read.run_count:,} separate byte runs in the checkpoint ({per_slice:,} per slice, "
-        f"{format_bytes(length)} each): {how}",
+        f"{format_bytes(length)} each), {how}",
         rule.spec.span or rule.span,
         path=leaf.path,
         hint=f"{fix}; or, where this layout is meant, acknowledge it at the end of the rule's line: `# noqa: SR220`",
