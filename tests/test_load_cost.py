@@ -344,7 +344,7 @@ def test_sr220_fires_on_an_inner_split_once_per_rule_and_not_on_an_outer_one() -
     assert [p for p, _ in finding.paths] == ["a/w", "b/w"]
     assert "`a/w` (4096, 4096) float32" in finding.message
     assert "4,096 separate byte runs" in finding.message and "(4,096 per slice" in finding.message
-    assert "load_checkpoint issues 4,096 reads for them (4096x the slices)" in finding.message
+    assert "load_checkpoint issues 4,096 reads, one per run, where one per slice would do" in finding.message
     assert "`-> (model, _)` rather than `(_, model)`" in finding.hint
     # the reads each host issues: 4096 for each of a/w's and a/v's slices... a/v's is one range
     assert cost.hosts[0].reads == 4096 + 1024 + 1
@@ -370,7 +370,7 @@ def test_sr220_for_a_layout_read_one_run_at_a_time() -> None:
     rules = sr.loads('mesh model\nrules params:\n  "w" -> (_, model)\n', name="r.shard")
     cost = sr.plan(tree, rules, {"model": 16}).load_cost(hosts=16)
     (finding,) = cost.findings
-    assert "load_checkpoint issues 512 reads for them (512x the slices)" in finding.message
+    assert "load_checkpoint issues 512 reads, one per run" in finding.message
     assert cost.hosts[3].reads == 512
 
 

@@ -138,9 +138,7 @@ def _diagnostic(
             f"for their {format_bytes(needed)} ({read.nbytes / needed:.1f}x the bytes)"
         )
     else:
-        how = (
-            f"so load_checkpoint issues {read.reads:,} reads for them ({read.reads / slices:.0f}x the slices)"
-        )
+        how = f"so load_checkpoint issues {read.reads:,} reads, one per run, where one per slice would do"
     spec = tuple(entries(leaf.spec))
     current = "(" + ", ".join(entry_text(e) for e in spec + (None,) * (len(leaf.shape) - len(spec))) + ")"
     better = better_spec(leaf.shape, spec, sizes)
