@@ -247,37 +247,17 @@ class Plan:
         return sum(leaf.nbytes for leaf in self.leaves)
 
     def load_cost(self, hosts: int = 1) -> LoadCost:
-        """What loading a checkpoint into this layout with `load_checkpoint`
-        costs each host: the bytes it reads, the reads it issues and the most
-        host memory it holds at once, from the plan alone (no file, no devices).
+        """What loading a checkpoint into this layout with `load_checkpoint` costs each
+        host (a run of consecutive devices in mesh order): the reads it issues, their bytes, its peak.
 
-        Hosts are as `shardrules lint --hosts` takes them: devices in mesh
-        order (`mesh.devices.flat`, row-major over the axes), each host a run of
-        consecutive devices. Each host reads its devices' distinct slices once,
-        with the reads `load_checkpoint` issues (the same function chooses
-        them): one per contiguous byte run of a slice, or, where a layout
-        splits an inner dimension into many small runs, whole rows in blocks
-        of at most 16 MiB. Its peak is the largest tensor's distinct slices
-        (and block buffer), which the reader holds until that array is made.
-
-        **Arguments:**
-
-        - `hosts`: how many hosts share the mesh's devices (it must divide
-          their number).
-
-        **Returns:** a `LoadCost`: one `HostLoad` row per host, the totals,
-        the worst host, and `findings` (SR220: a leaf whose slices on a host
-        are more than 10 times as many byte runs as slices, one per rule).
-
-        **Raises:** `ValueError` (`HostsError`) when the hosts do not share
-        the devices evenly, or the plan has no mesh.
+        **Arguments:** `hosts`: how many hosts share the mesh's devices (it divides their number).
+        **Returns:** a `LoadCost` (a row per host, totals, SR220 `findings`); `ValueError` if hosts do not divide.
 
         ```python
-        cost = sr.plan(shapes, rules, {"fsdp": 16, "model": 8}).load_cost(hosts=16)
-        print(cost)  # a row per host (equal hosts on one row): bytes read, reads, peak
+        print(sr.plan(shapes, rules, {"fsdp": 16, "model": 8}).load_cost(hosts=16))
         ```
         """
-        from ._loadcost import load_cost
+        from ._loadcost import load_cost  # imports this module
 
         return load_cost(self, hosts)
 
