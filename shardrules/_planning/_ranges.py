@@ -23,8 +23,10 @@ chooses, per tensor, whichever costs less when a read is priced at
 `READ_COST` bytes and the copy out of the blocks as many bytes again.
 
 ```python
-plan = read_plan((4096, 4096), 2, [((0, 4096), (0, 512))])
-plan.mode, plan.reads, plan.nbytes    # ("blocks", 1, 33554432)
+one = read_plan((4096, 4096), 2, [((0, 4096), (0, 512))])   # a slice of columns
+one.mode, one.reads, one.nbytes        # ("runs", 4096, 4194304)
+every = read_plan((4096, 4096), 2, [((0, 4096), (512 * i, 512 * (i + 1))) for i in range(8)])
+every.mode, every.reads, every.nbytes  # ("blocks", 2, 33554432): the whole tensor in 16 MiB blocks
 ```
 """
 

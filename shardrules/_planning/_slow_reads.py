@@ -158,7 +158,7 @@ def _diagnostic(
         path=leaf.path,
         hint=f"{fix}; or, where this layout is meant, acknowledge it at the end of the rule's line: `# noqa: SR220`",
         paths=tuple((item[1].path, item[1].shape) for item in leaves),
-        cause=f"SR220 {id(rule)}",
+        cause=f"SR220 {rule.location}",  # one finding per rule
     )
 
 
