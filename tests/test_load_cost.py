@@ -493,3 +493,11 @@ def test_buffers_from_memory_maps_hold_the_same_values(ckpt: Path, layout: str) 
         loaded = sr.load_checkpoint(ckpt, rules_for(layout), mesh)
     for name, array in checkpoint().items():
         np.testing.assert_array_equal(np.asarray(loaded[name]), array)
+
+
+def test_sr220_says_so_where_no_outer_dimension_divides() -> None:
+    tree = {"w": jax.ShapeDtypeStruct((3, 5, 16 * 4096), np.float32)}
+    rules = sr.loads('mesh model\nrules params:\n  "w" -> (_, _, model)\n', name="r.shard")
+    (finding,) = sr.plan(tree, rules, {"model": 16}).load_cost(hosts=16).findings
+    assert "15 separate byte runs" in finding.message
+    assert finding.hint.startswith("no outer dimension of (3, 5, 65536) divides by the same mesh axes")

@@ -143,7 +143,10 @@ def _diagnostic(
     current = "(" + ", ".join(entry_text(e) for e in spec + (None,) * (len(leaf.shape) - len(spec))) + ")"
     better = better_spec(leaf.shape, spec, sizes)
     if better is None:
-        fix = f"no outer dimension of {leaf.shape} divides by the same mesh axes: keep {current}"
+        fix = (
+            f"no outer dimension of {leaf.shape} divides by the same mesh axes, so the split of {current} "
+            "cannot move outward; save the checkpoint in the layout it is loaded in"
+        )
     else:
         text = "(" + ", ".join(entry_text(e) for e in better) + ")"
         gain = " (each slice one range of the file)" if _is_one_run(leaf.shape, better, sizes) else ""
