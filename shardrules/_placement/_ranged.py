@@ -6,7 +6,7 @@ process's devices hold, each into a buffer of its own, with the reads
 counts): one `os.preadv` per contiguous byte run of a slice, or, where a
 layout splits an inner dimension into many small runs, whole rows of the
 slices' bounding box in blocks of at most 16 MiB, cut into the slices in
-memory. Nothing else of the file is read, and no memory map is made.
+memory. Nothing else of the file is read, and the file is not mapped into memory.
 """
 
 from __future__ import annotations
