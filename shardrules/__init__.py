@@ -51,6 +51,8 @@ from ._planning._api import plan as plan
 from ._planning._inputs import check_devices as check_devices
 from ._planning._layouts import shardings as shardings
 from ._planning._layouts import specs as specs
+from ._planning._loadcost import HostLoad as HostLoad
+from ._planning._loadcost import LoadCost as LoadCost
 from ._planning._plan import LeafPlan as LeafPlan
 from ._planning._plan import Plan as Plan
 from ._planning._shapes import load_shapes as load_shapes
@@ -95,9 +97,11 @@ __all__ = [
     "Conversion",
     "Diagnostic",
     "GroupNotFoundError",
+    "HostLoad",
     "IncludeNotFoundError",
     "LeafDifference",
     "LeafPlan",
+    "LoadCost",
     "MeshError",
     "MovedLeaf",
     "PlacementError",

@@ -148,6 +148,69 @@ def write_checkpoint(path: Path, tensors: dict[str, np.ndarray]) -> None:
     path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
 
 
+def _rchar() -> int:
+    """Bytes this process has read through system calls (`read`, `pread`...): /proc/self/io."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+def ranged_reads(mesh, multihost_utils) -> None:
+    """A 5 MiB checkpoint loaded with `(data, _)` and `(data, model)` layouts:
+    the reads this process issues (counted in the reader, and by the kernel in
+    /proc/self/io) against what `Plan.load_cost` predicts for its host."""
+    from shardrules._placement import _ranged
+
+    rng = np.random.default_rng(1)
+    ckpt = {
+        "rows": rng.standard_normal((1024, 1024)).astype(np.float32),  # (data, _): one range per process
+        "grid": rng.standard_normal((256, 1024)).astype(np.float32),  # (data, model): 4 slices each
+        "norm": rng.standard_normal(64).astype(np.float32),  # replicated: both read it
+    }
+    path = OUT / "ranged.safetensors"
+    if PROCESS == 0:
+        write_checkpoint(path, ckpt)
+    if PROCESSES > 1:
+        multihost_utils.sync_global_devices("ranged checkpoint written")
+    rules = sr.loads(
+        'rules params:\n  "rows" -> (data, _)\n  "grid" -> (data, model)\n  "norm" -> replicated\n'
+    )
+    counted = {"reads": 0, "bytes": 0}
+    real = _ranged.read_at
+
+    def counting(fd, view, offset):
+        counted["reads"] += 1
+        counted["bytes"] += len(view)
+        real(fd, view, offset)
+
+    _ranged.read_at = counting
+    try:
+        before = _rchar()
+        loaded = sr.load_checkpoint(path, rules, mesh)
+        after = _rchar()
+    finally:
+        _ranged.read_at = real
+    shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in ckpt.items()}
+    cost = sr.plan(shapes, rules, mesh).load_cost(hosts=PROCESSES)
+    row = cost.hosts[PROCESS]
+    result["ranged"] = {
+        "file_data_bytes": sum(a.nbytes for a in ckpt.values()),
+        "reads": counted["reads"],
+        "bytes": counted["bytes"],
+        "rchar": after - before,
+        "predicted": {"reads": row.reads, "bytes": row.bytes_read, "devices": list(row.devices)},
+        "my_devices": sorted(
+            i for i, d in enumerate(mesh.devices.flat) if d.process_index == jax.process_index()
+        ),
+        "values_equal": all(
+            np.array_equal(np.asarray(shard.data), ckpt[key][shard.index])
+            for key, array in loaded.items()
+            for shard in array.addressable_shards
+        ),
+    }
+
+
 posted: list[list] = []  # [key, bytes] of each value this process posts to JAX's key-value store
 
 
@@ -342,6 +405,7 @@ def main() -> None:
     result["checkpoint_total"] = total(loaded)
     result["checkpoint_expected_total"] = float(sum(a.sum() for a in ckpt.values()))
     result["checkpoint_specs"] = {k: str(v.sharding.spec) for k, v in loaded.items()}
+    ranged_reads(mesh, multihost_utils)
 
     # Disagreements between processes are found before anything moves.
     if PROCESSES > 1:

@@ -164,6 +164,14 @@ LINT_CASES = {
         (3, 10),
         "give `model` a size above 1",
     ),
+    # the kernel's columns split over 16 hosts: 4096 runs of 1 KiB per host (lint with HOSTS below)
+    "SR220": (
+        'mesh model\nrules params:\n  "w" -> (_, model)\n',
+        {"w": S(4096, 4096)},
+        {"model": 16},
+        (3, 10),
+        "`-> (model, _)` rather than `(_, model)`",
+    ),
     "SR301": ('mesh fsdp, model\nrules params:\n  "w" -> (fsdp)\n', None, None, (1, 1), "--mesh fsdp=SIZE"),
     # Rules written for slashed paths, a tree with dotted ones: everything falls to `default`.
     "SR116": (
@@ -198,6 +206,7 @@ LINT_CASES = {
 }
 GROUPS = {"SR018": "parms"}
 BUDGETS = {"SR110": 1 << 20}
+HOSTS = {"SR220": 16}
 
 
 @pytest.mark.parametrize("code", sorted(LINT_CASES))
@@ -205,7 +214,9 @@ def test_code_from_a_bad_rule_file(code, tmp_path):
     text, tree, sizes, where, hint = LINT_CASES[code]
     path = tmp_path / "bad.shard"
     path.write_text(text)
-    result = _lint.lint_file(str(path), tree, sizes, group=GROUPS.get(code), device_memory=BUDGETS.get(code))
+    result = _lint.lint_file(
+        str(path), tree, sizes, group=GROUPS.get(code), device_memory=BUDGETS.get(code), hosts=HOSTS.get(code)
+    )
     found = [d for d in result.diagnostics if d.code == code]
     assert found, [d.render() for d in result.diagnostics]
     d = found[0]

@@ -900,3 +900,29 @@ def test_hosts_that_do_not_fit_the_mesh_are_refused(tmp_path, capsys):
         == 0
     )
     assert "128 B per device; bytes per host (16 hosts × 8 devices)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_checkpoint_each_process_reads_only_its_byte_ranges(results):
+    """The bytes each process reads from the file (counted in the reader, and
+    by the kernel: /proc/self/io `rchar`) are those of its own devices'
+    slices, half of the sharded tensors, and what `Plan.load_cost` predicts."""
+    (single,) = results["single"]
+    data = single["ranged"]["file_data_bytes"]
+    assert data == (1024 * 1024 + 256 * 1024 + 64) * 4
+    assert single["ranged"]["bytes"] == data  # alone: every byte once
+    assert single["ranged"]["predicted"] == {
+        "reads": single["ranged"]["reads"],
+        "bytes": data,
+        "devices": list(range(8)),
+    }
+    half = (1024 * 1024 + 256 * 1024) * 4 // 2 + 64 * 4
+    for r in results["multi"]:
+        got = r["ranged"]
+        assert got["values_equal"]
+        assert got["my_devices"] == got["predicted"]["devices"]  # the host model: consecutive devices
+        assert got["bytes"] == half  # its own rows, and the replicated norm
+        assert (got["reads"], got["bytes"]) == (got["predicted"]["reads"], got["predicted"]["bytes"])
+        # what the kernel saw: the reads above, and a little of the key-value store's traffic
+        assert half <= got["rchar"] < half + 64 * 1024, got["rchar"]
+        assert got["rchar"] < 0.6 * data

@@ -100,6 +100,8 @@ def write_text(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
         header = _render.HOST_HEADER if args.hosts is not None else _render.HEADER
         _render.write_table(rows, out, _render.use_rich(out), header)
         out.write("\n" + "\n".join(_render.totals(result.plan, hosts=args.hosts)) + "\n")
+        if result.load_cost is not None:
+            out.write("\nwhat load_checkpoint reads on each host:\n" + result.load_cost.table() + "\n")
         pictures = _render.pictures(result.plan, args.path, args.pictures)
         if pictures:
             out.write("\n" + "\n".join(pictures) + "\n")
@@ -162,7 +164,8 @@ def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
     unless `--group` names one), `mesh` (sizes: the plan's, or the step's), `leaves`
     (the arrays `--path` shows: path, shape, dtype, spec, rule, bytes per
     device, and per host with `--hosts`), `totals`, `findings` (as `lint
-    --format json` gives them), and with `--step` its `scopes`, `decisions`
+    --format json` gives them), `load_cost` (with `--hosts`: `LoadCost.to_json()`,
+    else `null`), and with `--step` its `scopes`, `decisions`
     and `step_cost` (`StepCost.to_json()`, its `by_rule` and `by_array`
     lists whatever `--by` says; `null` where not asked for)."""
     plan = result.plan
@@ -183,6 +186,7 @@ def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
         "scopes": None if args.scopes is None else [_scope(s) for s in args.scopes],
         "decisions": None if args.decisions is None else [_decision(d) for d in args.decisions],
         "step_cost": None if step_cost is None else step_cost.to_json(),
+        "load_cost": None if result.load_cost is None else result.load_cost.to_json(),
     }
     json.dump(found, out, indent=2)
     out.write("\n")

@@ -99,6 +99,7 @@ class Result:
     plan: Plan | None = None
     hosts: int | None = None
     step_cost: Any = None  # a `--step`'s `StepCost`, where it was compiled for its cost
+    load_cost: Any = None  # with `--hosts` and shapes: `Plan.load_cost`, what loading costs each host
 
     @property
     def errors(self) -> int:
@@ -145,7 +146,8 @@ def lint_file(
 ) -> Result:
     """Every finding for one rule file: loading, every group's rules on the mesh,
     and, given `tree`, the plan of `group` (default `params`) for it. `hosts`:
-    the mesh's devices are spread over this many hosts (for bytes per host).
+    the mesh's devices are spread over this many hosts (for bytes per host,
+    and with `tree`, what loading a checkpoint costs each host: SR220).
     `replicated_tolerance`: the largest share of the plan's bytes that may be
     fully replicated in a group whose rules shard something (SR116)."""
     loaded = _load(path)
@@ -177,6 +179,10 @@ def lint_file(
             found += _check.rule_warnings(the_plan)
             found += _check.replication_warnings(the_plan, replicated_threshold)
             found += _check.tolerance_diagnostics(the_plan, replicated_tolerance, replicated_threshold)
+    load_cost = None
+    if hosts is not None and the_plan is not None and sizes:
+        load_cost = the_plan.load_cost(hosts)  # what load_checkpoint reads on each host
+        found += load_cost.findings  # SR220
     # Rule-level checks (axes, aliases) for every group, with or without shapes.
     empty: Plan | None = None
     for name in rules.group_names:
@@ -192,7 +198,8 @@ def lint_file(
         hint = "pass --mesh AXIS=SIZE,... or give every axis a number in the mesh line (not `*`)"
         found = [dataclasses.replace(d, hint=hint) if d.code == "SR108" else d for d in found]
         found += unchecked_notes(rules, shapes=tree is not None)
-    return Result(path, ordered(dict.fromkeys(rules.kept(found))), rules.sources, the_plan, hosts)
+    kept = ordered(dict.fromkeys(rules.kept(found)))
+    return Result(path, kept, rules.sources, the_plan, hosts, load_cost=load_cost)
 
 
 def unchecked_notes(rules: RuleSet, *, shapes: bool) -> list[Diagnostic]:

@@ -336,7 +336,7 @@ def _lint_command(args: argparse.Namespace) -> int:
     elif args.statistics:
         _render.write_statistics(results, sys.stdout)
     elif args.format == "json":
-        _render.dump_json(results, sys.stdout, all_leaves=args.all_leaves)
+        _render.dump_json(results, sys.stdout, all_leaves=args.all_leaves, hosts=args.hosts is not None)
     elif args.format == "github":
         _render.write_github(results, sys.stdout, all_leaves=args.all_leaves)
     else:

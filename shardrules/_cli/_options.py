@@ -42,7 +42,8 @@ def plan_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="the mesh's devices are spread over N hosts (consecutive devices in mesh order per host); "
-        "report bytes per host as well as per device",
+        "report bytes per host as well as per device, and with --shapes what load_checkpoint reads on each "
+        "host (SR220: slices read in many small pieces)",
     )
     parser.add_argument(
         "--device-memory", metavar="SIZE", help="per-device budget, e.g. 80GiB; more is an error (SR110)"

@@ -40,6 +40,9 @@ def write_text(results: Sequence[Result], out: TextIO, *, all_leaves: bool = Fal
         if result.hosts is not None and result.plan is not None and isinstance(result.plan.mesh, Mapping):
             out.write(f"{result.file}: {format_bytes(result.plan.bytes_per_device)} per device; ")
             out.write(host_line(result.plan, result.hosts) + "\n")
+        if result.load_cost is not None:
+            out.write(f"{result.file}: what load_checkpoint reads on each host:\n")
+            out.write("".join(f"  {line}\n" for line in result.load_cost.table().splitlines()))
         if getattr(result.step_cost, "target", None) is not None:
             from .._costs._verdict import verdict
 
@@ -333,8 +336,21 @@ def use_rich(out: TextIO) -> bool:
     return True
 
 
-def dump_json(results: Sequence[Result], out: TextIO = sys.stdout, *, all_leaves: bool = False) -> None:
-    json.dump(as_json(results, all_leaves=all_leaves), out, indent=2)
+def dump_json(
+    results: Sequence[Result], out: TextIO = sys.stdout, *, all_leaves: bool = False, hosts: bool = False
+) -> None:
+    """The findings as a JSON list; with `hosts` (`--hosts`), an object:
+    `findings` (that list) and `load_cost`, one `{"file", ...LoadCost.to_json()}`
+    per file planned."""
+    found: Any = as_json(results, all_leaves=all_leaves)
+    if hosts:
+        found = {
+            "findings": found,
+            "load_cost": [
+                {"file": r.file, **r.load_cost.to_json()} for r in results if r.load_cost is not None
+            ],
+        }
+    json.dump(found, out, indent=2)
     out.write("\n")
 
 

@@ -50,6 +50,7 @@ WARNING_CODES = frozenset(
         "SR217",
         "SR218",
         "SR219",
+        "SR220",
     }
 )
 """The codes a `noqa` comment may name: the warnings about a line of a rule file."""

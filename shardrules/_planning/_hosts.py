@@ -30,16 +30,21 @@ class HostsError(ValueError):
     """A number of hosts that does not fit the mesh."""
 
 
-def check_hosts(sizes: Mapping[str, int] | None, hosts: int) -> int:
-    """Devices per host; raises `HostsError` when the hosts cannot share the mesh evenly."""
+def check_hosts(sizes: Mapping[str, int] | None, hosts: int, what: str = "") -> int:
+    """Devices per host; raises `HostsError` when the hosts cannot share the mesh
+    evenly. `what` names the number in messages (default `--hosts N`)."""
+    what = what or f"--hosts {hosts}"
     if hosts < 1:
-        raise HostsError(f"--hosts {hosts}: give a number of hosts of at least 1")
+        raise HostsError(f"{what}: give a number of hosts of at least 1")
     if not sizes:
         raise HostsError("--hosts needs mesh sizes: pass --mesh AXIS=SIZE,... or give sizes in the mesh line")
     devices = math.prod(sizes.values())
     if devices % hosts:
+        divisors = [n for n in range(1, devices + 1) if devices % n == 0]
+        shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
         raise HostsError(
-            f"--hosts {hosts}: the mesh has {devices} devices, which do not split evenly over {hosts} hosts"
+            f"{what}: the mesh has {devices} devices, which do not split evenly over {hosts} hosts "
+            f"(numbers of hosts that do: {shown})"
         )
     return devices // hosts
 

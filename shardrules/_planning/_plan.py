@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from itertools import repeat
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import jax
 import numpy as np
@@ -21,6 +21,9 @@ from .._pspec import described
 from ._mesh import MeshLike, axis_types_text, sizes_of
 from ._units import format_bytes as format_bytes
 from ._units import format_flops as format_flops
+
+if TYPE_CHECKING:
+    from ._loadcost import LoadCost
 
 Why = Literal["rule", "default", "scalar", "size-1", "key", "not an array", "unmatched", "error"]
 
@@ -242,6 +245,21 @@ class Plan:
     def total_bytes(self) -> int:
         """Bytes of all the arrays, counted once."""
         return sum(leaf.nbytes for leaf in self.leaves)
+
+    def load_cost(self, hosts: int = 1) -> LoadCost:
+        """What loading a checkpoint into this layout with `load_checkpoint` costs each
+        host (a run of consecutive devices in mesh order): the reads it issues, their bytes, its peak.
+
+        **Arguments:** `hosts`: how many hosts share the mesh's devices (it divides their number).
+        **Returns:** a `LoadCost` (a row per host, totals, SR220 `findings`); `ValueError` if hosts do not divide.
+
+        ```python
+        print(sr.plan(shapes, rules, {"fsdp": 16, "model": 8}).load_cost(hosts=16))
+        ```
+        """
+        from ._loadcost import load_cost  # imports this module
+
+        return load_cost(self, hosts)
 
     def to_json(self) -> str:
         """The plan as versioned JSON, the text `shardrules dump` writes: one leaf
