@@ -63,7 +63,9 @@ def _reader(
     one slice), all before the array is made, and only those."""
     regions = list(
         dict.fromkeys(
-            region_of(index, shape) for index in sharding.addressable_devices_indices_map(shape).values()
+            region_of(index, shape)
+            for index in sharding.addressable_devices_indices_map(shape).values()
+            if index is not None
         )
     )
     held = dict(zip(regions, read_regions(fd, base, shape, dtype, regions), strict=True))

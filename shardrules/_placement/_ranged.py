@@ -108,7 +108,7 @@ def read_regions(
     ]
     if plan.mode == "runs":
         for buffer, runs in zip(buffers, plan.runs, strict=True):
-            view, length = memoryview(buffer), runs.length
+            view, length = memoryview(buffer.data), runs.length
             for i, offset in enumerate(runs.offsets().tolist()):
                 for part in range(0, length, MAX_READ):
                     at = i * length + part
@@ -131,7 +131,7 @@ def _read_blocks(
     time into one buffer, each region's part copied out of it."""
     dim, row = blocks.dim, blocks.row
     scratch = np.empty(blocks.buffer, np.uint8)  # at most 16 MiB, reused block after block
-    view = memoryview(scratch)
+    view = memoryview(scratch.data)
     inner = shape[dim + 1 :]
     wanted = [(region, array) for region, array in zip(regions, out, strict=True) if array.size]
     for outer, first, last, offset in blocks.reads_at():

@@ -59,7 +59,8 @@ def slow_read_warnings(plan: Plan, sizes: Mapping[str, int], hosts: int, cache: 
         reads = leaf_reads(leaf, sizes, hosts, cache)
         if not reads:
             continue
-        worst = max(range(hosts), key=lambda h: _ratio(reads[h]))
+        per_host = reads
+        worst = max(range(hosts), key=lambda h: _ratio(per_host[h]))
         ratio = _ratio(reads[worst])
         if ratio > RATIO:
             found.setdefault(id(leaf.rule), []).append((ratio, leaf, worst, reads[worst]))
