@@ -60,6 +60,12 @@ def _meshes() -> tuple[Mesh, Mesh]:
     )
 
 
+def _explicit(shape: tuple[int, ...], names: tuple[str, ...], devices: list | None = None) -> Mesh:
+    """A mesh with Explicit axes (JAX's default since 0.9; 0.8 made Auto ones)."""
+    types = (jax.sharding.AxisType.Explicit,) * len(names)
+    return jax.make_mesh(shape, names, types, devices=devices)
+
+
 def _equal(out: dict, tree: dict, mesh: Mesh, rules: sr.RuleSet) -> None:
     want = sr.shardings(tree, rules, mesh)
     for key, value in tree.items():
@@ -292,7 +298,7 @@ def test_a_source_not_in_the_source_layout_is_refused_before_anything_moves() ->
     t = sr.transfer(train, rollout, train_mesh, rollout_mesh)
     with pytest.raises(sr.PlacementError) as caught:
         t.run(placed, donate=True)
-    assert "SR131" in str(caught.value) and "`w` (12, 8)" in str(caught.value)
+    assert "train.shard:3:3: SR131" in str(caught.value) and "`w` (12, 8)" in str(caught.value)
     assert not any(x.is_deleted() for x in placed.values())
 
 
@@ -305,7 +311,14 @@ def test_a_deleted_input_is_refused() -> None:
         sr.transfer(train, rollout, train_mesh, rollout_mesh).run(placed)
 
 
-def test_the_outputs_of_a_jitted_step_and_arrays_already_in_place() -> None:
+def _buffers(x: jax.Array) -> set[tuple[int, int]]:
+    return {(s.device.id, s.data.unsafe_buffer_pointer()) for s in x.addressable_shards}
+
+
+def test_the_outputs_of_a_jitted_step_and_an_unchanged_layout() -> None:
+    """A leaf whose layout does not change is copied on its devices (no byte
+    moves): the result shares no buffer with the step's output, which is
+    deleted when donated."""
     train_mesh, _rollout_mesh = _meshes()
     train = sr.loads("mesh data, model\nrules params:\n  default -> (data, model)\n")
     same = sr.loads('mesh data, model\nrules params:\n  "k" -> (data, model)\n  default -> (model, _)\n')
@@ -313,13 +326,125 @@ def test_the_outputs_of_a_jitted_step_and_arrays_already_in_place() -> None:
     shardings = sr.shardings(tree, train, train_mesh)
     step = jax.jit(lambda t: jax.tree.map(lambda x: x * 2, t), out_shardings=shardings)
     outputs = step(sr.apply(tree, train, train_mesh))
+    before = _buffers(outputs["k"])
     t = sr.transfer(train, same, train_mesh, train_mesh)
     moved = t.run(outputs, donate=True)
-    assert moved["k"] is outputs["k"] and not outputs["k"].is_deleted()  # already in place: as it is
-    assert outputs["v"].is_deleted()
+    assert outputs["k"].is_deleted() and outputs["v"].is_deleted()
+    assert not _buffers(moved["k"]) & before
+    assert np.array_equal(np.asarray(moved["k"]), tree["k"] * 2)
     assert np.array_equal(np.asarray(moved["v"]), tree["v"] * 2)
     assert moved["v"].sharding.spec == P("model", None)
-    assert t.leaves[0].bytes_moved == 0 and t.leaves[0].pieces == ()
+    k = t.leaves[0]
+    assert k.bytes_moved == 0 and k.pieces and all(p.stays for p in k.pieces)
+
+
+def test_the_same_layout_on_another_mesh_comes_back_on_that_mesh() -> None:
+    """Colocated trainer and rollout, one layout under other axis names (and
+    axis types): every array comes back on the rollout's mesh, and a later
+    donating training step frees none of the rollout's arrays."""
+    auto, explicit = jax.sharding.AxisType.Auto, jax.sharding.AxisType.Explicit
+    train_mesh = jax.make_mesh((4, 2), ("data", "model"), (explicit, explicit))
+    rollout_mesh = jax.make_mesh((4, 2), ("replica", "tensor"), (auto, auto))
+    train = sr.loads('mesh data, model\nrules params:\n  "w" -> (data, model)\n  "s" -> replicated\n')
+    rollout = sr.loads(
+        'mesh replica, tensor\nrules params:\n  "w" -> (replica, tensor)\n  "s" -> replicated\n'
+    )
+    tree = {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "s": np.ones(8, np.float32)}
+    params = sr.apply(tree, train, train_mesh)
+    t = sr.transfer(train, rollout, train_mesh, rollout_mesh)
+    served = t.run(params)
+    assert t.bytes_moved == 0
+    for key in tree:
+        assert served[key].sharding.mesh == rollout_mesh, key
+        assert not _buffers(served[key]) & _buffers(params[key]), key
+    step = jax.jit(lambda p: jax.tree.map(lambda x: x + 1, p), donate_argnums=0)
+    params = step(params)
+    assert not any(x.is_deleted() for x in served.values())
+    assert np.array_equal(np.asarray(served["w"]), tree["w"])
+
+
+def test_empty_arrays_donated_on_shared_devices() -> None:
+    mesh = _explicit((4, 2), ("data", "model"))
+    a = sr.loads('mesh data, model\nrules params:\n  "e" -> (data, _)\n  "w" -> (data, model)\n')
+    b = sr.loads('mesh data, model\nrules params:\n  "e" -> (_, model)\n  "w" -> (model, data)\n')
+    tree = {"e": np.zeros((0, 8), np.int8), "w": np.ones((8, 8), np.float32)}
+    placed = sr.apply(tree, a, mesh)
+    out = sr.transfer(a, b, mesh, mesh).run(placed, donate=True)
+    assert placed["e"].is_deleted() and not out["e"].is_deleted()
+    assert out["e"].shape == (0, 8) and out["e"].sharding.spec == P(None, "model")
+
+
+def test_verify_on_a_one_device_mesh_with_explicit_axes() -> None:
+    """A shard of an array on a one-device Explicit mesh is that array,
+    typed by the mesh's axes; the checksums take it as a plain array."""
+    _, rollout_mesh = _meshes()
+    one = _explicit((1, 1), ("data", "model"), DEVICES[:1])
+    a = sr.loads('mesh data, model\nrules params:\n  "w" -> (model, data)\n')
+    b = sr.loads('mesh model\nrules params:\n  "w" -> (_, model)\n')
+    value = np.arange(32, dtype=np.float32).reshape(4, 8)
+    step = jax.jit(lambda t: t, out_shardings=sr.shardings({"w": value}, a, one))
+    placed = step(sr.apply({"w": value}, a, one))
+    for crossing in (None, lambda p: not p.stays):
+        previous = _moving._crossing_hook
+        _moving._crossing_hook = crossing
+        try:
+            out = sr.transfer(a, b, one, rollout_mesh).run(placed, verify=True)
+        finally:
+            _moving._crossing_hook = previous
+        assert np.array_equal(np.asarray(out["w"]), value)
+
+
+def test_the_checksums_see_changes_that_cancel_in_plain_sums() -> None:
+    from shardrules._placement._checksums import sums
+
+    x = np.arange(1, 65, dtype=np.float32)
+    base = np.asarray(sums(jnp.asarray(x)))
+    flipped = x.copy()
+    flipped[[3, 40]] *= -1  # two sign bits: +2^31 twice, 0 modulo 2^32
+    swapped = x.copy()
+    swapped[[5, 6]] = swapped[[6, 5]]
+    for changed in (flipped, swapped):
+        assert not np.array_equal(np.asarray(sums(jnp.asarray(changed))), base)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int2, jnp.int4, jnp.uint4, jnp.float4_e2m1fn])
+def test_elements_narrower_than_a_byte_verify_and_cross(dtype: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train = sr.loads('mesh data, model\nrules params:\n  "w" -> (data, model)\n')
+    rollout = sr.loads('mesh model\nrules params:\n  "w" -> (_, model)\n')
+    value = (np.arange(96).reshape(12, 8) % 2).astype(dtype)
+    placed = sr.apply({"w": value}, train, train_mesh)
+    out = sr.transfer(train, rollout, train_mesh, rollout_mesh).run(placed, verify=True)
+    assert np.array_equal(np.asarray(out["w"]).astype(np.float32), value.astype(np.float32))
+    monkeypatch.setattr(_moving, "_crossing_hook", lambda p: not p.stays)
+    out = sr.transfer(train, rollout, train_mesh, rollout_mesh).run(placed, verify=True)
+    assert np.array_equal(np.asarray(out["w"]).astype(np.float32), value.astype(np.float32))
+
+
+@pytest.mark.parametrize("cap", [0, -1, "0B", "0KiB", "lots", True, 1.5])
+def test_a_cap_must_be_a_positive_size(cap: object) -> None:
+    train_mesh, rollout_mesh = _meshes()
+    t = sr.transfer(sr.loads(TRAIN), sr.loads(ROLLOUT), train_mesh, rollout_mesh, shapes=_tree())
+    with pytest.raises(ValueError, match="max_bytes_in_flight"):
+        t.in_flight_per_device(cap)  # type: ignore[arg-type]
+
+
+def test_a_numpy_integer_is_a_cap() -> None:
+    train_mesh, rollout_mesh = _meshes()
+    t = sr.transfer(sr.loads(TRAIN), sr.loads(ROLLOUT), train_mesh, rollout_mesh, shapes=_tree())
+    assert t.in_flight_per_device(np.int64(4096)) == t.in_flight_per_device(4096)
+
+
+def test_sr131_says_when_only_the_devices_order_differs() -> None:
+    train_mesh, rollout_mesh = _meshes()
+    train = sr.loads('mesh data, model\nrules params:\n  "w" -> (data, model)\n', name="train.shard")
+    rollout = sr.loads('mesh model\nrules params:\n  "w" -> (_, model)\n')
+    reversed_mesh = Mesh(np.array(DEVICES[:6][::-1]).reshape(3, 2), ("data", "model"))
+    placed = sr.apply({"w": np.ones((12, 8), np.float32)}, train, reversed_mesh)
+    with pytest.raises(sr.PlacementError) as caught:
+        sr.transfer(train, rollout, train_mesh, rollout_mesh).run(placed)
+    text = str(caught.value)
+    assert "train.shard:3:3: SR131" in text and "over devices [5, 4, 3, 2, 1, 0]" in text
 
 
 @pytest.mark.parametrize(
@@ -447,3 +572,18 @@ def test_donating_an_array_that_appears_twice_loses_nothing() -> None:
     assert x.is_deleted()
     assert np.array_equal(np.asarray(out["a"]), value) and np.array_equal(np.asarray(out["b"]), value)
     assert out["b"].sharding.spec == P("model", None)
+
+
+def test_reshard_under_a_cap_keeps_what_is_in_place_and_moves_the_rest_to_the_mesh() -> None:
+    """`reshard`'s contract under a cap too: an array already in its planned
+    sharding is returned as it is; one in the same blocks on a mesh of other
+    axis names comes back on the target mesh."""
+    mesh = _explicit((4, 2), ("data", "model"))
+    renamed = _explicit((4, 2), ("replica", "tensor"))
+    rules = sr.loads("mesh data, model\nrules params:\n  default -> (data, model)\n")
+    renamed_rules = sr.loads("mesh replica, tensor\nrules params:\n  default -> (replica, tensor)\n")
+    placed = sr.apply({"w": np.ones((8, 8), np.float32)}, rules, mesh)
+    same = sr.reshard(placed, rules, mesh, max_bytes_in_flight=64)
+    assert same["w"] is placed["w"]
+    moved = sr.reshard(placed, renamed_rules, renamed, max_bytes_in_flight=64)
+    assert moved["w"].sharding.mesh == renamed and not _buffers(moved["w"]) & _buffers(placed["w"])

@@ -61,6 +61,18 @@ def _write(block: jax.Array, parts: tuple[jax.Array, ...], offsets: tuple[Any, .
     return block
 
 
+def _plain(block: jax.Array) -> jax.Array:
+    """A shard's data as an array of its one device, with no mesh in its type:
+    the shard of an array on a one-device mesh with Explicit axes is that
+    array itself, whose type names the mesh's axes, which the programs above
+    (a reshape of a dimension `split` over a size-1 axis) cannot take. No
+    copy: `jax.device_put` onto the device it is on aliases it."""
+    if isinstance(block.sharding, jax.sharding.SingleDeviceSharding):
+        return block
+    (device,) = block.devices()
+    return jax.device_put(block, jax.sharding.SingleDeviceSharding(device))
+
+
 def _starts(box: Box) -> tuple[np.int32, ...]:
     return tuple(np.int32(a) for a, _ in box)
 
@@ -109,7 +121,8 @@ class Mover:
     ) -> None:
         self.sources = dict(sources)
         self.held = {
-            leaf: {s.device.id: s.data for s in x.addressable_shards} for leaf, x in self.sources.items()
+            leaf: {s.device.id: _plain(s.data) for s in x.addressable_shards}
+            for leaf, x in self.sources.items()
         }
         self.targets = targets
         self.counts = counts
@@ -186,7 +199,7 @@ class Mover:
 
     def _place(self, key: tuple[int, int], parts: Sequence[tuple[Piece, jax.Array]]) -> jax.Array:
         """The new block of `key` with `parts` written in."""
-        leaf, device = key
+        leaf, _ = key
         before = self.arrived.get(key, 0)
         self.arrived[key] = before + len(parts)
         if before == 0 and len(parts) == self.counts[key]:
@@ -198,11 +211,12 @@ class Mover:
                 block = _assemble(tuple(a for _, a in parts), offsets, shape, self.sources[leaf].dtype)
         else:
             block = self.blocks.get(key)
-            if block is None:
-                shape = self.targets[leaf].shard_shape(self.sources[leaf].shape)
-                block = jnp.zeros(shape, self.sources[leaf].dtype, device=self.devices[device])
             offsets = tuple(_offset(p.in_target) for p, _ in parts)
-            block = _write(block, tuple(a for _, a in parts), offsets)
+            if block is None:  # made on its device with its first pieces, the rest written in later
+                shape = self.targets[leaf].shard_shape(self.sources[leaf].shape)
+                block = _assemble(tuple(a for _, a in parts), offsets, shape, self.sources[leaf].dtype)
+            else:
+                block = _write(block, tuple(a for _, a in parts), offsets)
         self.blocks[key] = block
         return block
 

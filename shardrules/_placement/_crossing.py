@@ -23,7 +23,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._checksums import sums
+from ._checksums import bits_of, sums
 from ._pieces import Box, Piece
 
 _AXIS = "pieces"
@@ -49,11 +49,14 @@ def rounds(pieces: Sequence[Piece]) -> list[list[Piece]]:
 
 
 def _as_bits(x: jax.Array) -> jax.Array:
-    """`x` as unsigned integers of its item size (complex: its two parts)."""
+    """`x` as unsigned integers of its item size (complex: its two parts;
+    elements narrower than a byte: their values as bytes, exactly)."""
     if jnp.issubdtype(x.dtype, jnp.complexfloating):
         x = jnp.stack([x.real, x.imag], axis=-1)
     if x.dtype == jnp.bool_:
         return x.astype(jnp.uint8)
+    if bits_of(x.dtype) < 8:
+        x = x.astype(jnp.float8_e4m3fn if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int8)
     unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[x.dtype.itemsize]
     return lax.bitcast_convert_type(x, unsigned)
 
@@ -80,6 +83,9 @@ def _unpack(row: jax.Array, shape: tuple[int, ...], dtype: Any, verify: bool) ->
     dtype = np.dtype(dtype)
     complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
     part_dtype = np.dtype(np.float32 if dtype == np.complex64 else np.float64) if complex_ else dtype
+    narrow = not complex_ and dtype != np.bool_ and bits_of(dtype) < 8
+    if narrow:  # sent as bytes holding the values (`_as_bits`)
+        part_dtype = np.dtype(jnp.float8_e4m3fn if jnp.issubdtype(dtype, jnp.floating) else np.int8)
     item = part_dtype.itemsize if part_dtype != np.bool_ else 1
     inner = (*shape, 2) if complex_ else shape
     count = int(np.prod(inner, dtype=np.int64)) * item
@@ -92,6 +98,8 @@ def _unpack(row: jax.Array, shape: tuple[int, ...], dtype: Any, verify: bool) ->
         part = lax.bitcast_convert_type(data.reshape((*inner, item)), part_dtype)
     if complex_:
         part = lax.complex(part[..., 0], part[..., 1]).astype(dtype)
+    elif narrow:
+        part = part.astype(dtype)
     if not verify:
         return part, jnp.zeros(2, jnp.uint32)
     return part, lax.bitcast_convert_type(row[0, count : count + _SUM_BYTES].reshape(2, 4), jnp.uint32)

@@ -98,6 +98,7 @@ def _carrying(
     deleted: int,
     moving: int,
     what: str = "shardrules.reshard(donate=True)",
+    finish: str = "reshard it again to finish",
 ) -> BaseException:
     """The error that stopped the moves, handing the caller the whole tree
     (`error.tree`) and saying so in a note."""
@@ -115,7 +116,7 @@ def _carrying(
     error.add_note(
         f"{what} stopped after {deleted} of {moving} arrays had moved and "
         "their inputs were deleted: the error's `tree` attribute holds the whole tree, each leaf "
-        "its moved copy where its input was deleted, else its input, untouched"
+        f"its moved copy where its input was deleted, else its input, untouched; {finish}"
     )
     return error
 

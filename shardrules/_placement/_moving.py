@@ -14,6 +14,7 @@ use it.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,13 +31,15 @@ from ._pieces import Piece, blocks, leaf_pieces
 
 @dataclasses.dataclass(frozen=True)
 class MovedLeaf:
-    """One array of a transfer: its path, shape and dtype, its layout before
+    """One leaf of a transfer: its path, shape and dtype, its layout before
     (`source`) and after (`target`, as `PartitionSpec`s), its pieces, and the
-    bytes that change device (`bytes_moved`)."""
+    bytes that change device (`bytes_moved`). A leaf that is not an array
+    (passed through as it is) has `None` for shape, dtype and layouts, and
+    no pieces."""
 
     path: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
+    shape: tuple[int, ...] | None
+    dtype: np.dtype | None
     source: jax.sharding.PartitionSpec | None
     target: jax.sharding.PartitionSpec | None
     pieces: tuple[Piece, ...]
@@ -59,6 +62,7 @@ class Moves:
     counts: dict[tuple[int, int], int]
     devices: dict[int, Any]
     planned: list[LeafPlan]
+    source_spans: list[Span | None]
     chunked: dict[int | None, list[_schedule.Chunk]] = dataclasses.field(default_factory=dict)
 
     def chunks(self, cap: int | None) -> list[_schedule.Chunk]:
@@ -71,10 +75,16 @@ def layout_of(
     target: Plan,
     sources: Sequence[jax.sharding.Sharding | None],
     targets: Sequence[jax.sharding.Sharding | None],
+    keep_equal: bool = False,
+    source_spans: Sequence[Span | None] | None = None,
 ) -> Moves:
     """The moves taking each leaf of `target` (the target plan, for paths,
     shapes, dtypes and rule lines) from its source sharding to its target
-    sharding (`None`: not an array, nothing moves)."""
+    sharding (`None`: not an array, nothing moves). A leaf whose source
+    sharding is its target's moves too, each piece copied on its own device
+    (a new array on the target mesh, sharing no buffer with its source),
+    unless `keep_equal` (`reshard`'s contract: returned as it is).
+    `source_spans`: the source rules' lines, for messages about the inputs."""
     devices: dict[int, Any] = {}
     for sharding in [*sources, *targets]:
         if sharding is not None:
@@ -86,11 +96,11 @@ def layout_of(
     for i, (new, a, b) in enumerate(zip(target.leaves, sources, targets, strict=True)):
         spans.append(new.rule.span if new.rule is not None else None)
         if a is None or b is None or new.shape is None:
-            leaves.append(MovedLeaf(new.path, (), np.dtype(np.float32), None, None, (), 0))
+            leaves.append(MovedLeaf(new.path, None, None, None, None, (), 0))
             continue
         shape, dtype = tuple(new.shape), np.dtype(new.dtype)
         mine: list[Piece] = []
-        if not a.is_equivalent_to(b, len(shape)):
+        if not (keep_equal and a == b):
             moving.append(i)
             if 0 not in shape:
                 mine = leaf_pieces(
@@ -113,6 +123,7 @@ def layout_of(
         counts,
         devices,
         list(target.leaves),
+        list(source_spans) if source_spans is not None else [None] * len(leaves),
     )
 
 
@@ -136,6 +147,7 @@ def run_moves(
     rebuild: Any,
     rules: RuleSet,
     what: str = "Transfer.run(donate=True)",
+    finish: str = "shardrules.reshard(error.tree, target_rules, target_mesh) moves the rest",
 ) -> list[Any]:
     """Every chunk of `layout` moved; `arrays` (the tree's leaves) with each
     moving array's new one. `rebuild`: the tree from leaves like `arrays`;
@@ -161,28 +173,33 @@ def run_moves(
     moving = set(layout.moving)
     kept = {group[i] for i in planned if i not in moving or pointers[i] is None} if donate else set()
     unfinished: dict[int, set[int]] = {}
-    for i in layout.moving:
-        if donate:
+    members: dict[int, list[int]] = {}
+    if donate:
+        for i in layout.moving:
             unfinished.setdefault(group[i], set()).add(i)
+        for i in planned:
+            members.setdefault(group[i], []).append(i)
     deleted: set[int] = set()
 
     def finished(i: int, array: jax.Array) -> None:
         out[i] = array
         if not donate:
             return
-        members = unfinished[group[i]]
-        members.discard(i)
-        if members or group[i] in kept:
+        waiting = unfinished[group[i]]
+        waiting.discard(i)
+        if waiting or group[i] in kept:
             return
-        for j in planned:
-            if group[j] == group[i] and not arrays[j].is_deleted():
+        for j in members[group[i]]:
+            if not arrays[j].is_deleted():
                 arrays[j].delete()
                 deleted.add(j)
 
     try:
         for i in layout.moving:
-            if not layout.leaves[i].pieces:  # an empty array: nothing to cut
-                finished(i, jax.device_put(arrays[i], layout.targets[i]))
+            leaf = layout.leaves[i]
+            if not leaf.pieces:  # an empty array: nothing to cut, a new one (sharing no buffer)
+                assert leaf.shape is not None and leaf.dtype is not None
+                finished(i, jax.device_put(np.zeros(leaf.shape, leaf.dtype), layout.targets[i]))
         for chunk in layout.chunks(cap):
             flight = mover.move(chunk)
             if _observe is not None:
@@ -199,7 +216,7 @@ def run_moves(
             raise
         partial = [out[j] if j in deleted else arrays[j] for j in range(len(arrays))]
         raise _moves._carrying(  # noqa: B904
-            error, lambda: rebuild(partial), len(deleted), len(moving), what
+            error, lambda: rebuild(partial), len(deleted), len(moving), what, finish
         )
     return out
 
@@ -221,17 +238,25 @@ def _mismatch(layout: Moves, piece: Piece, count: int) -> Diagnostic:
     )
 
 
-def cap(value: int | str | None) -> int | None:
-    """A `max_bytes_in_flight` argument checked: `None`, or bytes."""
+def cap(value: Any) -> int | None:
+    """A `max_bytes_in_flight` argument checked: `None`, or a positive number
+    of bytes (an integer, NumPy's included, or a size such as `"64MiB"`)."""
     if value is None:
         return None
     if isinstance(value, str):
         try:
-            return byte_size(value)
+            size = byte_size(value)
         except ValueError as err:
             raise ValueError(f"max_bytes_in_flight={value!r}: {err}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    elif isinstance(value, bool):
+        size = 0
+    else:
+        try:
+            size = operator.index(value)
+        except TypeError:
+            size = 0
+    if size < 1:
         raise ValueError(
             f"max_bytes_in_flight must be a positive number of bytes or a size like '64MiB', not {value!r}"
         )
-    return value
+    return size

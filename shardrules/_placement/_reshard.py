@@ -143,7 +143,7 @@ def _capped(
     targets = [
         jax.sharding.NamedSharding(mesh, lp.spec) if lp.spec is not None else None for lp in the_plan.leaves
     ]
-    layout = _moving.layout_of(the_plan, sources, targets)
+    layout = _moving.layout_of(the_plan, sources, targets, keep_equal=True)
     out = _moving.run_moves(
         layout,
         arrays,
@@ -189,11 +189,17 @@ def _span(lp: LeafPlan) -> Span | None:
 
 
 def input_diagnostics(
-    planned: Sequence[LeafPlan], leaves: list[Any], mesh: jax.sharding.Mesh
+    planned: Sequence[LeafPlan],
+    leaves: list[Any],
+    mesh: jax.sharding.Mesh,
+    call: str = "shardrules.reshard",
+    donating: str = "reshard(..., donate=True)",
 ) -> list[Diagnostic]:
     """SR107 for each array leaf that is not a live, placed `jax.Array`; SR106
     for an array spread over several processes whose devices are not the
-    target mesh's (JAX moves such arrays only within one set of devices)."""
+    target mesh's (JAX moves such arrays only within one set of devices).
+    `call`, `donating`: how the messages name the call that moves, and a
+    donating call of it."""
     problems = []
     devices = set(mesh.devices.flat)
     for lp, leaf in zip(planned, leaves, strict=True):
@@ -201,10 +207,10 @@ def input_diagnostics(
             continue
         if isinstance(leaf, Tracer):
             message = (
-                f"`{lp.path}` {lp.shape} is traced (reshard was called inside jax.jit or another transform)"
+                f"`{lp.path}` {lp.shape} is traced ({call} was called inside jax.jit or another transform)"
             )
             hint = (
-                "call shardrules.reshard outside jit on the arrays a step returned; inside jit, "
+                f"call {call} outside jit on the arrays a step returned; inside jit, "
                 "use shardrules.constrain (or jit's out_shardings) for a layout on the same mesh"
             )
         elif isinstance(leaf, jax.ShapeDtypeStruct):
@@ -212,13 +218,10 @@ def input_diagnostics(
             hint = "use shardrules.shardings() for abstract trees"
         elif not isinstance(leaf, jax.Array):
             message = f"`{lp.path}` ({type(leaf).__name__}, shape {lp.shape}) is not a placed jax.Array"
-            hint = "place host arrays with shardrules.apply, then reshard"
+            hint = f"place host arrays with shardrules.apply, then call {call}"
         elif leaf.is_deleted():
             message = f"`{lp.path}` {lp.shape} has been deleted (donated or freed)"
-            hint = (
-                "pass the arrays a donating call returned (also reshard(..., donate=True)), "
-                "not the ones it consumed"
-            )
+            hint = f"pass the arrays a donating call returned (also {donating}), not the ones it consumed"
         elif not leaf.is_fully_addressable and leaf.sharding.device_set != devices:
             ids = sorted(d.id for d in leaf.sharding.device_set)
             problems.append(

@@ -123,7 +123,8 @@ class Transfer:
             None if new.spec is None else jax.sharding.NamedSharding(self._target_mesh, new.spec)
             for new in target.leaves
         ]
-        return layout_of(target, sources, targets)
+        spans = [lp.rule.span if lp.rule is not None else None for lp in source.leaves]
+        return layout_of(target, sources, targets, source_spans=spans)
 
     def _current(self) -> Moves:
         if self._last is None:
@@ -149,6 +150,7 @@ class Transfer:
         sources, targets = {}, {}
         for i in layout.moving:
             leaf = layout.leaves[i]
+            assert leaf.shape is not None and leaf.dtype is not None  # a leaf that moves is an array
             for name, sharding, out in (("s", layout.sources[i], sources), ("t", layout.targets[i], targets)):
                 assert sharding is not None, name
                 size = int(np.prod(sharding.shard_shape(leaf.shape), dtype=np.int64)) * leaf.dtype.itemsize
@@ -220,9 +222,7 @@ class Transfer:
             layout = self._planned(tree)
             flat = jax.tree_util.tree_leaves(tree)
             arrays, rewrap = arrays_of(flat)
-            problems = self._inputs(layout, arrays)
-            if problems:  # at the target rules' lines
-                raise error_for(problems, self._target_rules.sources)
+            self._check_inputs(layout, arrays)
         if jax.process_count() > 1:
             _meeting.agree_on_layouts(what, self._target_mesh, self._layouts_compared(layout))
         out = run_moves(
@@ -242,35 +242,43 @@ class Transfer:
         result = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tree), flat)
         return restore(result) if restore is not None else result
 
-    def _inputs(self, layout: Moves, arrays: list[Any]) -> list[Diagnostic]:
-        """SR107 for leaves that are not live placed arrays, SR131 for those
+    def _check_inputs(self, layout: Moves, arrays: list[Any]) -> None:
+        """Raise SR107 (at the target rules' lines) for leaves that are not
+        live placed arrays, then SR131 (at the source rules' lines) for those
         not in the source layout."""
         problems = [
-            p for p in input_diagnostics(layout.planned, arrays, self._source_mesh) if p.code == "SR107"
+            p
+            for p in input_diagnostics(
+                layout.planned, arrays, self._source_mesh, "Transfer.run", "Transfer.run(..., donate=True)"
+            )
+            if p.code == "SR107"
         ]
         if problems:
-            return problems
+            raise error_for(problems, self._target_rules.sources)
         for i, sharding in enumerate(layout.sources):
-            if sharding is None:
-                continue
             x, leaf = arrays[i], layout.leaves[i]
-            if not x.sharding.is_equivalent_to(sharding, len(leaf.shape)):
-                problems.append(
-                    Diagnostic(
-                        "SR131",
-                        "error",
-                        f"`{leaf.path}` {leaf.shape} is not in the transfer's source layout: it is laid out "
-                        f"as {_describe(x.sharding)}, the source plan says {spec_repr(leaf.source)} on the "
-                        f"source mesh {dict(self._source_mesh.shape)}",
-                        layout.spans[i],
-                        leaf.path,
-                        hint="pass the arrays as the source rules place them (shardrules.apply with the "
-                        "source rules and mesh, or the step whose out_shardings they are), or move "
-                        "arbitrary layouts with shardrules.reshard",
-                        cause="not in the transfer's source layout",
-                    )
+            if (
+                sharding is None
+                or leaf.shape is None
+                or x.sharding.is_equivalent_to(sharding, len(leaf.shape))
+            ):
+                continue
+            problems.append(
+                Diagnostic(
+                    "SR131",
+                    "error",
+                    f"`{leaf.path}` {leaf.shape} is not in the transfer's source layout: "
+                    + _difference(x.sharding, sharding, leaf.source),
+                    layout.source_spans[i],
+                    leaf.path,
+                    hint="pass the arrays as the source rules place them (shardrules.apply with the "
+                    "source rules and mesh, or the step whose out_shardings they are), or move "
+                    "arbitrary layouts with shardrules.reshard(tree, rules, mesh, max_bytes_in_flight=...)",
+                    cause="not in the transfer's source layout",
                 )
-        return problems
+            )
+        if problems:
+            raise error_for(problems, self._source_rules.sources)
 
     def _layouts_compared(self, layout: Moves) -> list[_meeting.Layout]:
         from ._fingerprint import mesh_fingerprint
@@ -293,7 +301,10 @@ class Transfer:
     def __str__(self) -> str:
         if self._last is None:
             return repr(self)
-        lines = [repr(self)]
+        lines = [
+            repr(self),
+            f"  from {_mesh_text(self._source_mesh)} to {_mesh_text(self._target_mesh)}",
+        ]
         width = max((len(leaf.path) for leaf in self._last.leaves), default=4)
         for leaf in self._last.leaves:
             if leaf.source is None:
@@ -305,10 +316,45 @@ class Transfer:
         return "\n".join(lines)
 
 
+def _mesh_text(mesh: jax.sharding.Mesh) -> str:
+    """`data=3, model=2 on devices 0-5`."""
+    sizes = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
+    ids = [d.id for d in mesh.devices.flat]
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        where = f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else f"{ids[0]}"
+    elif len(ids) <= 8:
+        where = ", ".join(map(str, ids))
+    else:
+        where = f"{ids[0]}, {ids[1]}, ... ({len(ids)} devices)"
+    return f"{sizes} on devices {where}"
+
+
 def _describe(sharding: jax.sharding.Sharding) -> str:
     if isinstance(sharding, jax.sharding.NamedSharding):
         return f"{spec_repr(sharding.spec)} on a mesh {dict(sharding.mesh.shape)}"
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return f"on device {next(iter(sharding.device_set)).id} alone"
     return type(sharding).__name__
+
+
+def _difference(have: jax.sharding.Sharding, want: jax.sharding.Sharding, spec: Any) -> str:
+    """How an array's layout differs from the planned one, in words."""
+    if (
+        isinstance(have, jax.sharding.NamedSharding)
+        and isinstance(want, jax.sharding.NamedSharding)
+        and have.spec == want.spec
+        and dict(have.mesh.shape) == dict(want.mesh.shape)
+    ):
+        ids = [d.id for d in np.asarray(have.mesh.devices).flat]
+        planned = [d.id for d in np.asarray(want.mesh.devices).flat]
+        return (
+            f"it is laid out as planned, {spec_repr(spec)} on a mesh {dict(want.mesh.shape)}, but over devices "
+            f"{ids} where the source mesh has {planned}"
+        )
+    return (
+        f"it is laid out as {_describe(have)}, the source plan says {spec_repr(spec)} on the source mesh "
+        f"{dict(want.mesh.shape) if isinstance(want, jax.sharding.NamedSharding) else want}"
+    )
 
 
 def _concrete(mesh: jax.sharding.Mesh | None, rules: Any, what: str) -> jax.sharding.Mesh:
