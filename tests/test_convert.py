@@ -225,12 +225,16 @@ def test_maxtext_configs_convert_exactly(config: Path) -> None:
     assert conversion.exact, conversion.notes
     assert conversion.text.startswith(f"# Converted by shardrules convert maxtext from {config}\n")
     assert f"\nmesh {', '.join(raw['mesh_axes'])}\n" in conversion.text
-    assert conversion.text.endswith("\nrules params:\n  default -> logical\n")
+    assert conversion.text.endswith(
+        "\nrules params:\n  # RNG streams have no logical names; Flax replicates them (none in a linen model's "
+        'state)\n  "(^|/)rngs/" -> replicated  # noqa: SR201\n  default      -> logical\n'
+    )
     assert sr.format_text(conversion.text) == conversion.text
     # The same from the config already read, and from the Flax converter (no mesh line).
     assert sr.convert_maxtext(raw, source=str(config)).text == conversion.text
     flax_text = sr.convert_flax(raw["logical_axis_rules"]).text
-    assert flax_text.split("\n\n", 1)[1] in conversion.text.split("\n\n", 2)[2]
+    flax_aliases = flax_text.split("\n\n", 1)[1].split("rules params:")[0]  # MaxText adds the RNG rule
+    assert flax_aliases in conversion.text.split("\n\n", 2)[2]
 
 
 def test_maxtext_base_aliases_hold_the_rules_in_order() -> None:
@@ -948,3 +952,91 @@ def test_converted_text_is_canonical_and_loads() -> None:
         assert isinstance(sr.loads(conversion.text), sr.RuleSet)
         assert conversion.text.startswith(f"# Converted by shardrules convert {conversion.format} from ")
     assert sr.Conversion("x", (), "flax", "s").exact and not sr.Conversion("x", ("n",), "flax", "s").exact
+
+
+# ---------------------------------------------------------------- maxtext: several configs, RNG streams
+
+BASE_RULES = {
+    "mesh_axes": ["data", "fsdp", "tensor"],
+    "logical_axis_rules": [
+        ["batch", ["data", "fsdp"]],
+        ["embed", "fsdp"],
+        ["embed", "data"],
+        ["mlp", "tensor"],
+    ],
+    "base_config": "base.yml",
+}
+
+
+def _aliases(text: str) -> dict[str, str]:
+    return {
+        line.split("=")[0].split()[1]: line.split("=", 1)[1].strip()
+        for line in text.splitlines()
+        if line.startswith("alias ")
+    }
+
+
+def test_maxtext_configs_given_together_merge_as_maxtext_merges_them() -> None:
+    """A later config's rules replace the earlier rules for the same names
+    (all of them), going last; its other keys replace the earlier ones."""
+    model = {
+        "logical_axis_rules": [["embed", ["fsdp", "tensor"]], ["exp", "data"]],
+        "mesh_axes": ["data", "fsdp", "tensor", "expert"],
+    }
+    conversion = sr.convert_maxtext([BASE_RULES, model], source="base.yml + models/moe.yml")
+    aliases = _aliases(conversion.text)
+    assert aliases == {
+        "batch": "(data, fsdp) | _",
+        "mlp": "tensor | _",
+        "embed": "(fsdp, tensor) | _",
+        "exp": "data | _",
+    }
+    assert list(aliases) == ["batch", "mlp", "embed", "exp"]  # the replaced names go last, in the new order
+    assert "\nmesh data, fsdp, tensor, expert\n" in conversion.text
+    assert (
+        "# <mapping 2> sets mesh_axes.\n# <mapping 2> replaces the rules for 2 names (embed, exp), now last."
+        in (conversion.text)
+    )
+    assert "inherits" not in conversion.text  # the configs it inherits from are the ones given
+    replaced = sr.convert_maxtext([BASE_RULES, {**model, "override_logical_axis_rules": True}])
+    assert _aliases(replaced.text) == {"embed": "(fsdp, tensor) | _", "exp": "data | _"}
+    assert "replaces all the rules (override_logical_axis_rules)" in replaced.text
+    # a config with no rules changes none
+    assert _aliases(sr.convert_maxtext([BASE_RULES, {"vocab_size": 10}]).text) == _aliases(
+        sr.convert_maxtext({k: v for k, v in BASE_RULES.items() if k != "base_config"}).text
+    )
+
+
+def test_maxtext_several_config_files_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("yaml")
+    (tmp_path / "base.yml").write_text(
+        "mesh_axes: [data, fsdp]\nlogical_axis_rules:\n  - [embed, fsdp]\n  - [mlp, data]\n"
+    )
+    (tmp_path / "model.yml").write_text("logical_axis_rules:\n  - [embed, [fsdp, data]]\n")
+    base, model = str(tmp_path / "base.yml"), str(tmp_path / "model.yml")
+    code, out, _ = run_cli(["convert", "maxtext", base, model], capsys)
+    assert code == 0 and out.startswith(f"# Converted by shardrules convert maxtext from {base} + {model}\n")
+    assert _aliases(out) == {"mlp": "data | _", "embed": "(fsdp, data) | _"}
+    assert sr.convert_maxtext([base, model]).text == out
+    code, _, err = run_cli(["convert", "maxtext", base, str(tmp_path / "nope.yml")], capsys)
+    assert code == 2 and f"{tmp_path / 'nope.yml'}: no such file" in err
+    code, _, err = run_cli(["convert", "hf", base, model], capsys)
+    assert code == 2 and "the hf format takes one SOURCE, not 2" in err
+
+
+def test_maxtext_rng_streams_are_replicated_without_a_hand_rule() -> None:
+    """An NNX model's RNG streams carry no logical names: without the
+    converted rule for them, `logical` stops there (SR113); with it, they are
+    replicated, and a state without them gets no warning."""
+    rules = sr.loads(sr.convert_maxtext({k: v for k, v in BASE_RULES.items() if k != "base_config"}).text)
+    S = jax.ShapeDtypeStruct
+    params = {"w": nn.LogicallyPartitioned(S((8, 4), jnp.float32), ("embed", "mlp"))}
+    state = {"params": params, "rngs": {"dropout": {"key": S((2,), jnp.uint32), "count": S((), jnp.uint32)}}}
+    plan = sr.plan(state, rules, {"data": 2, "fsdp": 4, "tensor": 2})
+    assert not plan.diagnostics
+    assert {lp.path: lp.spec for lp in plan.leaves}["rngs/dropout/key"] == P(None)
+    assert not sr.plan({"params": params}, rules, {"data": 2, "fsdp": 4, "tensor": 2}).diagnostics
+    bare = sr.loads("alias embed = fsdp\nalias mlp = tensor\nrules params:\n  default -> logical\n")
+    assert "SR113" in [d.code for d in sr.plan(state, bare, {"data": 2, "fsdp": 4, "tensor": 2}).diagnostics]

@@ -150,8 +150,10 @@ def _logical_axes(raw: Any) -> dict[str, set[str]]:
     return out
 
 
-def _check_logical(text: str, rules: Any, mesh_axes: Any) -> None:
-    """Only aliases of the input's names, with the input's axes for that name."""
+def _check_logical(text: str, rules: Any, mesh_axes: Any, rng_rule: bool = False) -> None:
+    """Only aliases of the input's names, with the input's axes for that name;
+    the rules: `default -> logical` (and, from MaxText, the fixed rule
+    replicating its RNG streams)."""
     allowed = _logical_axes(rules)
     for item in parse(text).items:
         if isinstance(item, Comment):
@@ -165,7 +167,9 @@ def _check_logical(text: str, rules: Any, mesh_axes: Any) -> None:
         elif isinstance(item, RulesHeader):
             assert item.group == "params"
         else:
-            assert isinstance(item, RuleLine) and item.pattern is None and item.spec.kind == "logical", item
+            assert isinstance(item, RuleLine), item
+            fixed = rng_rule and item.pattern == "(^|/)rngs/" and item.spec.kind == "replicated"
+            assert fixed or (item.pattern is None and item.spec.kind == "logical"), item
 
 
 def _converted(conversion: sr.Conversion) -> None:
@@ -183,7 +187,7 @@ def _maxtext(data: Any) -> None:
     finally:
         _hang_guard(start)
     _converted(conversion)
-    _check_logical(conversion.text, data["logical_axis_rules"], data.get("mesh_axes"))
+    _check_logical(conversion.text, data["logical_axis_rules"], data.get("mesh_axes"), rng_rule=True)
 
 
 def _flax(rules: Any) -> None:

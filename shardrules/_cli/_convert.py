@@ -29,7 +29,8 @@ from ._guest import output_to_stderr
 from ._lint import UsageError, write_output
 
 FORMATS = {
-    "maxtext": "a MaxText YAML config (base.yml, custom_mesh_and_rule/NAME.yml), or - for standard input",
+    "maxtext": "a MaxText YAML config (base.yml, custom_mesh_and_rule/NAME.yml), or several merged in "
+    "order as MaxText merges them (base.yml models/NAME.yml), or - for standard input",
     "flax": "module:attr naming Flax logical_axis_rules: (logical name, mesh axes) pairs",
     "hf": "a transformers tensor-parallel plan: a JSON object of module name -> style, or a "
     "config.json holding base_model_tp_plan; - for standard input",
@@ -49,7 +50,12 @@ def add_parser(commands: Any) -> None:
         epilog="SOURCE, by format: " + "; ".join(f"{name}: {what}" for name, what in FORMATS.items()) + ".",
     )
     convert.add_argument("format", choices=tuple(FORMATS), metavar="FORMAT", help=", ".join(FORMATS))
-    convert.add_argument("source", metavar="SOURCE", help="what to convert (see below)")
+    convert.add_argument(
+        "source",
+        metavar="SOURCE",
+        nargs="+",
+        help="what to convert (see below); maxtext takes several configs, merged in order",
+    )
     convert.add_argument("-o", "--output", metavar="FILE", help="where to write it (default, or -: stdout)")
     convert.add_argument(
         "--axis",
@@ -61,6 +67,14 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert, write, report; the exit status."""
+    sources = args.source
+    if len(sources) > 1 and (args.format != "maxtext" or "-" in sources):
+        what = "standard input (-)" if args.format == "maxtext" else f"the {args.format} format"
+        raise UsageError(
+            f"{what} takes one SOURCE, not {len(sources)}: {' '.join(sources)} "
+            "(several configs are for maxtext, as files: shardrules convert maxtext base.yml models/NAME.yml)"
+        )
+    args.sources, args.source = sources, sources[-1] if len(sources) == 1 else " + ".join(sources)
     if args.axis is not None and args.format != "hf":
         raise UsageError(f"--axis is for the hf format, not {args.format}")
     try:
@@ -71,10 +85,10 @@ def run(args: argparse.Namespace) -> int:
         raise
     except (SourceError, ValueError) as err:
         raise UsageError(str(err)) from None
-    except FileNotFoundError:
-        raise UsageError(f"{args.source}: no such file") from None
+    except FileNotFoundError as err:
+        raise UsageError(f"{_named(err, args)}: no such file") from None
     except OSError as err:
-        raise UsageError(f"{args.source}: cannot read: {err.strerror or err}") from None
+        raise UsageError(f"{_named(err, args)}: cannot read: {err.strerror or err}") from None
     except ImportError as err:
         raise UsageError(str(err)) from None
     except (Exception, SystemExit) as err:
@@ -88,6 +102,12 @@ def run(args: argparse.Namespace) -> int:
     for note in conversion.notes:
         print(f"{one_line(conversion.source)}: not converted exactly: {one_line(note)}", file=sys.stderr)
     return 0 if conversion.exact else 1
+
+
+def _named(err: OSError, args: argparse.Namespace) -> str:
+    """The file an error is about: its name where the error gives one (one
+    of several configs), else the SOURCE given."""
+    return err.filename if isinstance(err.filename, str) and err.filename in args.sources else args.source
 
 
 _PYTHON_SOURCES = ("flax", "regex")
@@ -115,7 +135,7 @@ def _convert(args: argparse.Namespace) -> Conversion:
         if stdin:
             text = _stdin("a MaxText YAML config")
             return maxtext_document(parse_yaml(text, "<stdin>"), "<stdin>")
-        return convert_maxtext(source)
+        return convert_maxtext(args.sources if len(args.sources) > 1 else source)
     if args.format == "hf":
         axis = args.axis or "model"
         if stdin:

@@ -6,15 +6,18 @@ mesh, config.logical_axis_rules)` on the logical axis names of each
 parameter, the mesh having `config.mesh_axes`. A `custom_mesh_and_rule/*.yml`
 file replaces both lists (and `data_sharding`) of `base.yml` when named by
 `custom_mesh_and_rule=NAME`, so each such file converts on its own, as
-`base.yml` does. The output is a `mesh` line, one alias per logical name (see
-`_logical`) and `rules params: default -> logical`.
+`base.yml` does. Several configs (`base.yml`, then `models/NAME.yml`, then
+overrides) are merged as MaxText merges them (`merge`). The output is a
+`mesh` line, one alias per logical name (see `_logical`), and `rules
+params:` with a rule for the RNG streams (arrays with no logical names, which
+Flax leaves replicated) and `default -> logical`.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._common import Conversion, SourceError, finish, is_name, read_text, shown
@@ -22,6 +25,14 @@ from ._documents import EXTRA_HINT as EXTRA_HINT
 from ._documents import parse_yaml as parse_yaml
 from ._documents import yaml_module
 from ._logical import alias_lines, read_rules
+
+# MaxText's RNG streams (an NNX model's `rngs`) carry no logical names: Flax's
+# `get_partition_spec` leaves such arrays replicated. A model without them
+# (the linen path) has nothing there, which the acknowledgement says.
+RNG_RULE = [
+    "  # RNG streams have no logical names; Flax replicates them (none in a linen model's state)",
+    '  "(^|/)rngs/" -> replicated  # noqa: SR201',
+]
 
 # Keys of a MaxText config that hold sharding settings this converter does not read.
 _NOT_READ = {
@@ -32,22 +43,30 @@ _NOT_READ = {
 }
 
 
-def convert_maxtext(
-    config: str | os.PathLike[str] | Mapping[str, Any], *, source: str | None = None
-) -> Conversion:
+Config = str | os.PathLike[str] | Mapping[str, Any]
+
+
+def convert_maxtext(config: Config | Sequence[Config], *, source: str | None = None) -> Conversion:
     """Convert a MaxText config's `mesh_axes` and `logical_axis_rules` to a rule file.
 
     **Arguments:**
 
     - `config`: the path of a MaxText YAML config (`base.yml`, or a
       `custom_mesh_and_rule/*.yml` file, whose lists replace `base.yml`'s), or
-      the config already read, as a mapping.
+      the config already read, as a mapping; or a list of them, merged in
+      order as MaxText merges `base.yml`, `models/NAME.yml` and overrides: a
+      later config's keys replace the earlier ones', and its
+      `logical_axis_rules` replace the earlier rules for the same logical
+      names (all of them: those rules are dropped, the new ones added at the
+      end), or all the rules where it sets `override_logical_axis_rules: true`.
     - `source`: what to call the config in the provenance comment (default:
-      the path, or `<mapping>`).
+      the paths joined with ` + `, or `<mapping>`).
 
     **Returns:** a `Conversion`: a `mesh` line with `mesh_axes`, one alias per
     logical name with its rules as alternatives in list order and `| _` last,
-    and `rules params:` with `default -> logical`.
+    and `rules params:` with `"(^|/)rngs/" -> replicated` (MaxText's RNG
+    streams, which carry no logical names and which Flax leaves replicated)
+    and `default -> logical`.
 
     **Raises:** `ImportError` naming the `yaml` extra when PyYAML is missing
     (only a path needs it); `FileNotFoundError` or `OSError` for a file that
@@ -55,16 +74,80 @@ def convert_maxtext(
     of `_documents` (nesting, values with aliases expanded), has no
     `logical_axis_rules` list or more than 10,000 rules.
     """
-    if isinstance(config, (str, os.PathLike)):
-        yaml_module()  # before the file: a missing extra is said first
-        where = source or os.fspath(config)
-        return from_document(parse_yaml(read_text(config, "a MaxText YAML config"), where), where)
-    return from_document(config, source or "<mapping>")
+    configs = [config] if isinstance(config, (str, os.PathLike, Mapping)) else list(config)
+    if not configs:
+        raise SourceError("convert_maxtext: give at least one config")
+    if any(isinstance(c, (str, os.PathLike)) for c in configs):
+        yaml_module()  # before the files: a missing extra is said first
+    documents, names = [], []
+    for n, item in enumerate(configs, 1):
+        if isinstance(item, (str, os.PathLike)):
+            name = os.fspath(item)
+            documents.append(parse_yaml(read_text(item, "a MaxText YAML config"), name))
+        else:
+            name = "<mapping>" if len(configs) == 1 else f"<mapping {n}>"
+            documents.append(item)
+        names.append(name)
+    if len(documents) == 1:
+        return from_document(documents[0], source or names[0])
+    return from_documents(documents, names, source)
 
 
-def from_document(data: Any, where: str) -> Conversion:
+def from_documents(documents: Sequence[Any], names: Sequence[str], source: str | None = None) -> Conversion:
+    """`convert_maxtext` of several configs already read, merged in order
+    (`merge`); what each later one replaced is said in the provenance comment."""
+    where = source or " + ".join(names)
+    for document, name in zip(documents, names, strict=True):
+        if not isinstance(document, Mapping):
+            raise SourceError(
+                f"{name}: expected a MaxText config (a YAML mapping), got {type(document).__name__}"
+            )
+    merged, said = merge(documents, names)
+    merged.pop("base_config", None)  # the configs it inherits from are the ones given
+    return from_document(merged, where, said)
+
+
+def merge(documents: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """The configs merged as MaxText's `pyconfig` merges them, and a line per
+    later config saying what it changed of the rules and the mesh."""
+    merged: dict[str, Any] = {}
+    said: list[str] = []
+    for n, (document, name) in enumerate(zip(documents, names, strict=True)):
+        new_rules = document.get("logical_axis_rules")
+        rules = merged.get("logical_axis_rules")
+        for key, value in document.items():
+            if key != "logical_axis_rules":
+                merged[key] = value
+        if n and "mesh_axes" in document:
+            said.append(f"{name} sets mesh_axes.")
+        if not new_rules:
+            continue
+        if rules is None or not n:
+            merged["logical_axis_rules"] = (
+                list(new_rules) if isinstance(new_rules, (list, tuple)) else new_rules
+            )
+            continue
+        if not isinstance(new_rules, (list, tuple)) or not isinstance(rules, (list, tuple)):
+            merged["logical_axis_rules"] = new_rules  # read_rules says what is wrong with it
+            continue
+        if document.get("override_logical_axis_rules"):
+            merged["logical_axis_rules"] = list(new_rules)
+            said.append(f"{name} replaces all the rules (override_logical_axis_rules).")
+            continue
+        names_new = {r[0] for r in new_rules if isinstance(r, (list, tuple)) and r}
+        kept = [r for r in rules if not (isinstance(r, (list, tuple)) and r and r[0] in names_new)]
+        merged["logical_axis_rules"] = [*kept, *new_rules]
+        listed = ", ".join(shown(x) for x in sorted(map(str, names_new))[:8])
+        more = f" and {len(names_new) - 8} more" if len(names_new) > 8 else ""
+        count = f"{len(names_new)} name" + ("s" if len(names_new) != 1 else "")
+        said.append(f"{name} replaces the rules for {count} ({listed}{more}), now last.")
+    return merged, said
+
+
+def from_document(data: Any, where: str, merged: Sequence[str] = ()) -> Conversion:
     """`convert_maxtext` of a YAML document already read (`data`: whatever it
-    holds; `where`: the source, for messages and the provenance comment)."""
+    holds; `where`: the source, for messages and the provenance comment;
+    `merged`: what merging several configs changed, said in that comment)."""
     if not isinstance(data, Mapping):
         raise SourceError(f"{where}: expected a MaxText config (a YAML mapping), got {type(data).__name__}")
     if "logical_axis_rules" not in data:
@@ -83,6 +166,7 @@ def from_document(data: Any, where: str) -> Conversion:
         else f"Read: logical_axis_rules ({len(data['logical_axis_rules'])} rules for {names} names).",
         "Each alias holds a logical name's rules in order, then `_`: the first that applies wins,",
         "as in Flax's logical_to_mesh_axes (a name no rule applies to stays unsharded).",
+        *merged,
     ]
     skipped = [f"{key} ({what})" for key, what in _NOT_READ.items() if data.get(key)]
     if skipped:
@@ -93,7 +177,7 @@ def from_document(data: Any, where: str) -> Conversion:
             "only this file's rules are converted"
         )
     body = [f"mesh {', '.join(mesh_axes)}", ""] if mesh_axes else []
-    body += [*aliases, "", "rules params:", "  default -> logical"]
+    body += [*aliases, "", "rules params:", *RNG_RULE, "  default -> logical"]
     return finish("maxtext", where, read, body, notes)
 
 
