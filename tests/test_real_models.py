@@ -199,3 +199,37 @@ def _maxtext_or_skip(layers: int = 2):
         return models.maxtext_llama(layers=layers)
     except models.Unavailable as why:
         pytest.skip(str(why))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("maxtext") is None,
+    reason="MaxText is not installed (how: `maxtext_llama` in benchmarks/_models.py)",
+)
+def test_maxtext_base_and_model_configs_convert_as_maxtext_merges_them() -> None:
+    """`convert maxtext base.yml models/NAME.yml` against MaxText's own
+    merge of the two (its `pyconfig` merges the rules apart from the other
+    keys): for every model config MaxText ships that sets rules, the same
+    aliases, in the same order, as converting the config MaxText merged."""
+    yaml = pytest.importorskip("yaml")
+    pyconfig = importlib.import_module("maxtext.configs.pyconfig")
+    apply_rules = getattr(pyconfig, "_apply_rules", None)
+    if apply_rules is None:
+        pytest.skip("this MaxText merges its rules elsewhere (no pyconfig._apply_rules)")
+    configs = Path(pyconfig.__file__).parent
+    base = configs / "base.yml"
+    base_data = yaml.safe_load(base.read_text(encoding="utf-8"))
+    checked = 0
+    for model in sorted((configs / "models").glob("*.yml")):
+        data = yaml.safe_load(model.read_text(encoding="utf-8")) or {}
+        if not data.get("logical_axis_rules"):
+            continue
+        merged = {**base_data, **{k: v for k, v in data.items() if k != "logical_axis_rules"}}
+        merged["logical_axis_rules"] = apply_rules(
+            base_data["logical_axis_rules"], data["logical_axis_rules"], data
+        )
+        merged.pop("base_config", None)
+        ours = sr.convert_maxtext([base, model]).text
+        theirs = sr.convert_maxtext(merged).text
+        assert ours.split("\n\n", 1)[1] == theirs.split("\n\n", 1)[1], model.name
+        checked += 1
+    assert checked >= 3, f"only {checked} of MaxText's model configs set logical_axis_rules"
