@@ -137,6 +137,11 @@ def test_maxtext_explicit_decoder_trains_under_sr_jit() -> None:
     # `tensor`, which JAX refuses on Explicit axes without one) its `out_sharding`
     wo = [d for d in stated if d.primitive == "dot_general" and d.scope.endswith("mlp/wo")]
     assert [d.spec for d in wo] == [P("fsdp", None, "tensor")], wo
+    # MaxText holds its mesh: the step does not compile for one device, and its ideal is its
+    # program before XLA partitions it (its scanned layers counted per trip)
+    cost = step.cost(params, batch)
+    assert any("before XLA partitions it" in note for note in cost.notes), cost.notes
+    assert cost.ideal_flops_per_device is not None and 0.95 <= cost.ratio <= 1.5, cost.ratio
 
 
 def test_keras_hub_scopes_are_the_layer_names_and_a_rule_that_misses_says_so() -> None:

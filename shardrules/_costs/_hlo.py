@@ -186,9 +186,9 @@ def _trip_count(
         return int(known["n"])
     called = {m["how"]: m["names"].lstrip("%") for m in _CALLED.finditer(loop.args)}
 
-    def find(computation: str, name: str) -> Instruction | None:  # through copies
+    def find(computation: str, name: str) -> Instruction | None:  # through copies, and annotations
         i = named.get((computation, name))
-        while i is not None and i.op in ("copy", "bitcast", "convert") and (names := operands_of(i.args)):
+        while i is not None and _passes_through(i) and (names := operands_of(i.args)):
             i = named.get((computation, names[0]))
         return i
 
@@ -225,6 +225,15 @@ def _trip_count(
     span, stride = bound - first, by[0]
     trips = {"LT": -(-span // stride), "LE": span // stride + 1}.get(direction.replace("G", "L"), 0)
     return trips if trips >= 1 else None
+
+
+def _passes_through(i: Instruction) -> bool:
+    """An instruction that hands its operand on unchanged, for reading a loop
+    counter: a copy, a bitcast, a conversion, or (in a program before XLA's
+    passes) the annotation of a sharding."""
+    return i.op in ("copy", "bitcast", "convert") or (
+        i.op == "custom-call" and 'custom_call_target="Sharding"' in i.args
+    )
 
 
 def size(shape: str) -> int:

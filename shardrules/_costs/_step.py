@@ -24,6 +24,7 @@ from ._groups import axes_of
 from ._hlo import matmul_flops_by_dtype
 from ._owners import owners_of
 from ._targets import Target, parse_target, target_mesh
+from ._unpartitioned import Unpartitioned
 
 
 def _compile(lowered: Any, tpu: bool) -> Any:
@@ -76,11 +77,26 @@ def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: 
             try:
                 out.one_device = on_one_device(step._like(one).lower, shapes, one).compile()
             except Exception as err:  # the ideal is a reference: the step's own figures stand without it
-                out.notes = (
-                    f"no ideal: the step does not compile for one device ({_first_line(err)}); "
-                    "FLOPs are not set against it",
-                )
+                out.one_device, out.notes = _before_partitioning(lowered, err)
     return out
+
+
+def _before_partitioning(lowered: Any, err: Exception) -> tuple[Any, tuple[str, ...]]:
+    """The ideal of a step that does not compile for one device (a model
+    holding its own mesh states its layouts on it): the program lowered for
+    its mesh, before XLA partitions it (`_unpartitioned`), and a note."""
+    why = _first_line(err)
+    try:
+        counted = Unpartitioned(lowered)
+        counted.cost_analysis()  # a backend that cannot count it says so here
+    except Exception:
+        return None, (
+            f"no ideal: the step does not compile for one device ({why}); FLOPs are not set against it",
+        )
+    return counted, (
+        f"the ideal is the step's FLOPs before XLA partitions it, divided among the devices: the step does "
+        f"not compile for one device ({why})",
+    )
 
 
 def _cpu_device_mesh(mesh: Any) -> Any:
