@@ -155,16 +155,17 @@ def transformer(data_parallel: bool = False) -> Model:
 # --- Flax NNX: grouped-query attention and a mixture of experts ---------------------------------------
 
 
-def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
-    """A decoder of `layers` blocks, each GQA (4 query heads sharing 2 key/value
-    heads) and an 8-expert top-2 MoE, on a `data=4, model=2` mesh."""
-    nnx = _require("flax.nnx", "flax")
+# --- the NNX decoders' shared parts (nnx_moe, nnx_gather_moe) --------------------------------------------
+
+_D, _HEADS, _KV_HEADS, _HEAD_DIM = 64, 4, 2, 16  # GQA: 4 query heads sharing 2 key/value heads
+
+
+def _gqa_attention(nnx: Any, init: Any) -> Any:
+    """The NNX attention of the decoders: causal GQA, no biases."""
     import jax
     import jax.numpy as jnp
-    from jax import lax
 
-    d, heads, kv_heads, head_dim, experts, hidden, top, capacity = 64, 4, 2, 16, 8, 128, 2, 8
-    init = nnx.initializers.lecun_normal()
+    d, heads, kv_heads, head_dim = _D, _HEADS, _KV_HEADS, _HEAD_DIM
 
     class Attention(nnx.Module):
         def __init__(self, rngs: Any):
@@ -183,6 +184,58 @@ def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
             scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
             out = jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(scores, axis=-1), v)
             return self.o(out.reshape(b, t, heads * head_dim))
+
+    return Attention
+
+
+def _moe_block(nnx: Any, attention: Any, moe: Any) -> Any:
+    """A pre-norm block: attention, then the MoE, each on a residual."""
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.norm1 = nnx.RMSNorm(_D, rngs=rngs)
+            self.attn = attention(rngs)
+            self.norm2 = nnx.RMSNorm(_D, rngs=rngs)
+            self.moe = moe(rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = x + self.attn(self.norm1(x))
+            return x + self.moe(self.norm2(x))
+
+    return Block
+
+
+def _nnx_sgd(nnx: Any, model: Any) -> tuple[Any, Callable[[Any, dict], tuple[Any, Any]]]:
+    """The model's state (on the host) and an SGD step on it: `(state, batch)
+    -> (new state, loss)`, the loss the cross-entropy of next tokens."""
+    import jax
+
+    graphdef, state = nnx.split(model)
+
+    def step(state: Any, batch: dict) -> tuple[Any, Any]:
+        model = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> Any:
+            return cross_entropy(model(batch["tokens"]), batch["targets"])
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
+
+    return jax.device_get(state), step
+
+
+def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
+    """A decoder of `layers` blocks, each GQA (4 query heads sharing 2 key/value
+    heads) and an 8-expert top-2 MoE, on a `data=4, model=2` mesh."""
+    nnx = _require("flax.nnx", "flax")
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    d, experts, hidden, top, capacity = _D, 8, 128, 2, 8
+    init = nnx.initializers.lecun_normal()
+
+    Attention = _gqa_attention(nnx, init)
 
     class MoE(nnx.Module):
         def __init__(self, rngs: Any):
@@ -207,16 +260,7 @@ def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
             out = jnp.einsum("becf,efd->becd", h, self.w_out[...])
             return jnp.einsum("btec,becd->btd", combine, out)
 
-    class Block(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
-            self.attn = Attention(rngs)
-            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
-            self.moe = MoE(rngs)
-
-        def __call__(self, x: Any) -> Any:
-            x = x + self.attn(self.norm1(x))
-            return x + self.moe(self.norm2(x))
+    Block = _moe_block(nnx, Attention, MoE)
 
     class Decoder(nnx.Module):
         def __init__(self, rngs: Any):
@@ -230,17 +274,7 @@ def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
                 x = block(x)
             return self.embed.attend(self.norm(x))
 
-    graphdef, state = nnx.split(Decoder(nnx.Rngs(0)))
-    params = jax.device_get(state)
-
-    def step(state: Any, batch: dict) -> tuple[Any, Any]:
-        model = nnx.merge(graphdef, state)
-
-        def loss_fn(model: Any) -> Any:
-            return cross_entropy(model(batch["tokens"]), batch["targets"])
-
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
+    params, step = _nnx_sgd(nnx, Decoder(nnx.Rngs(0)))
 
     seq = tokens(2)
     batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
@@ -271,26 +305,10 @@ def nnx_gather_moe(data_parallel: bool = False, layers: int = 2, grouped: bool =
     import jax.numpy as jnp
     from jax import lax
 
-    d, heads, kv_heads, head_dim, experts, hidden, top = 64, 4, 2, 16, 8, 128, 2
+    d, experts, hidden, top = _D, 8, 128, 2
     init = nnx.initializers.lecun_normal()
 
-    class Attention(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.q = nnx.Linear(d, heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
-            self.k = nnx.Linear(d, kv_heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
-            self.v = nnx.Linear(d, kv_heads * head_dim, use_bias=False, kernel_init=init, rngs=rngs)
-            self.o = nnx.Linear(heads * head_dim, d, use_bias=False, kernel_init=init, rngs=rngs)
-
-        def __call__(self, x: Any) -> Any:
-            b, t, _ = x.shape
-            groups = heads // kv_heads
-            q = self.q(x).reshape(b, t, kv_heads, groups, head_dim)
-            k = self.k(x).reshape(b, t, kv_heads, head_dim)
-            v = self.v(x).reshape(b, t, kv_heads, head_dim)
-            scores = jnp.einsum("btkgh,bskh->bkgts", q, k) / np.sqrt(head_dim)
-            scores = jnp.where(jnp.tril(jnp.ones((t, t), bool)), scores, -1e9)
-            out = jnp.einsum("bkgts,bskh->btkgh", jax.nn.softmax(scores, axis=-1), v)
-            return self.o(out.reshape(b, t, heads * head_dim))
+    Attention = _gqa_attention(nnx, init)
 
     class MoE(nnx.Module):
         def __init__(self, rngs: Any):
@@ -332,16 +350,7 @@ def nnx_gather_moe(data_parallel: bool = False, layers: int = 2, grouped: bool =
                     out, token_index
                 )
 
-    class Block(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
-            self.attn = Attention(rngs)
-            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
-            self.moe = MoE(rngs)
-
-        def __call__(self, x: Any) -> Any:
-            x = x + self.attn(self.norm1(x))
-            return x + self.moe(self.norm2(x))
+    Block = _moe_block(nnx, Attention, MoE)
 
     class Decoder(nnx.Module):
         def __init__(self, rngs: Any):
@@ -356,17 +365,7 @@ def nnx_gather_moe(data_parallel: bool = False, layers: int = 2, grouped: bool =
                 x = block(x)
             return self.head(self.norm(x))
 
-    graphdef, state = nnx.split(Decoder(nnx.Rngs(0)))
-    params = jax.device_get(state)
-
-    def step(state: Any, batch: dict) -> tuple[Any, Any]:
-        model = nnx.merge(graphdef, state)
-
-        def loss_fn(model: Any) -> Any:
-            return cross_entropy(model(batch["tokens"]), batch["targets"])
-
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
+    params, step = _nnx_sgd(nnx, Decoder(nnx.Rngs(0)))
 
     seq = tokens(4)
     batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}

@@ -21,6 +21,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from _safetensors import write_safetensors
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,29 +30,6 @@ from shardrules._cli._main import main as cli_main
 from shardrules._placement import _checkpoint, _ranged
 from shardrules._planning import _ranges
 from shardrules._planning._hosts import HostsError
-
-CODES = {
-    np.dtype(np.float32): "F32",
-    np.dtype(ml_dtypes.bfloat16): "BF16",
-    np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3",
-    np.dtype(np.int8): "I8",
-}
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    header, blobs, offset = {}, [], 0
-    for name, array in tensors.items():
-        raw = np.ascontiguousarray(array).tobytes()
-        header[name] = {
-            "dtype": CODES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + len(raw)],
-        }
-        blobs.append(raw)
-        offset += len(raw)
-    head = json.dumps(header).encode()
-    head += b" " * (-len(head) % 8)
-    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
 
 
 @contextlib.contextmanager

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import struct
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _safetensors import write_safetensors
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -23,28 +23,6 @@ RULES = sr.loads(
     "  default               -> replicated\n",
     name="ckpt.shard",
 )
-CODES = {
-    np.dtype(np.float32): "F32",
-    np.dtype(jnp.bfloat16): "BF16",
-    np.dtype(np.int8): "I8",
-    np.dtype(np.float16): "F16",
-}
-
-
-def write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
-    header, blobs, offset = {}, [], 0
-    for name, array in tensors.items():
-        raw = np.ascontiguousarray(array).tobytes()
-        header[name] = {
-            "dtype": CODES[array.dtype],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + len(raw)],
-        }
-        blobs.append(raw)
-        offset += len(raw)
-    head = json.dumps(header).encode()
-    head += b" " * (-len(head) % 8)
-    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
 
 
 def tensors() -> dict[str, np.ndarray]:

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _live import live_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
@@ -182,22 +183,6 @@ def _spec_text(spec: P) -> str:
     return "(" + ", ".join(parts) + ")" if parts else "replicated"
 
 
-def _live_bytes() -> dict[int, int]:
-    """The bytes of the buffers alive on each device (a buffer that several
-    arrays share, such as an array and its shards' `.data`, once)."""
-    out: dict[int, int] = {}
-    seen: set[tuple[int, int]] = set()
-    for x in jax.live_arrays():
-        if x.is_deleted():
-            continue
-        for s in x.addressable_shards:
-            key = (s.device.id, s.data.unsafe_buffer_pointer())
-            if key not in seen:
-                seen.add(key)
-                out[s.device.id] = out.get(s.device.id, 0) + s.data.nbytes
-    return out
-
-
 def test_memory_in_flight_stays_under_the_cap_plus_one_piece(monkeypatch: pytest.MonkeyPatch) -> None:
     """Trainer (data=3, model=2 on devices 0-5) to rollout (model=2 on 6-7),
     donating: measured while each chunk is in flight, every device holds at
@@ -212,11 +197,11 @@ def test_memory_in_flight_stays_under_the_cap_plus_one_piece(monkeypatch: pytest
     t = sr.transfer(train, rollout, train_mesh, rollout_mesh, shapes=placed)
     largest = max(p.nbytes for leaf in t.leaves for p in leaf.pieces)
     predicted = t.peaks(cap, donate=True)
-    start = _live_bytes()
+    start = live_bytes()
     seen: list[dict[int, int]] = []
-    monkeypatch.setattr(_moving, "_observe", lambda mover, chunk: seen.append(_live_bytes()))
+    monkeypatch.setattr(_moving, "_observe", lambda mover, chunk: seen.append(live_bytes()))
     out = t.run(placed, max_bytes_in_flight=cap, donate=True)
-    end = _live_bytes()
+    end = live_bytes()
     assert len(seen) > len(tree)  # the cap cut the transfer into more chunks than arrays
     for live in seen:
         for device, held in live.items():

@@ -30,6 +30,7 @@ if PROCESSES > 1:
         f"127.0.0.1:{PORT}", num_processes=PROCESSES, process_id=PROCESS, initialization_timeout=60
     )
 
+from _live import live_bytes  # noqa: E402  (tests/, the script's folder)
 from jax.sharding import Mesh  # noqa: E402
 
 import shardrules as sr  # noqa: E402
@@ -94,32 +95,17 @@ rollout_mesh = Mesh(np.array(devices[6:]), ("model",))  # process 1 only
 train, rollout = sr.loads(TRAIN), sr.loads(ROLLOUT)
 
 
-def live() -> dict[int, int]:
-    """Bytes alive on each of this process's devices, each buffer once."""
-    out: dict[int, int] = {}
-    seen: set[tuple[int, int]] = set()
-    for x in jax.live_arrays():
-        if x.is_deleted():
-            continue
-        for s in x.addressable_shards:
-            key = (s.device.id, s.data.unsafe_buffer_pointer())
-            if key not in seen:
-                seen.add(key)
-                out[s.device.id] = out.get(s.device.id, 0) + s.data.nbytes
-    return out
-
-
 def trainer_to_rollout() -> dict:
     placed = sr.apply(tree, train, train_mesh)
     t = sr.transfer(train, rollout, train_mesh, rollout_mesh, shapes=placed)
     seen: list[dict[int, int]] = []
-    before = live()
-    _moving._observe = lambda mover, chunk: seen.append(live())
+    before = live_bytes()
+    _moving._observe = lambda mover, chunk: seen.append(live_bytes())
     try:
         out = t.run(placed, max_bytes_in_flight=64, verify=True, donate=True)
     finally:
         _moving._observe = None
-    after = live()
+    after = live_bytes()
     extra = max(
         (held - max(before.get(d, 0), after.get(d, 0)) for snapshot in seen for d, held in snapshot.items()),
         default=0,

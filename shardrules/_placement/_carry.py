@@ -91,10 +91,6 @@ def checksum(block: jax.Array, box: Box) -> jax.Array:
     return _checksum(block, _starts(box), _sizes(box))
 
 
-def _offset(box: Box) -> tuple[np.int32, ...]:
-    return _starts(box)
-
-
 class Mover:
     """One run of a transfer on this process: the sources, the blocks made so
     far, and the finished arrays.
@@ -202,21 +198,16 @@ class Mover:
         leaf, _ = key
         before = self.arrived.get(key, 0)
         self.arrived[key] = before + len(parts)
-        if before == 0 and len(parts) == self.counts[key]:
-            if len(parts) == 1 and parts[0][0].whole_target:
-                block = parts[0][1]
-            else:
-                shape = self.targets[leaf].shard_shape(self.sources[leaf].shape)
-                offsets = tuple(_offset(p.in_target) for p, _ in parts)
-                block = _assemble(tuple(a for _, a in parts), offsets, shape, self.sources[leaf].dtype)
+        if before == 0 and len(parts) == 1 and parts[0][0].whole_target:
+            block = parts[0][1]  # the whole block in one piece
         else:
+            arrays, offsets = tuple(a for _, a in parts), tuple(_starts(p.in_target) for p, _ in parts)
             block = self.blocks.get(key)
-            offsets = tuple(_offset(p.in_target) for p, _ in parts)
-            if block is None:  # made on its device with its first pieces, the rest written in later
+            if block is None:  # made on its device with its first pieces; any others written in later
                 shape = self.targets[leaf].shard_shape(self.sources[leaf].shape)
-                block = _assemble(tuple(a for _, a in parts), offsets, shape, self.sources[leaf].dtype)
+                block = _assemble(arrays, offsets, shape, self.sources[leaf].dtype)
             else:
-                block = _write(block, tuple(a for _, a in parts), offsets)
+                block = _write(block, arrays, offsets)
         self.blocks[key] = block
         return block
 

@@ -151,8 +151,8 @@ class Transfer:
         for i in layout.moving:
             leaf = layout.leaves[i]
             assert leaf.shape is not None and leaf.dtype is not None  # a leaf that moves is an array
-            for name, sharding, out in (("s", layout.sources[i], sources), ("t", layout.targets[i], targets)):
-                assert sharding is not None, name
+            for sharding, out in ((layout.sources[i], sources), (layout.targets[i], targets)):
+                assert sharding is not None  # a leaf that moves has both
                 size = int(np.prod(sharding.shard_shape(leaf.shape), dtype=np.int64)) * leaf.dtype.itemsize
                 out[i] = {d.id: size for d in sharding.device_set}
         return sources, targets
