@@ -572,3 +572,22 @@ def test_reshard_under_a_cap_keeps_what_is_in_place_and_moves_the_rest_to_the_me
     assert same["w"] is placed["w"]
     moved = sr.reshard(placed, renamed_rules, renamed, max_bytes_in_flight=64)
     assert moved["w"].sharding.mesh == renamed and not _buffers(moved["w"]) & _buffers(placed["w"])
+
+
+def test_what_the_target_layout_leaves_whole_or_misses_is_said() -> None:
+    """As `apply` and `reshard` do: a target rule matching nothing (SR201),
+    and more of the tree replicated than the tolerance (SR116), warned once
+    when the transfer is planned, pointing at the caller."""
+    train_mesh, rollout_mesh = _meshes()
+    train = sr.loads("mesh data, model\nrules params:\n  default -> (data, model)\n")
+    whole = sr.loads('mesh model\nrules params:\n  "nothing" -> (model)\n  default -> replicated\n')
+    shapes = {k: jax.ShapeDtypeStruct((4098, 4098), np.float32) for k in ("w", "b")}  # 128 MiB whole
+    with pytest.warns(sr.ShardRulesWarning) as caught:
+        sr.transfer(train, whole, train_mesh, rollout_mesh, shapes=shapes)
+    codes = {w.message.code for w in caught}  # type: ignore[union-attr]
+    assert {"SR201", "SR116"} <= codes, codes
+    assert all(w.filename == __file__ for w in caught), [w.filename for w in caught]
+    t = sr.transfer(train, whole, train_mesh, rollout_mesh)
+    with pytest.warns(sr.ShardRulesWarning) as caught:
+        t.plan_for(shapes)  # a new transfer plans again, and says so again: at the caller of plan_for
+    assert all(w.filename == __file__ for w in caught), [w.filename for w in caught]

@@ -23,6 +23,7 @@ from .._interop._penzai import arrays_of
 from .._interop._torchax import to_jax
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules
+from .._planning._check import DEFAULT_REPLICATED_TOLERANCE, warn_about
 from .._planning._compile import compile_leaves
 from .._planning._concrete import unconstrained_diagnostics
 from .._planning._plan import Plan, format_bytes, spec_repr
@@ -110,6 +111,10 @@ class Transfer:
         problems = list(target.errors) or unconstrained_diagnostics(target)
         if problems:
             raise error_for(problems, self._target_rules.sources)
+        # what the target layout would do silently (rules matching nothing, bytes left whole), as
+        # `apply` and `reshard` say it; once per plan
+        # (stacklevel: `_plan`, `_planned`, then `run`, `plan_for` or `transfer`, then their caller)
+        warn_about(target, DEFAULT_REPLICATED_TOLERANCE, stacklevel=5)
         if len(source.leaves) != len(target.leaves):
             raise ValueError(
                 f"the source plan has {len(source.leaves)} leaves and the tree {len(target.leaves)}: "
@@ -341,5 +346,5 @@ def transfer(
             [0 if lp.shape is None else jax.ShapeDtypeStruct(lp.shape, lp.dtype) for lp in source.leaves],
         )
     if shapes is not None:
-        t.plan_for(shapes)
+        t._planned(shapes)  # (not `plan_for`: its warnings point at the caller of `transfer`)
     return t
