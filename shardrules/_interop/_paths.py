@@ -2,8 +2,8 @@
 
 A leaf's path is its key path rendered with `/`: a dict key as `str(key)`, an
 attribute by its name, a sequence index as its number. Wrappers that only box
-a value (such as Flax's `Partitioned`, NNX's `Variable` or penzai's
-`NamedArray`) add no segment; a penzai variable is keyed by its label
+a value (such as Flax's `Partitioned`, NNX's `Variable`, penzai's
+`NamedArray` or haliax's `NamedArray`) add no segment; a penzai variable is keyed by its label
 (`_penzai`).
 
 An array leaf is anything with a tuple `shape` and a NumPy `dtype`, or a PRNG
@@ -152,9 +152,11 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[li
 def box_types() -> tuple[type, ...]:
     """The wrapper types that only box a value, add no path segment and may
     carry logical axis names (`_logical`): Flax linen's `Partitioned` (and
-    `LogicallyPartitioned`) and NNX's `Variable`. (penzai's named arrays are
-    boxes too: `flatten` adds `_penzai.named_types()`.) Flax is never imported
-    here: if it is not loaded, no such box can exist."""
+    `LogicallyPartitioned`), NNX's `Variable` and haliax's `NamedArray` (its
+    `axis_names`; JAX keys its one child, the `array`, `FlattenedIndexKey(0)`).
+    (penzai's named arrays are boxes too: `flatten` adds
+    `_penzai.named_types()`.) Neither library is imported here: if it is not
+    loaded, no such box can exist."""
     found: list[type] = []
     meta = sys.modules.get("flax.core.meta")
     if meta is not None and isinstance(getattr(meta, "Partitioned", None), type):
@@ -162,6 +164,9 @@ def box_types() -> tuple[type, ...]:
     variables = sys.modules.get("flax.nnx.variablelib")
     if variables is not None and isinstance(getattr(variables, "Variable", None), type):
         found.append(variables.Variable)
+    core = sys.modules.get("haliax.core")
+    if core is not None and isinstance(getattr(core, "NamedArray", None), type):
+        found.append(core.NamedArray)
     return tuple(found)
 
 
@@ -174,11 +179,13 @@ def _unboxed(
 ) -> list[tuple[KeyPath, Any]]:
     """`keyed` with the key of each box's one child (`value`) left out of the
     paths, and penzai's variables keyed by their labels (`_penzai.paths_within`)."""
-    attr = jax.tree_util.GetAttrKey
+    # Every box (and penzai object) but a live variable adds an attribute key,
+    # or (haliax's `NamedArray`, a class flattening itself) a flattened index.
+    attr = (jax.tree_util.GetAttrKey, jax.tree_util.FlattenedIndexKey)
     if not any(isinstance(k, attr) for keypath, _ in keyed for k in keypath) and not (
         roots and any(isinstance(leaf, roots) for _, leaf in keyed)
     ):
-        return keyed  # every box (and penzai object) but a live variable adds an attribute key
+        return keyed
     # The common case (a path walker hands over one box at a time): the box's
     # leaves all sit under its one child; drop that key, unless more boxes follow.
     first = keyed[0][0][:1]

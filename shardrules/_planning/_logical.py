@@ -3,7 +3,8 @@
 Flax lets model code name each parameter's dimensions (`("embed", "mlp")`),
 in `nn.with_logical_partitioning` (linen: the value is boxed in a
 `LogicallyPartitioned`), `nn.with_partitioning` (a `Partitioned` naming mesh
-axes) or NNX's `out_sharding` metadata of an `nnx.Variable`. A rule
+axes) or NNX's `out_sharding` metadata of an `nnx.Variable`; a haliax
+`NamedArray` names every dimension of its array itself (`axis_names`). A rule
 `default -> logical` reads those names the way a spec reads its entries: each
 is an alias of the rule file, else a mesh axis, so the file's `alias` lines
 play the part of Flax's `logical_axis_rules`.
@@ -45,12 +46,13 @@ class MeshAxisNames(tuple):
 
 
 def box_names(box: Any) -> Names | None:
-    """The logical axis names a Flax box carries, or `None`.
+    """The logical axis names a box carries, or `None`.
 
     **Arguments:**
 
-    - `box`: a linen `Partitioned`/`LogicallyPartitioned` (its `names`) or an
-      NNX `Variable` (its `out_sharding`, `sharding_names` or `sharding` metadata).
+    - `box`: a linen `Partitioned`/`LogicallyPartitioned` (its `names`), an
+      NNX `Variable` (its `out_sharding`, `sharding_names` or `sharding`
+      metadata) or a haliax `NamedArray` (its `axis_names`).
 
     **Returns:** one entry per dimension (a name, a tuple of names, or `None`).
 
@@ -59,6 +61,8 @@ def box_names(box: Any) -> Names | None:
     ```
     """
     names = getattr(box, "names", None)
+    if names is None:
+        names = getattr(box, "axis_names", None)  # haliax
     if names is None and hasattr(box, "get_metadata"):
         try:
             metadata = box.get_metadata()
