@@ -231,6 +231,18 @@ def main_() -> None:
     print(_row(["---", "---:"]))
     for row in timing_rows():
         print(_row(row))
+    print()
+    try:
+        import _agree_haliax  # needs haliax
+    except ImportError as err:
+        print(f"haliax's own layout: skipped ({err})")
+        return
+    print(
+        _row(["against haliax's layout (`embed` → data, `mlp`/`heads`/`vocab` → model)", "leaves", "bytes"])
+    )
+    print(_row(["---", "---:", "---:"]))
+    for row in _agree_haliax.rows():
+        print(_row(list(row)))
 
 
 if __name__ == "__main__":

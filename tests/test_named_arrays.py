@@ -215,3 +215,52 @@ def test_a_step_under_sr_jit_keeps_the_named_arrays_laid_out(haliax, mesh) -> No
     assert isinstance(new["blocks"][0]["up"].weight, NamedArray)
     assert new["blocks"][0]["up"].weight.array.sharding.spec == P("model", "fsdp")
     assert new["embed"].array.sharding.spec == P(None, "fsdp")
+
+
+def _levanter_like(names: bool) -> dict[str, Any]:
+    """Levanter's names and axis orders: a stacked block of attention, a gated MLP and norms."""
+
+    def a(axes: tuple[str, ...], *shape: int) -> Any:
+        array = jax.ShapeDtypeStruct(shape, jnp.float32)
+        return NamedArray(array, axes) if names else array
+
+    def linear(axes: tuple[str, ...], *shape: int) -> Any:
+        return Linear(a(axes, *shape), None)
+
+    block = {
+        "input_layernorm": {"weight": a(("layers", "embed"), 2, 256)},
+        "self_attn": {
+            name: linear(("layers", "heads", "head_size", "embed"), 2, 8, 32, 256)
+            for name in ("q_proj", "k_proj", "v_proj")
+        }
+        | {"o_proj": linear(("layers", "embed", "heads", "head_size"), 2, 256, 8, 32)},
+        "post_attention_layernorm": {"weight": a(("layers", "embed"), 2, 256)},
+        "mlp": {
+            "gate_proj": linear(("layers", "mlp", "embed"), 2, 1024, 256),
+            "up_proj": linear(("layers", "mlp", "embed"), 2, 1024, 256),
+            "down_proj": linear(("layers", "embed", "mlp"), 2, 256, 1024),
+        },
+    }
+    return {
+        "token_embeddings": {"weight": a(("vocab", "embed"), 1024, 256)},
+        "layers": {"stacked": block},
+        "norm": {"weight": a(("embed",), 256)},
+        "lm_head": linear(("vocab", "embed"), 1024, 256),
+    }
+
+
+def test_suggest_lays_haliax_norms_out_by_their_embed_axis(haliax) -> None:
+    mesh = {"data": 4, "model": 2}
+    text = sr.suggest(_levanter_like(names=True), mesh, strategy="fsdp+tp")
+    specs = {leaf.path: leaf.spec for leaf in sr.plan(_levanter_like(names=True), sr.loads(text), mesh)}
+    # haliax's mapping (embed -> data, mlp/heads/vocab -> model) splits every `embed` axis, norms' too
+    assert specs["layers/stacked/input_layernorm/weight"] == P(None, "data")
+    assert specs["norm/weight"] == P("data")
+    assert specs["token_embeddings/weight"] == P("model", "data")  # recognised by Levanter's name
+    assert specs["layers/stacked/self_attn/q_proj/weight"] == P(None, "model", None, "data")
+    assert specs["layers/stacked/mlp/down_proj/weight"] == P(None, "data", "model")
+    # the same paths and shapes as plain arrays: no axis names, so norms stay whole as elsewhere
+    plain = sr.suggest(_levanter_like(names=False), mesh, strategy="fsdp+tp")
+    specs = {leaf.path: leaf.spec for leaf in sr.plan(_levanter_like(names=False), sr.loads(plain), mesh)}
+    assert specs["norm/weight"] == P(None)
+    assert specs["token_embeddings/weight"] == P("model", "data")

@@ -238,3 +238,118 @@ def test_maxtext_base_and_model_configs_convert_as_maxtext_merges_them() -> None
         assert ours.split("\n\n", 1)[1] == theirs.split("\n\n", 1)[1], model.name
         checked += 1
     assert checked >= 3, f"only {checked} of MaxText's model configs set logical_axis_rules"
+
+
+# haliax: a tiny transformer of named arrays (benchmarks/_agree_haliax.py), planned by its axis names.
+
+
+def _haliax():
+    """benchmarks/_agree_haliax.py, loaded once haliax is there."""
+    pytest.importorskip("haliax", reason="haliax is not installed (`pip install marin-haliax`)")
+    name = "_agree_haliax"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parent.parent / "benchmarks" / "_agree_haliax.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_haliax_arrays_are_planned_by_path_and_axis_names_as_haliax_lays_them_out() -> None:
+    """Paths without the named array's own segment, and the mapping Levanter uses
+    for FSDP+TP written as rules gives every leaf the sharding haliax's own
+    `infer_resource_partitions` gives it: the same block on every device."""
+    A = _haliax()
+    import haliax as hax
+
+    model = A.model()
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    rules = sr.loads(A.MAPPING_RULES)
+    plan = sr.plan(model, rules, mesh)
+    assert plan.ok, plan.errors
+    paths = [leaf.path for leaf in plan]
+    assert "layers/stacked/self_attn/q_proj/weight" in paths and "token_embeddings/weight" in paths
+    assert not any(path.endswith("/0") for path in paths)
+    by_path = {leaf.path: leaf.spec for leaf in plan}
+    assert by_path["layers/stacked/self_attn/q_proj/weight"] == P(None, "model", None, "data")
+
+    ours = sr.shardings(model, rules, mesh)
+    theirs = hax.partitioning.infer_resource_partitions(model, A.MAPPING, mesh=mesh)
+    is_named = lambda x: isinstance(x, hax.NamedArray)  # noqa: E731
+    arrays = jax.tree_util.tree_leaves(model, is_leaf=is_named)
+    mine = jax.tree_util.tree_leaves(ours, is_leaf=is_named)
+    haliax_own = jax.tree_util.tree_leaves(theirs, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    assert len(arrays) == len(mine) == len(haliax_own) == len(paths) == 12
+    for array, named, sharding in zip(arrays, mine, haliax_own, strict=True):
+        assert isinstance(named, hax.NamedArray) and named.axis_names == array.axis_names
+        shape = array.array.shape
+        assert named.array.devices_indices_map(shape) == sharding.devices_indices_map(shape), array.axis_names
+
+    # `jax.device_put` takes the shardings as they are, and `apply` places the model the same way
+    put = jax.device_put(model, ours)
+    placed = sr.apply(model, rules, mesh)
+    for a, b, sharding in zip(
+        jax.tree_util.tree_leaves(put), jax.tree_util.tree_leaves(placed), haliax_own, strict=True
+    ):
+        assert a.sharding == b.sharding
+        assert a.sharding.devices_indices_map(a.shape) == sharding.devices_indices_map(a.shape)
+
+
+def test_haliax_suggest_drafts_haliax_layout() -> None:
+    """`sr.suggest(model, ..., "fsdp+tp")` on the named arrays lays every leaf out
+    as haliax does under Levanter's FSDP+TP mapping (`rows()` of the benchmark)."""
+    A = _haliax()
+    rows = {what: (leaves, nbytes) for what, leaves, nbytes in A.rows()}
+    for what in ("haliax (suggest, named arrays)", "haliax (its mapping as rules)"):
+        same, total = map(int, rows[what][0].split("/"))
+        assert total == 12 and same == total, (what, rows[what])
+        same_bytes, total_bytes = map(float, rows[what][1].removesuffix(" KiB").split("/"))
+        assert same_bytes == total_bytes > 0, (what, rows[what])
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto-one-device"])
+def test_haliax_model_trains_under_sr_jit(kind: str) -> None:
+    """A haliax transformer trains under `sr.jit` with the rules' layouts: the
+    loss falls, the new parameters are named arrays laid out as planned, and the
+    first step gives what `jax.jit` on one device gives."""
+    A = _haliax()
+    import haliax as hax
+
+    if kind == "explicit":
+        mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    else:
+        mesh = jax.make_mesh(
+            (1, 1), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:1]
+        )
+    rules = sr.loads(A.MAPPING_RULES + "\nrules inputs:\n  default -> (data, _)\n")
+    model = A.model()
+    tokens = np.random.default_rng(0).integers(0, A.Vocab.size, (8, A.Pos.size + 1))
+
+    def step(model, tokens):
+        loss, grads = jax.value_and_grad(A.loss)(model, tokens)
+        return jax.tree_util.tree_map(lambda w, g: w - 0.5 * g, model, grads), loss
+
+    expected_model, expected_loss = jax.jit(step)(model, tokens)
+    params = sr.apply(model, rules, mesh)
+    batch = sr.apply(tokens, rules, mesh, group="inputs")
+    train = sr.jit(step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    with jax.set_mesh(mesh):
+        new, first = train(params, batch)
+        for ours, theirs in zip(
+            jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(expected_model), strict=True
+        ):
+            np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=1e-5)
+        losses = [float(first)]
+        for _ in range(3):
+            new, loss = train(new, batch)
+            losses.append(float(loss))
+    np.testing.assert_allclose(float(first), float(expected_loss), rtol=1e-4)
+    assert losses[-1] < losses[0], losses
+    plan = {leaf.path: leaf.spec for leaf in sr.plan(model, rules, mesh)}
+    q = new.layers.stacked.self_attn.q_proj.weight
+    assert isinstance(q, hax.NamedArray) and q.axis_names == ("layers", "heads", "head_size", "embed")
+    assert q.array.sharding.spec == plan["layers/stacked/self_attn/q_proj/weight"]
+    assert new.token_embeddings.weight.array.sharding.spec == plan["token_embeddings/weight"]

@@ -112,11 +112,15 @@ def draft(
     maxtext: bool,
     by_shape: frozenset[int] = frozenset(),
     vocab: Mapping[int, tuple[bool, str]] | None = None,
+    haliax: bool = False,
 ) -> tuple[list[Draft], list[int]]:
     """The rules, in file order, and the kinds left to `default` (by shape):
     those not recognised, and those of `by_shape`. `vocab`: token embeddings
     laid out by `embedding_layouts` (their vocabulary whole or not, and the
-    note, `{other}` standing for the spec that does the opposite)."""
+    note, `{other}` standing for the spec that does the opposite). `haliax`:
+    the arrays are haliax's named arrays, whose norms' hidden dimension (their
+    `embed` axis) is split as every other `embed` axis is, as haliax's
+    mapping of axis names does."""
     groups: dict[tuple[object, ...], Draft] = {}
     fallback: list[int] = []
     for index, (kind, role) in enumerate(zip(kinds, facts.roles, strict=True)):
@@ -125,7 +129,7 @@ def draft(
             fallback.append(index)
             continue
         family = FAMILIES[role.name]
-        entries, note = _entries(dims, role, layout, sizes, maxtext=maxtext)
+        entries, note = _entries(dims, role, layout, sizes, maxtext=maxtext, haliax=haliax)
         if role.per_expert and "experts" in layout.targets:
             note = (
                 "one array per expert: the expert axis cannot hold whole experts apart (that needs them "
@@ -238,7 +242,7 @@ def _form(stacked: tuple[int, ...], rank: int) -> str:
 
 
 def _entries(
-    dims: Dims, role: R.Role, layout: Layout, sizes: dict[str, int], *, maxtext: bool
+    dims: Dims, role: R.Role, layout: Layout, sizes: dict[str, int], *, maxtext: bool, haliax: bool = False
 ) -> tuple[tuple[str, ...], str | None]:
     names = layout.names
     out: list[str] = []
@@ -260,14 +264,21 @@ def _entries(
             out.append(names[alias])
         elif logical == "experts":
             out.append(names["experts"] if "experts" in layout.targets else "_")
+        elif logical == "norm" and haliax:  # haliax: a norm's `embed` axis, as any other
+            out.append(names["embed"] if layout.axes("embed") else "_")
         elif logical == "norm":
             out.append(names["norm"] if maxtext and layout.axes("norm") else "_")
         elif logical == "conv":
             out.append(names["embed"] if layout.axes("embed") else names["mlp"])
         else:
             out.append("_")
-    if role.name == R.NORM and not (maxtext and layout.axes("norm")):
+    if role.name == R.NORM and not (maxtext and layout.axes("norm")) and not haliax:
         out = ["_"] * len(out)
+    elif role.name == R.NORM and haliax and any(e != "_" for e in out):
+        note = (
+            "haliax named arrays: split along their `embed` axis, as haliax's own mapping splits every "
+            "`embed` axis; `replicated` would keep these small arrays whole on every device"
+        )
     return tuple(out), note
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 from typing import Any
 
 import jax
@@ -117,6 +118,18 @@ def split(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`key`'s tokens and the separators between them."""
     pieces = _SPLIT.split(key)
     return tuple(pieces[0::2]), tuple(pieces[1::2])
+
+
+def holds_haliax(tree: Any) -> bool:
+    """Whether `tree` holds haliax named arrays (`haliax.core.NamedArray`, a
+    box `_paths.box_types` knows; haliax is not imported here)."""
+    core = sys.modules.get("haliax.core")
+    named = getattr(core, "NamedArray", None)
+    if not isinstance(named, type):
+        return False
+    return any(
+        isinstance(x, named) for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, named))
+    )
 
 
 def kinds_of(tree: Any) -> list[Kind]:

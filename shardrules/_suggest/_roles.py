@@ -4,7 +4,8 @@ The names are those of the common conventions: transformers and safetensors
 checkpoints (`model.layers.3.self_attn.q_proj.weight`), Flax linen and NNX
 (`attn/query/kernel`), MaxText (`self_attention/query/kernel`,
 `MoeBlock_0/wi_0`), Equinox (`query_proj/weight`), keras-hub
-(`decoder_block_0/attention/query/kernel`), penzai labels
+(`decoder_block_0/attention/query/kernel`), haliax and Levanter
+(`token_embeddings/weight`, `layers/stacked/self_attn/q_proj/weight`), penzai labels
 (`attention/query.weights`), Meta's (`attention.wq.weight`), GPT-2's
 (`attn.c_attn.weight`) and BERT's (`attention.self.query.weight`). A role
 says which dimension of the weight is which (`_dims`); the role alone does
@@ -65,7 +66,7 @@ DESCRIPTIONS = {
 _EMBED = {
     "embed_tokens", "wte", "tok_embeddings", "token_embedding", "token_embedder", "word_embeddings",
     "embedder", "embed", "embeddings", "embedding", "input_embedding", "tok_emb", "token_emb",
-    "embed_in", "shared", "word_embedding", "input_embeddings",
+    "embed_in", "shared", "word_embedding", "input_embeddings", "token_embeddings",
 }  # fmt: skip
 TRANSFORMERS_EMBEDDINGS = frozenset({"embed_tokens", "wte", "word_embeddings", "embed_in"})
 """transformers' names for a causal LM's token embedding (Llama, Mistral, Qwen and most

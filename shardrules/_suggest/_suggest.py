@@ -31,7 +31,7 @@ from . import _text as T
 from ._draft import EMBEDDINGS, Draft, draft, embedding_layouts, replication_findings, say_whole
 from ._facts import facts_of
 from ._findings import acknowledge_whole, batch_for_unused, mostly_replicated
-from ._leaves import Kind, kinds_of
+from ._leaves import Kind, holds_haliax, kinds_of
 from ._patterns import patterns
 from ._roles import DESCRIPTIONS
 from ._strategy import STRATEGIES, Layout, StrategyError, choose
@@ -187,7 +187,7 @@ def drafted(
     options["any_experts"] = bool(experts)
     options["hidden"] = facts.hidden
     first = choose(strategy, sizes, **options)
-    settings = (maxtext, min_bytes, max_bytes_per_device, embedding)
+    settings = (maxtext, min_bytes, max_bytes_per_device, embedding, holds_haliax(tree))
     best = _write(kinds, facts, first, sizes, *settings)
     if best.replicated:  # lint's SR116, which no line can acknowledge
         if strategy != "auto":
@@ -246,6 +246,7 @@ def _write(
     min_bytes: int,
     budget: int | None,
     embedding: str | None,
+    haliax: bool = False,
 ) -> Suggestion:
     default = f"auto({_axes(layout.fallback)}, min_bytes={min_bytes})" if layout.fallback else "replicated"
     moved: dict[int, str] = {}  # recognised kinds left to `default`, and why
@@ -255,7 +256,14 @@ def _write(
         kept = {i for i, (whole, _) in vocab.items() if whole}  # vocabulary whole
         asked = kept if embedding == "whole" else set()
         rules, fallback = draft(
-            kinds, facts, layout, sizes, maxtext=maxtext, by_shape=frozenset(moved), vocab=vocab
+            kinds,
+            facts,
+            layout,
+            sizes,
+            maxtext=maxtext,
+            by_shape=frozenset(moved),
+            vocab=vocab,
+            haliax=haliax,
         )
         clash = _shared_paths(kinds, rules, fallback)
         if clash:  # no pattern can tell them apart: each layer's leaves by their own shape
