@@ -42,9 +42,11 @@ alias embed = data
 alias mlp   = model
 alias heads = model
 alias vocab = model
+alias layers    = _  # names the mapping leaves out: unsharded, as haliax leaves them
+alias head_size = _
 
 rules params:
-  default -> logical  # every other name (layers, head_size) unsharded
+  default -> logical
 """
 _ANY = sr.loads("rules params:\n  default -> replicated\n")
 

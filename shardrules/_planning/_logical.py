@@ -276,7 +276,8 @@ def _nameless(found: list[LeafPlan]) -> Diagnostic:
         first.rule.spec.span,
         first.path,
         "name the dimensions where the model creates the parameter "
-        '(linen: `nn.with_logical_partitioning(init, ("embed", "mlp"))`; NNX: `out_sharding` metadata), '
+        '(linen: `nn.with_logical_partitioning(init, ("embed", "mlp"))`; NNX: `out_sharding` metadata; '
+        "haliax: a `NamedArray`), "
         f'or add a rule above this one for these paths, e.g. `"{first.path}$" -> replicated`',
         tuple((lp.path, lp.shape) for lp in found),
         "no logical axis names",
