@@ -291,3 +291,51 @@ def test_without_axis_sizes_blocked_scales_stay_whole(no_mesh: bool) -> None:
     plan = sr.plan(tree, rules, {"fsdp": 4, "model": 2} if not no_mesh else None)
     by = {leaf.path: leaf for leaf in plan.leaves}
     assert by["mlp/up/kernel/array/scale"].spec == PartitionSpec(None, "model")
+
+
+def _decoder(quantized: bool, tile: int | None = None) -> dict[str, Any]:
+    """A two-layer decoder's shapes; `quantized`: each kernel as qwix's NNX state holds it."""
+    d, f, v = 64, 256, 512
+
+    def kernel(rows: int, cols: int) -> Any:
+        if not quantized:
+            return jax.ShapeDtypeStruct((rows, cols), jnp.float32)
+        scale = (rows // tile if tile else 1, cols)
+        return {
+            "array": {
+                "qvalue": jax.ShapeDtypeStruct((rows, cols), jnp.int8),
+                "scale": jax.ShapeDtypeStruct(scale, jnp.float32),
+            }
+        }
+
+    layer = {
+        "attn": {name: {"kernel": kernel(d, d)} for name in ("q", "k", "v", "o")},
+        "mlp": {"gate": {"kernel": kernel(d, f)}, "up": {"kernel": kernel(d, f)}, "down": {"kernel": kernel(f, d)}},
+        "norm1": {"scale": jax.ShapeDtypeStruct((d,), jnp.float32)},
+        "norm2": {"scale": jax.ShapeDtypeStruct((d,), jnp.float32)},
+    }
+    return {
+        "embed": {"embedding": jax.ShapeDtypeStruct((v, d), jnp.float32)},
+        "layers": {str(i): layer for i in range(2)},
+        "norm": {"scale": jax.ShapeDtypeStruct((d,), jnp.float32)},
+        "head": {"kernel": kernel(d, v)},
+    }
+
+
+@pytest.mark.parametrize("tile", [None, 16])
+def test_suggest_lays_quantized_values_out_as_their_float_parameters(tile: int | None) -> None:
+    """`suggest` on the quantized tree plans every leaf as the float tree's
+    suggestion, carried to the quantized forms, plans it; the scales are no
+    rule's own."""
+    sizes = {"fsdp": 4, "model": 2}
+    tree = _decoder(True, tile)
+    text = sr.suggest(tree, sizes, strategy="fsdp+tp")
+    carried = sr.plan(tree, sr.loads(sr.suggest(_decoder(False), sizes, strategy="fsdp+tp")), sizes)
+    ours = sr.plan(tree, sr.loads(text), sizes)
+    assert ours.ok and carried.ok
+    assert [(leaf.path, leaf.spec) for leaf in ours.leaves] == [(leaf.path, leaf.spec) for leaf in carried.leaves]
+    by = {leaf.path: leaf for leaf in ours.leaves}
+    up = by["layers/0/mlp/up/kernel/array/qvalue"]
+    assert any(entry is not None for entry in up.spec)  # really split
+    assert by["layers/0/mlp/up/kernel/array/scale"].rule is up.rule
+    assert "qvalue" not in text and "array/" not in text  # written for the float paths
