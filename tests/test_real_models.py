@@ -302,3 +302,47 @@ def test_qwix_quantized_decoder_takes_the_float_rules_and_trains_under_sr_jit(op
             np.asarray(new_params["layers"][0]["mlp"]["up"]["kernel"]["array"]["scale"].value),
             np.asarray(model.params["layers"][0]["mlp"]["up"]["kernel"]["array"]["scale"].value),
         )
+
+
+# --- aqtp: AQT's QTensor in place of each kernel, laid out by the float rules ------------------------------
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto])
+def test_aqt_qtensors_take_the_float_rules_and_compute_as_on_one_device(kind) -> None:
+    """AQT quantizes a kernel into a `QTensor` (`qvalue`, a list of scales):
+    `kernel/qvalue` and `kernel/scale/0`. The float rules lay both out (the
+    scale unsplit along its size-1 dimension) with no finding, and an MLP
+    that dequantizes them runs under `sr.jit` as on one device."""
+    pytest.importorskip("aqt.jax.v2.aqt_quantizer", reason="aqtp is not installed (pip install aqtp)")
+    from aqt.jax.v2 import aqt_quantizer
+
+    rng = np.random.default_rng(0)
+    quantizer = aqt_quantizer.quantizer_make(8)
+
+    def quantized(rows, cols):
+        return quantizer.quant(rng.normal(size=(rows, cols)).astype(np.float32), calibration_axes=[0])[0]
+
+    params = {"mlp": {"up": {"kernel": quantized(64, 128)}, "down": {"kernel": quantized(128, 64)}}}
+    rules = sr.loads(
+        'mesh fsdp, model\nrules params:\n  "mlp/up/kernel$" -> (fsdp, model)\n  "mlp/down/kernel$" -> (model, fsdp)\n'
+        'rules inputs:\n  "x" -> (fsdp, _)\n'
+    )
+    mesh = jax.make_mesh((4, 2), ("fsdp", "model"), axis_types=(kind, kind))
+    plan = sr.plan(params, rules, mesh)
+    assert plan.diagnostics == () and [d.code for d in sr.check(params, rules, mesh)] == []
+    assert [(leaf.path, leaf.spec) for leaf in plan.leaves] == [
+        ("mlp/down/kernel/qvalue", P("model", "fsdp")),
+        ("mlp/down/kernel/scale/0", P(None, "fsdp")),
+        ("mlp/up/kernel/qvalue", P("fsdp", "model")),
+        ("mlp/up/kernel/scale/0", P(None, "model")),
+    ]
+
+    def mlp(params, x):
+        up, down = params["mlp"]["up"]["kernel"].dequant(), params["mlp"]["down"]["kernel"].dequant()
+        return jax.nn.relu(x @ up) @ down
+
+    x = rng.normal(size=(8, 64)).astype(np.float32)
+    want = jax.jit(mlp)(params, x)
+    step = sr.jit(mlp, rules, mesh, in_groups=("params", "inputs"), out_groups=None)
+    got = step(sr.apply(params, rules, mesh), sr.apply({"x": x}, rules, mesh, group="inputs")["x"])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
