@@ -310,7 +310,11 @@ def _decoder(quantized: bool, tile: int | None = None) -> dict[str, Any]:
 
     layer = {
         "attn": {name: {"kernel": kernel(d, d)} for name in ("q", "k", "v", "o")},
-        "mlp": {"gate": {"kernel": kernel(d, f)}, "up": {"kernel": kernel(d, f)}, "down": {"kernel": kernel(f, d)}},
+        "mlp": {
+            "gate": {"kernel": kernel(d, f)},
+            "up": {"kernel": kernel(d, f)},
+            "down": {"kernel": kernel(f, d)},
+        },
         "norm1": {"scale": jax.ShapeDtypeStruct((d,), jnp.float32)},
         "norm2": {"scale": jax.ShapeDtypeStruct((d,), jnp.float32)},
     }
@@ -333,7 +337,9 @@ def test_suggest_lays_quantized_values_out_as_their_float_parameters(tile: int |
     carried = sr.plan(tree, sr.loads(sr.suggest(_decoder(False), sizes, strategy="fsdp+tp")), sizes)
     ours = sr.plan(tree, sr.loads(text), sizes)
     assert ours.ok and carried.ok
-    assert [(leaf.path, leaf.spec) for leaf in ours.leaves] == [(leaf.path, leaf.spec) for leaf in carried.leaves]
+    assert [(leaf.path, leaf.spec) for leaf in ours.leaves] == [
+        (leaf.path, leaf.spec) for leaf in carried.leaves
+    ]
     by = {leaf.path: leaf for leaf in ours.leaves}
     up = by["layers/0/mlp/up/kernel/array/qvalue"]
     assert any(entry is not None for entry in up.spec)  # really split
