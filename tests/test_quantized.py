@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
 import shardrules as sr
-from shardrules._interop._quantized import containers, float_path
+from shardrules._interop._quantized import containers
 
 RULES = sr.loads(
     """
@@ -189,9 +189,6 @@ def test_explain_lists_the_quantized_forms_under_the_float_rule(tmp_path: Any) -
 
 
 def test_paths_and_containers() -> None:
-    assert float_path("a/kernel/array/qvalue") == "a/kernel"
-    assert float_path("a/kernel/scale/0") == "a/kernel"
-    assert float_path("a/kernel") is None
     sig = ((4, 4), np.dtype(np.int8))
     paths = ["k/array/qvalue", "k/array/scale", "norm/scale", "q/qvalue", "q/scale_t/1"]
     found = containers(paths, [sig] * len(paths))

@@ -51,18 +51,6 @@ def parameter_path(container: str) -> str:
     return container
 
 
-def float_path(path: str) -> str | None:
-    """The float parameter's path of a quantized leaf's `path`, from its
-    segments alone (`…/kernel/array/qvalue`, `…/kernel/scale/0` → `…/kernel`),
-    or `None` when the path is no quantized container's leaf."""
-    parts = path.split("/")
-    if len(parts) >= 2 and parts[-1].isdigit() and parts[-2] in COMPANIONS:
-        parts = parts[:-1]
-    if parts[-1] != VALUES and parts[-1] not in COMPANIONS:
-        return None
-    return parameter_path("/".join(parts[:-1]))
-
-
 def _array(signature: Any) -> bool:
     return isinstance(signature, tuple)
 
