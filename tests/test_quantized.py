@@ -186,6 +186,10 @@ def test_explain_lists_the_quantized_forms_under_the_float_rule(tmp_path: Any) -
     rows = {row[0]: row for row in explain_rows(plan)}
     for name in ("qvalue", "scale"):
         assert rows[f"layers/0/mlp/up/kernel/array/{name}"][3] == "float.shard:4:3"
+    # the report's table of rules counts both under the float rule
+    html = plan._repr_html_()
+    row = html[html.index("float.shard:4:3") :]
+    assert row.index("2 leaves") < row.index("float.shard:5:3")
 
 
 def test_paths_and_containers() -> None:
