@@ -772,3 +772,95 @@ def nnx_decoder_1b(layers: int = 22, batch: int = 32, seq: int = 512) -> Model:
         ("fsdp", "model"),
         _version("flax"),
     )
+
+
+# --- a decoder quantized by qwix ----------------------------------------------------------------------------
+
+
+def nnx_qwix_decoder(
+    weight_qtype: str = "int8", tile_size: int | None = None, quantize: bool = True
+) -> Model:
+    """A two-block Flax NNX decoder (GQA attention, a SwiGLU MLP, RMSNorm, an
+    untied head) on a `fsdp=4, model=2` mesh, its linear layers' weights
+    quantized by qwix's post-training quantization (`weight_qtype`; `tile_size`:
+    scales per block of that many input rows, else one per output column),
+    laid out by the float model's rule file `rules/nnx_decoder.shard`. Each
+    quantized kernel is `kernel/array/qvalue` (the kernel's shape) and
+    `kernel/array/scale`. `quantize=False`: the same decoder, float.
+
+    The step trains what stays float (the embedding, the norms and the
+    quantization scales; the integer values get no gradient) one SGD step on
+    the next-token cross-entropy."""
+    nnx = _require("flax.nnx", "flax")
+    qwix = _require("qwix", "qwix") if quantize else None
+    import jax
+    import jax.numpy as jnp
+
+    d, ffn, init = _D, 128, nnx.initializers.lecun_normal()
+    Attention = _gqa_attention(nnx, init)
+
+    class Mlp(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.gate = nnx.Linear(d, ffn, use_bias=False, kernel_init=init, rngs=rngs)
+            self.up = nnx.Linear(d, ffn, use_bias=False, kernel_init=init, rngs=rngs)
+            self.down = nnx.Linear(ffn, d, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
+            self.attn = Attention(rngs)
+            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
+            self.mlp = Mlp(rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.embed = nnx.Embed(VOCAB, d, rngs=rngs)
+            self.layers = nnx.List([Block(rngs) for _ in range(2)])
+            self.norm = nnx.RMSNorm(d, rngs=rngs)
+            self.head = nnx.Linear(d, VOCAB, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, ids: Any) -> Any:
+            x = self.embed(ids)
+            for block in self.layers:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    seq = tokens(3)
+    batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+    model = Decoder(nnx.Rngs(0))
+    name, library = "nnx decoder", _version("flax")
+    if qwix is not None:
+        rules = [qwix.QuantizationRule(module_path=".*", weight_qtype=weight_qtype, tile_size=tile_size)]
+        model = qwix.quantize_model(model, qwix.PtqProvider(rules), batch["tokens"])
+        name = f"nnx decoder, qwix {weight_qtype}" + (f" tile {tile_size}" if tile_size else "")
+        library = f"{library}, {_version('qwix')}"
+    graphdef, state = nnx.split(model)
+
+    def step(state: Any, batch: dict) -> tuple[Any, Any]:
+        def loss_fn(state: Any) -> Any:
+            return cross_entropy(nnx.merge(graphdef, state)(batch["tokens"]), batch["targets"])
+
+        loss, grads = jax.value_and_grad(loss_fn, allow_int=True)(state)
+
+        def update(p: Any, g: Any) -> Any:
+            return p - LEARNING_RATE * g if jnp.issubdtype(p.dtype, jnp.floating) else p
+
+        return jax.tree.map(update, state, grads), loss
+
+    return Model(
+        name,
+        step,
+        jax.device_get(state),
+        batch,
+        RULES / "nnx_decoder.shard",
+        (4, 2),
+        ("fsdp", "model"),
+        library,
+    )

@@ -181,6 +181,14 @@ LINT_CASES = {
         (1, 1),
         "--replicated-tolerance",
     ),
+    # a quantized kernel's scale in 2 blocks of rows, the rows split over fsdp=4
+    "SR303": (
+        'rules params:\n  "mlp/up/kernel" -> (fsdp, model)\n',
+        {"mlp/up/kernel/array/qvalue": S(64, 16, dtype=jnp.int8), "mlp/up/kernel/array/scale": S(2, 16)},
+        SIZES,
+        (2, 3),
+        "blocks whose count divides",
+    ),
     "SR302": (
         'alias embed = fsdpp\nmesh data, fsdp, model\nrules params:\n  "q" -> (embed)\n  "w" -> (fsdp)\n',
         {"q": S(8), "w": S(8)},

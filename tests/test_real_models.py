@@ -353,3 +353,111 @@ def test_haliax_model_trains_under_sr_jit(kind: str) -> None:
     assert isinstance(q, hax.NamedArray) and q.axis_names == ("layers", "heads", "head_size", "embed")
     assert q.array.sharding.spec == plan["layers/stacked/self_attn/q_proj/weight"]
     assert new.token_embeddings.weight.array.sharding.spec == plan["token_embeddings/weight"]
+
+
+# --- qwix: a decoder quantized by qwix, laid out by the float model's rule file -----------------------------
+
+
+def _qwix_or_skip(**options):
+    pytest.importorskip("qwix", reason="qwix is not installed (pip install qwix -c stack-constraints.txt)")
+    try:
+        return models.nnx_qwix_decoder(**options)
+    except models.Unavailable as why:
+        pytest.skip(str(why))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # flax's, from inside qwix
+@pytest.mark.parametrize("options", [{}, {"weight_qtype": "int4", "tile_size": 16}])
+def test_qwix_quantized_decoder_takes_the_float_rules_and_trains_under_sr_jit(options) -> None:
+    """qwix's post-training quantization turns each `.../kernel` into
+    `kernel/array/qvalue` and `kernel/array/scale`; the float model's rule file
+    (anchored `kernel$` patterns) lays both out with no finding, the values as
+    the kernel and the scales along the dimensions they share, and one train
+    step (the float leaves: embedding, norms, scales) under `sr.jit` on an
+    Explicit and an Auto mesh gives the one-device loss and parameters."""
+    model = _qwix_or_skip(**options)
+    rules = sr.load(model.rules)
+    mesh = jax.make_mesh(model.shape, model.axes, axis_types=(AxisType.Auto,) * 2)
+    plan = sr.plan(model.params, rules, mesh)
+    assert [d.code for d in plan.diagnostics] == [] and [
+        d.code for d in sr.check(model.params, rules, mesh)
+    ] == []
+    leaves = {leaf.path: leaf for leaf in plan.leaves}
+    up = "layers/0/mlp/up/kernel/array/"
+    assert leaves[up + "qvalue"].spec == P("fsdp", "model")
+    assert leaves[up + "qvalue"].rule is leaves[up + "scale"].rule is not None
+    assert leaves[up + "qvalue"].rule.pattern == "mlp/(gate|up)/kernel$"
+    # one scale per column: unsplit rows; 64 rows in 4 tiles of 16: a tile per fsdp device
+    assert leaves[up + "scale"].spec == P("fsdp" if options else None, "model")
+    assert leaves["layers/0/mlp/down/kernel/array/scale"].spec == P("model" if options else None, "fsdp")
+    quantized = [
+        leaf for leaf in plan.leaves if leaf.path.endswith(("/qvalue", "/scale")) and "kernel" in leaf.path
+    ]
+    assert len(quantized) == 2 * (2 * 7 + 1) and all(leaf.why == "rule" for leaf in quantized)
+
+    ref_params, ref_loss = jax.jit(model.step_on(None))(model.params, model.batch)
+    for kind in (AxisType.Explicit, AxisType.Auto):
+        # (called, not `.lower().compile()`d: JAX's compiled programs refuse int4 arrays as placed)
+        step, params, batch = _placed(model, rules, kind)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", sr.ShardRulesWarning)
+            new_params, loss = step(params, batch)
+        assert [str(w.message) for w in caught] == [], kind
+        np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+        got, want = jax.tree.leaves(new_params), jax.tree.leaves(ref_params)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(
+                np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-4, atol=1e-5
+            )
+        assert [leaf.sharding.spec for leaf in got] == [
+            leaf.sharding.spec for leaf in jax.tree.leaves(params)
+        ]
+        # the scales trained: the step changed them
+        assert not np.allclose(
+            np.asarray(new_params["layers"][0]["mlp"]["up"]["kernel"]["array"]["scale"].value),
+            np.asarray(model.params["layers"][0]["mlp"]["up"]["kernel"]["array"]["scale"].value),
+        )
+
+
+# --- aqtp: AQT's QTensor in place of each kernel, laid out by the float rules ------------------------------
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto])
+def test_aqt_qtensors_take_the_float_rules_and_compute_as_on_one_device(kind) -> None:
+    """AQT quantizes a kernel into a `QTensor` (`qvalue`, a list of scales):
+    `kernel/qvalue` and `kernel/scale/0`. The float rules lay both out (the
+    scale unsplit along its size-1 dimension) with no finding, and an MLP
+    that dequantizes them runs under `sr.jit` as on one device."""
+    pytest.importorskip("aqt.jax.v2.aqt_quantizer", reason="aqtp is not installed (pip install aqtp)")
+    from aqt.jax.v2 import aqt_quantizer
+
+    rng = np.random.default_rng(0)
+    quantizer = aqt_quantizer.quantizer_make(8)
+
+    def quantized(rows, cols):
+        return quantizer.quant(rng.normal(size=(rows, cols)).astype(np.float32), calibration_axes=[0])[0]
+
+    params = {"mlp": {"up": {"kernel": quantized(64, 128)}, "down": {"kernel": quantized(128, 64)}}}
+    rules = sr.loads(
+        'mesh fsdp, model\nrules params:\n  "mlp/up/kernel$" -> (fsdp, model)\n  "mlp/down/kernel$" -> (model, fsdp)\n'
+        'rules inputs:\n  "x" -> (fsdp, _)\n'
+    )
+    mesh = jax.make_mesh((4, 2), ("fsdp", "model"), axis_types=(kind, kind))
+    plan = sr.plan(params, rules, mesh)
+    assert plan.diagnostics == () and [d.code for d in sr.check(params, rules, mesh)] == []
+    assert [(leaf.path, leaf.spec) for leaf in plan.leaves] == [
+        ("mlp/down/kernel/qvalue", P("model", "fsdp")),
+        ("mlp/down/kernel/scale/0", P(None, "fsdp")),
+        ("mlp/up/kernel/qvalue", P("fsdp", "model")),
+        ("mlp/up/kernel/scale/0", P(None, "model")),
+    ]
+
+    def mlp(params, x):
+        up, down = params["mlp"]["up"]["kernel"].dequant(), params["mlp"]["down"]["kernel"].dequant()
+        return jax.nn.relu(x @ up) @ down
+
+    x = rng.normal(size=(8, 64)).astype(np.float32)
+    want = jax.jit(mlp)(params, x)
+    step = sr.jit(mlp, rules, mesh, in_groups=("params", "inputs"), out_groups=None)
+    got = step(sr.apply(params, rules, mesh), sr.apply({"x": x}, rules, mesh, group="inputs")["x"])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)

@@ -50,16 +50,23 @@ def write_text(results: Sequence[Result], out: TextIO, *, all_leaves: bool = Fal
     _summary(results, grouped, out)
 
 
+_SKIPPED = ("SR301", "SR302")  # notes of checks that did not run (the others only tell)
+
+
 def _summary(results: Sequence[Result], grouped: Sequence[list[Diagnostic]], out: TextIO) -> None:
     errors = sum(d.severity == "error" for found in grouped for d in found)
     notes = sum(d.severity == "note" for found in grouped for d in found)
+    skipped = sum(d.severity == "note" and d.code in _SKIPPED for found in grouped for d in found)
     warnings = sum(len(found) for found in grouped) - errors - notes
-    unchecked = f"not every check ran: see the {'note' if notes == 1 else 'notes'} above"
+    see = f"see the {'note' if notes == 1 else 'notes'} above"
+    unchecked = f"not every check ran: {see}" if skipped else see
     if errors or warnings:
         out.write(f"Found {plural(errors, 'error')} and {plural(warnings, 'warning')}")
         out.write(f"; {unchecked}.\n" if notes else ".\n")
-    elif notes:
+    elif skipped:
         out.write(f"No errors or warnings ({plural(len(results), 'file')}), but {unchecked}.\n")
+    elif notes:
+        out.write(f"No errors or warnings ({plural(len(results), 'file')}); {see}.\n")
     else:
         out.write(f"All checks passed ({plural(len(results), 'file')}).\n")
 

@@ -22,10 +22,11 @@ from .._gcpause import paused
 from .._interop import _leaves
 from .._interop._leaves import Signature, Unseen
 from .._interop._paths import LeafInfo, flat_keys, flat_paths, flatten, is_key_dtype, leaf_paths, path_strs
+from .._interop._quantized import containers
 from .._language._format import spec_text
 from .._language._load import iter_rules
 from .._language._rules import Rule, RuleSet
-from . import _catchall, _logical, _named_dims
+from . import _catchall, _logical, _named_dims, _quantized
 from ._dtypes import jax_holds, unholdable
 from ._match import Matcher
 from ._mesh import MeshLike, absent_axes, sizes_of
@@ -113,6 +114,10 @@ def _compile(
     matcher = Matcher(group_rules)
     default = rules.defaults.get(group)
     guarded = matcher.guarded or (default is not None and default.guard is not None)
+    quantized = containers(paths, signatures)  # planned after the others (`_quantized`)
+    looked = signatures
+    if quantized:
+        signatures = [None if i in quantized else s for i, s in enumerate(signatures)]
 
     # A leaf's plan is its path and its kind: (shape, dtype, rule, spec, bytes per
     # device, why), the same for every array of one shape and dtype that one rule
@@ -176,6 +181,21 @@ def _compile(
             seen[id(matched), id(signature)] = kind
         kinds.append(kind)
 
+    if quantized:
+        found, notes = _quantized.plan(
+            quantized,
+            paths,
+            looked,
+            lambda path, shape, dtype: _fitting(matcher, default, path, shape, dtype),
+            lambda rule, path, shape, dtype: _plan_one(
+                rule, path, shape, dtype, sizes, rules, broken, diagnostics, reported
+            ),
+            sizes,
+            kinds,
+            parts,
+        )
+        unmatched.extend(found)
+        diagnostics.extend(notes)
     diagnostics.extend(unholdable(found, None if r is None else r.span) for r, found in unheld.values())
     if unmatched:
         diagnostics.append(_unmatched(unmatched, rules, group))

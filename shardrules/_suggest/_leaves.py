@@ -24,6 +24,7 @@ import numpy as np
 
 from .._interop._leaves import signatures
 from .._interop._paths import leaf_paths
+from .._interop._quantized import containers
 
 INDEX = "*"
 """How a normalised path writes a layer or expert number."""
@@ -135,13 +136,26 @@ def holds_haliax(tree: Any) -> bool:
 def kinds_of(tree: Any) -> list[Kind]:
     """The kinds of `tree`'s array leaves that a rule has to lay out: scalars,
     size-1 arrays and PRNG keys are replicated without one, and leaves that
-    are not arrays pass through. In order of first appearance."""
+    are not arrays pass through. In order of first appearance.
+
+    A quantized parameter (`_interop/_quantized.py`) is one kind under its
+    float parameter's path (`mlp/up/kernel` for `mlp/up/kernel/array/qvalue`):
+    the rule drafted for that path lays out its values as the kernel, and its
+    scales along the dimensions they share (the planner's `_quantized`), so
+    the scales are no kind of their own."""
     leaves = jax.tree_util.tree_leaves(tree)
     paths = leaf_paths(tree)
+    sigs = signatures(leaves)
+    quantized = containers(paths, sigs)
     found: dict[tuple[str, tuple[int, ...], Any], list[Any]] = {}
-    for path, sig in zip(paths, signatures(leaves), strict=True):
+    for i, (path, sig) in enumerate(zip(paths, sigs, strict=True)):
         if type(sig) is not tuple:
             continue
+        part = quantized.get(i)
+        if part is not None:
+            if part.companion:
+                continue
+            path = part.parameter
         shape, dtype = sig
         if not isinstance(dtype, np.dtype) or math.prod(shape) <= 1:
             continue  # a PRNG key (key dtype), a scalar or a size-1 array
