@@ -54,6 +54,10 @@ def facts_of(kinds: list[Kind], head_dim: int | None = None) -> Facts:
     stacks, layers = _stacks(kinds, roles, hidden)
     roles = [_settle_gate(k, r, hidden) for k, r in zip(kinds, roles, strict=True)]
     roles = [
+        _settle_linear(k, r, hidden, stacks.get(i, ()))
+        for i, (k, r) in enumerate(zip(kinds, roles, strict=True))
+    ]
+    roles = [
         _settle_experts(k, r, hidden, stacks.get(i, ()))
         for i, (k, r) in enumerate(zip(kinds, roles, strict=True))
     ]
@@ -136,6 +140,27 @@ def _settle_gate(kind: Kind, role: R.Role | None, hidden: int | None) -> R.Role 
     return dataclasses.replace(role, name=name)
 
 
+def _settle_linear(
+    kind: Kind, role: R.Role | None, hidden: int | None, stacked: tuple[int, ...]
+) -> R.Role | None:
+    """A linear of an MLP block named by its kind alone (`mlp/linear_0`,
+    `mlp/linear`) reads the hidden size in (gate/up) or writes it out (down):
+    its input or output dimension of the hidden size, and the other not,
+    tells which; a bias, by its size. Neither (a square weight): unknown."""
+    if role is None or R.MLP_LINEAR not in (role.name, role.of) or hidden is None:
+        return role
+    core = [s for i, s in enumerate(kind.shape) if i not in stacked]
+    if role.name == R.BIAS:
+        of = R.MLP_OUT if core and core[-1] == hidden else R.MLP_IN
+        return dataclasses.replace(role, of=of)
+    if len(core) < 2:
+        return None
+    inputs, outputs = (core[-1], core[-2]) if role.out_first else (core[-2], core[-1])
+    if (outputs == hidden) == (inputs == hidden):
+        return None
+    return dataclasses.replace(role, name=R.MLP_OUT if outputs == hidden else R.MLP_IN)
+
+
 def _settle_experts(
     kind: Kind, role: R.Role | None, hidden: int | None, stacked: tuple[int, ...]
 ) -> R.Role | None:
@@ -144,6 +169,8 @@ def _settle_experts(
     if role is None or role.name not in (R.MLP_IN, R.MLP_OUT) or role.per_expert:
         return role
     core = [s for i, s in enumerate(kind.shape) if i not in stacked]
+    if role.name == R.MLP_IN and len(core) == 3 and core[0] == 2 and hidden in core[1:]:
+        return role  # gate and up in one weight (Gemma's `gating_einsum`), not two experts
     if len(core) >= 3 and core[0] != hidden:
         return dataclasses.replace(role, name=R.EXPERT_IN if role.name == R.MLP_IN else R.EXPERT_OUT)
     return role
