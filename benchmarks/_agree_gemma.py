@@ -48,7 +48,7 @@ CONFIGS = {  # gemma.gm.nn's Gemma3 configs (text only)
     "Gemma3_4B": {"vocab": 262144, "embed": 2560, "mlp": 2560 * 8 // 2, "heads": 8, "head_dim": 256, "kv": 4,
                   "layers": 34},
 }  # fmt: skip
-TINY = {"vocab": 256, "embed": 64, "mlp": 256, "heads": 4, "head_dim": 16, "kv": 2, "layers": 2}
+TINY = {"vocab": 256, "embed": 64, "mlp": 256, "heads": 8, "head_dim": 8, "kv": 4, "layers": 2}
 
 
 def shapes(c: Mapping[str, int]) -> dict[str, Any]:
