@@ -159,6 +159,23 @@ def measure(tree: Mapping[str, Any], strategy: str) -> Any:
     return E.agreement(tree, E.suggested_specs(tree, text, sizes), theirs, sizes)
 
 
+KAULDRON_RULES = f"""mesh devices=8
+
+rules params:
+  default -> auto(devices, min_bytes={MIN_SIZE_TO_SHARD_MB * 2**20 + 1})
+"""
+"""kauldron's `FSDPSharding` as a rule file: `auto` splits the largest
+dimension that divides, of arrays of at least `min_bytes` (over 4 MiB)."""
+
+
+def measure_rule_file(tree: Mapping[str, Any]) -> Any:
+    """`KAULDRON_RULES`' plan of `tree` against kauldron's own layout."""
+    import _expert_layouts as E
+
+    sizes = {"devices": 8}
+    return E.agreement(tree, E.suggested_specs(tree, KAULDRON_RULES, sizes), kauldron_specs(tree, 8), sizes)
+
+
 def _source() -> tuple[str, Any]:
     try:
         from importlib.metadata import version
@@ -189,6 +206,17 @@ def rows() -> list[list[str]]:
                     "; ".join(sorted(found.differ)) or "nothing differs",
                 ]
             )
+        found = measure_rule_file(tree)
+        out.append(
+            [
+                f"{LIBRARY} (kauldron FSDPSharding; {source})",
+                name,
+                "`default -> auto(devices, min_bytes=4MiB + 1)` on devices=8 (no `suggest`)",
+                f"{found.same_leaves} / {found.leaves} ({100 * found.leaf_share:.1f}%)",
+                f"{100 * found.byte_share:.1f}%",
+                "; ".join(sorted(found.differ)) or "nothing differs",
+            ]
+        )
     return out
 
 

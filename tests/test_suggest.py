@@ -954,3 +954,14 @@ def test_a_generic_linear_is_read_by_its_shape_and_a_square_one_is_left_to_defau
     assert '"dense_0/kernel$" -> (embed, mlp)' in flat, flat
     assert '"dense_1/kernel$" -> (mlp, embed)' in flat, flat
     assert "ffn/dense_2/kernel (64, 64)" in flat and "head/dense/kernel (64, 64)" in flat, flat
+
+
+def test_kauldrons_fsdp_layout_of_gemma3_is_one_default_rule() -> None:
+    agree = _bench("_agree_gemma")
+    tree = agree.shapes(agree.CONFIGS["Gemma3_4B"])
+    theirs = agree.kauldron_specs(tree, 8)
+    assert any(spec != P(*([None] * len(spec))) for spec in theirs.values())  # it does split
+    assert theirs["params/embedder/input_embedding"] == P("devices", None)  # the largest dimension
+    assert theirs["params/layer_0/mlp/linear"] == P("devices", None)
+    found = agree.measure_rule_file(tree)
+    assert (found.leaf_share, found.byte_share) == (1.0, 1.0), found.differ
