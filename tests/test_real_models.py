@@ -254,6 +254,20 @@ def _bench_module(name: str):
     return module
 
 
+def _auto_step_is_the_one_device_step(model) -> None:
+    """One step on an 8-device Auto mesh gives the one-device loss and parameters."""
+    rules = sr.load(model.rules)
+    ref_params, ref_loss = jax.jit(model.step_on(None))(model.params, model.batch)
+    step, params, batch = _placed(model, rules, AxisType.Auto)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sr.ShardRulesWarning)
+        new_params, loss = step(params, batch)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(ref_params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    assert any(entry is not None for leaf in jax.tree.leaves(params) for entry in leaf.sharding.spec)
+
+
 def test_haiku_transformer_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
     hk = pytest.importorskip("haiku", reason="dm-haiku is not installed (pip install dm-haiku)")
     agree = _bench_module("_agree_haiku")
@@ -273,6 +287,7 @@ def test_haiku_transformer_trains_under_sr_jit_with_suggests_rules(tmp_path: Pat
         "haiku", models.sgd(loss_fn), params, batch, rules, tuple(sizes.values()), tuple(sizes), "dm-haiku"
     )
     _, placed, _ = check_one_step(model)
+    _auto_step_is_the_one_device_step(model)
     assert placed["block_0/mlp/~/linear_1"]["w"].sharding.spec == P("model", "fsdp")  # row-parallel
     assert placed["block_0/multi_head_attention/linear"]["w"].sharding.spec == P("model", "fsdp")
 
@@ -319,4 +334,5 @@ def test_gemma3_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
         "gemma", models.sgd(loss_fn), params, batch, rules, tuple(sizes.values()), tuple(sizes), "gemma"
     )
     _, placed, _ = check_one_step(model)
+    _auto_step_is_the_one_device_step(model)
     assert placed["params"]["layer_0"]["mlp"]["linear"].sharding.spec == P("model", "fsdp")

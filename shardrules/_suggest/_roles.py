@@ -6,7 +6,11 @@ checkpoints (`model.layers.3.self_attn.q_proj.weight`), Flax linen and NNX
 `MoeBlock_0/wi_0`), Equinox (`query_proj/weight`), keras-hub
 (`decoder_block_0/attention/query/kernel`), penzai labels
 (`attention/query.weights`), Meta's (`attention.wq.weight`), GPT-2's
-(`attn.c_attn.weight`) and BERT's (`attention.self.query.weight`). A role
+(`attn.c_attn.weight`), BERT's (`attention.self.query.weight`), dm-haiku's
+(`multi_head_attention/linear/w`, `mlp/~/linear_0/w`) and Gemma's
+(`attn/q_einsum/w`, `mlp/gating_einsum`, `mlp/linear`). A linear named by its
+kind alone (`linear`, `linear_1`, `Dense_0`) is an attention block's output,
+or an MLP block's in or out as its shape says (`_facts`). A role
 says which dimension of the weight is which (`_dims`); the role alone does
 not decide the layout, the strategy does (`_strategy`).
 
