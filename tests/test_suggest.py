@@ -965,3 +965,22 @@ def test_kauldrons_fsdp_layout_of_gemma3_is_one_default_rule() -> None:
     assert theirs["params/layer_0/mlp/linear"] == P("devices", None)
     found = agree.measure_rule_file(tree)
     assert (found.leaf_share, found.byte_share) == (1.0, 1.0), found.differ
+
+
+def test_a_generic_mlp_of_another_width_is_read_by_widening_and_its_biases_follow_their_weights() -> None:
+    d, v = 256, 96  # a text model and a narrower vision tower beside it (Gemma 3 with SigLIP)
+    tree = {"embed/embedding": S(1024, d), "final_norm/scale": S(d)}
+    for i in range(2):
+        tree |= {f"layers_{i}/norm/scale": S(d), f"layers_{i}/mlp/dense_0/kernel": S(d, 4 * d)}
+        tree |= {f"layers_{i}/mlp/dense_1/kernel": S(4 * d, d)}
+        p = f"vision/encoderblock_{i}/MlpBlock_0/"
+        tree |= {p + "Dense_0/kernel": S(v, 4 * v), p + "Dense_0/bias": S(4 * v)}
+        tree |= {p + "Dense_1/kernel": S(4 * v, v), p + "Dense_1/bias": S(v)}
+    sizes = {"fsdp": 2, "model": 4}
+    specs = E.suggested_specs(tree, sr.suggest(tree, sizes, strategy="fsdp+tp"), sizes)
+    p = "vision/encoderblock_0/MlpBlock_0/"
+    assert specs[p + "Dense_0/kernel"] == P("fsdp", "model")  # widens: in (column-parallel)
+    assert specs[p + "Dense_1/kernel"] == P("model", "fsdp")  # narrows: out (row-parallel)
+    assert specs[p + "Dense_0/bias"] == P("model")  # as its weight's outputs
+    assert specs[p + "Dense_1/bias"] in (P(None), P())  # a row-parallel layer's bias: whole
+    assert specs["layers_0/mlp/dense_1/kernel"] == P("model", "fsdp")
