@@ -202,7 +202,7 @@ def rows() -> list[list[str]]:
                     name,
                     f"{strategy} on {mesh}",
                     f"{found.same_leaves} / {found.leaves} ({100 * found.leaf_share:.1f}%)",
-                    f"{100 * found.byte_share:.1f}%",
+                    _bytes(found),
                     "; ".join(sorted(found.differ)) or "nothing differs",
                 ]
             )
@@ -213,11 +213,18 @@ def rows() -> list[list[str]]:
                 name,
                 "`default -> auto(devices, min_bytes=4MiB + 1)` on devices=8 (no `suggest`)",
                 f"{found.same_leaves} / {found.leaves} ({100 * found.leaf_share:.1f}%)",
-                f"{100 * found.byte_share:.1f}%",
+                _bytes(found),
                 "; ".join(sorted(found.differ)) or "nothing differs",
             ]
         )
     return out
+
+
+def _bytes(found: Any) -> str:
+    """Bytes agreeing / total, and the share."""
+    from shardrules._planning._plan import format_bytes
+
+    return f"{format_bytes(found.same_bytes)} / {format_bytes(found.bytes)} ({100 * found.byte_share:.1f}%)"
 
 
 if __name__ == "__main__":

@@ -47,7 +47,10 @@ def rows() -> list[list[str]]:
         except ImportError as error:
             out.append([name, "-", "-", "-", "-", f"skipped: no measurement ({error})"])
             continue
-        out.extend(module.rows())
+        try:
+            out.extend(module.rows())
+        except Exception as error:  # a library that imports but fails: said, not fatal to the others
+            out.append([name, "-", "-", "-", "-", f"failed: {type(error).__name__}: {error}"])
     return out
 
 
