@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
@@ -145,6 +144,9 @@ def _bytes(found: Any) -> str:
 
 
 if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     for row in rows():
         print(row)
-    np.set_printoptions()
