@@ -179,32 +179,39 @@ def rule_specs(tree: Any, text: str) -> dict[str, PartitionSpec | None]:
     return {leaf.path: leaf.spec for leaf in plan}
 
 
-def rows() -> list[tuple[str, str, str]]:
-    """`(library, leaves agreeing/total, bytes agreeing/total)`: the drafted
-    rules (`sr.suggest(..., "fsdp+tp")`, on the model's shapes and on the model
-    itself, whose named arrays carry their axis names) and the mapping written
-    as rules, each against haliax's layout of the tiny transformer."""
+def rows() -> list[list[str]]:
+    """One row per layout compared with haliax's own layout of the tiny
+    transformer: the drafted rules (`sr.suggest(..., "fsdp+tp")`, on the
+    model's shapes and on the model itself, whose named arrays carry their axis
+    names) and haliax's mapping written as rules. Cells: library, model,
+    strategy and mesh, leaves agreeing / total, bytes agreeing / total, and
+    what differs."""
     tree = jax.eval_shape(model)
     theirs = haliax_specs(tree)
     flat = shapes(tree)
+    mesh = ", ".join(f"{a}={n}" for a, n in dict(MESH).items())
     out = []
-    for what, text in (
-        ("haliax (suggest, shapes by path)", sr.suggest(flat, dict(MESH), strategy="fsdp+tp")),
-        ("haliax (suggest, named arrays)", sr.suggest(tree, dict(MESH), strategy="fsdp+tp")),
-        ("haliax (its mapping as rules)", MAPPING_RULES),
+    for what, strategy, text in (
+        ("suggest, shapes by path", f"fsdp+tp, {mesh}", sr.suggest(flat, dict(MESH), strategy="fsdp+tp")),
+        ("suggest, named arrays", f"fsdp+tp, {mesh}", sr.suggest(tree, dict(MESH), strategy="fsdp+tp")),
+        ("its mapping as rules", f"mapping, {mesh}", MAPPING_RULES),
     ):
         source = flat if "shapes" in what else tree
         found = E.agreement(flat, rule_specs(source, text), theirs, MESH)
+        differ = "; ".join(f"{k}: {len(v)} leaves" for k, v in found.differ.items()) or "nothing"
         out.append(
-            (
-                what,
-                f"{found.same_leaves}/{found.leaves}",
-                f"{found.same_bytes / 2**10:.1f}/{found.bytes / 2**10:.1f} KiB",
-            )
+            [
+                "haliax (its axis mapping)",
+                f"tiny transformer ({what})",
+                strategy,
+                f"{found.same_leaves} / {found.leaves} ({found.leaf_share:.2%})",
+                f"{found.same_bytes:,} / {found.bytes:,} ({found.byte_share:.2%})",
+                differ,
+            ]
         )
     return out
 
 
 if __name__ == "__main__":
     for row in rows():
-        print(" | ".join(row))
+        print("| " + " | ".join(row) + " |")

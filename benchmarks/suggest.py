@@ -16,9 +16,8 @@ Prints three Markdown tables (benchmarks/RESULTS.md has a run):
    acknowledging lint's SR204: these embeddings are 250 to 593 MiB), and
    with `embedding="vocab"`, the embedding vocab-parallel as Megatron-LM,
    MaxText and keras-hub have it.
-   A decoder quantized by qwix (`_agree_qwix.py`, run where qwix is
-   installed): `suggest` on the quantized tree against the float decoder's
-   suggestion carried to the quantized forms (the values, the scales).
+   Model libraries' own trees and layouts (haiku, gemma, haliax, qwix) are
+   compared by `suggest_agreement.py`.
 2. `fsdp`: the bytes each device holds against an even split (total /
    devices). Target: within 1.05x.
 3. Time to draft the rules of a Kimi-K2-sized MoE (61 layers, 384 experts,
@@ -44,7 +43,6 @@ from jax.sharding import PartitionSpec as P
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import _agree_qwix  # noqa: E402
 import _expert_layouts as E  # noqa: E402
 
 import shardrules as sr  # noqa: E402
@@ -226,21 +224,6 @@ def main_() -> None:
     for row in agreement_rows():
         print(_row(row))
     print()
-    quantized = _agree_qwix.rows()  # none without qwix
-    if quantized:
-        header = [
-            "quantized by",
-            "model",
-            "strategy, mesh",
-            "leaves the same",
-            "bytes the same",
-            "what differs",
-        ]
-        print(_row(header))
-        print(_row(["---"] * len(header)))
-        for row in quantized:
-            print(_row(row))
-        print()
     print(_row(["`fsdp`, per device / even split", "fsdp=8", "fsdp=64", "fsdp=256"]))
     print(_row(["---"] * 4))
     for row in fsdp_rows():
@@ -250,18 +233,6 @@ def main_() -> None:
     print(_row(["---", "---:"]))
     for row in timing_rows():
         print(_row(row))
-    print()
-    try:
-        import _agree_haliax  # needs haliax
-    except ImportError as err:
-        print(f"haliax's own layout: skipped ({err})")
-        return
-    print(
-        _row(["against haliax's layout (`embed` → data, `mlp`/`heads`/`vocab` → model)", "leaves", "bytes"])
-    )
-    print(_row(["---", "---:", "---:"]))
-    for row in _agree_haliax.rows():
-        print(_row(list(row)))
 
 
 if __name__ == "__main__":

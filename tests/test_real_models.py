@@ -461,3 +461,101 @@ def test_aqt_qtensors_take_the_float_rules_and_compute_as_on_one_device(kind) ->
     step = sr.jit(mlp, rules, mesh, in_groups=("params", "inputs"), out_groups=None)
     got = step(sr.apply(params, rules, mesh), sr.apply({"x": x}, rules, mesh, group="inputs")["x"])
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- dm-haiku: suggest's rules
+
+
+def _bench_module(name: str):
+    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(here))  # the agreement modules import `_expert_layouts`
+    spec = importlib.util.spec_from_file_location(name, here / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _auto_step_is_the_one_device_step(model) -> None:
+    """One step on an 8-device Auto mesh gives the one-device loss and parameters."""
+    rules = sr.load(model.rules)
+    ref_params, ref_loss = jax.jit(model.step_on(None))(model.params, model.batch)
+    step, params, batch = _placed(model, rules, AxisType.Auto)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sr.ShardRulesWarning)
+        new_params, loss = step(params, batch)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(ref_params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    assert any(entry is not None for leaf in jax.tree.leaves(params) for entry in leaf.sharding.spec)
+
+
+def test_haiku_transformer_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
+    hk = pytest.importorskip("haiku", reason="dm-haiku is not installed (pip install dm-haiku)")
+    agree = _bench_module("_agree_haiku")
+    net = agree.forward(agree.TINY)
+    seq = models.tokens(0, 8, 8, agree.TINY["vocab"])
+    batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+    params = net.init(jax.random.key(0), batch["tokens"])
+    assert isinstance(hk.data_structures.to_haiku_dict(params), dict)
+    sizes = {"fsdp": 2, "model": 4}
+    rules = tmp_path / "haiku.shard"
+    rules.write_text(sr.suggest(params, sizes, strategy="fsdp+tp"), encoding="utf-8")
+
+    def loss_fn(p, b):
+        return models.cross_entropy(net.apply(p, None, b["tokens"]), b["targets"])
+
+    model = models.Model(
+        "haiku", models.sgd(loss_fn), params, batch, rules, tuple(sizes.values()), tuple(sizes), "dm-haiku"
+    )
+    _, placed, _ = check_one_step(model)
+    _auto_step_is_the_one_device_step(model)
+    assert placed["block_0/mlp/~/linear_1"]["w"].sharding.spec == P("model", "fsdp")  # row-parallel
+    assert placed["block_0/multi_head_attention/linear"]["w"].sharding.spec == P("model", "fsdp")
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "tp", "fsdp+tp"])
+def test_haiku_suggest_agrees_with_the_megatron_hand_layout(strategy: str) -> None:
+    pytest.importorskip("haiku", reason="dm-haiku is not installed (pip install dm-haiku)")
+    agree = _bench_module("_agree_haiku")
+    for config in (agree.TINY, agree.SMALL):
+        found = agree.measure(config, strategy)
+        assert found.leaf_share >= 0.95 and found.byte_share >= 0.95, found.differ
+
+
+# ---------------------------------------------------------------- gemma: Gemma 3's own tree
+
+
+def test_gemma3_tree_is_the_one_built_from_its_names_and_suggest_agrees_with_megatron() -> None:
+    pytest.importorskip("gemma.gm.nn._transformer", reason="gemma (and kauldron) is not installed")
+    agree = _bench_module("_agree_gemma")
+    own = agree.gemma_shapes(agree.TINY)
+    built = agree.shapes(agree.TINY)
+    assert {k: (v.shape, v.dtype) for k, v in own.items()} == {
+        k: (v.shape, v.dtype) for k, v in built.items()
+    }
+    found = agree.measure(own, "fsdp+tp")
+    assert found.leaf_share >= 0.95 and found.byte_share >= 0.95, found.differ
+
+
+def test_gemma3_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
+    pytest.importorskip("gemma.gm.nn._transformer", reason="gemma (and kauldron) is not installed")
+    agree = _bench_module("_agree_gemma")
+    net = agree.model(agree.TINY)
+    seq = models.tokens(0, 8, 8, agree.TINY["vocab"])
+    batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
+    params = jax.tree.map(lambda x: x.astype(np.float32), net.init(jax.random.key(0), batch["tokens"]))
+    sizes = {"fsdp": 2, "model": 4}
+    rules = tmp_path / "gemma.shard"
+    rules.write_text(sr.suggest(params, sizes, strategy="fsdp+tp"), encoding="utf-8")
+
+    def loss_fn(p, b):
+        return models.cross_entropy(net.apply(p, b["tokens"]).logits, b["targets"])
+
+    model = models.Model(
+        "gemma", models.sgd(loss_fn), params, batch, rules, tuple(sizes.values()), tuple(sizes), "gemma"
+    )
+    _, placed, _ = check_one_step(model)
+    _auto_step_is_the_one_device_step(model)
+    assert placed["params"]["layer_0"]["mlp"]["linear"].sharding.spec == P("model", "fsdp")

@@ -878,3 +878,109 @@ def test_an_array_no_dimension_of_which_divides_is_acknowledged_where_default_ke
         "divides by the axes that would split it: lint's SR204, acknowledged (`noqa`) as meant."
     ) in flat, text
     assert "default -> auto(fsdp, min_bytes=1MiB) # noqa: SR204" in flat, text
+
+
+# ---------------------------------------------------------------- generically named linears
+
+
+def _bench(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def haiku_style(layers: int = 2, d: int = 64, ff: int = 256, vocab: int = 128) -> dict:
+    """dm-haiku's names: `hk.MultiHeadAttention`'s query/key/value/linear, `hk.nets.MLP`'s
+    linear_0/linear_1 (made in its constructor: `mlp/~/`), `w` stored (in, out)."""
+    t = {"embed/embeddings": S(vocab, d), "layer_norm/scale": S(d), "layer_norm/offset": S(d),
+         "lm_head/w": S(d, vocab), "lm_head/b": S(vocab)}  # fmt: skip
+    for i in range(layers):
+        p = f"block_{i}/"
+        for n in ("query", "key", "value"):
+            t |= {p + f"multi_head_attention/{n}/w": S(d, d), p + f"multi_head_attention/{n}/b": S(d)}
+        t |= {p + "multi_head_attention/linear/w": S(d, d), p + "multi_head_attention/linear/b": S(d)}
+        t |= {p + "mlp/~/linear_0/w": S(d, ff), p + "mlp/~/linear_0/b": S(ff)}
+        t |= {p + "mlp/~/linear_1/w": S(ff, d), p + "mlp/~/linear_1/b": S(d)}
+        for n in ("layer_norm", "layer_norm_1"):
+            t |= {p + f"{n}/scale": S(d), p + f"{n}/offset": S(d)}
+    return t
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "tp", "fsdp+tp"])
+def test_haiku_style_linears_of_attention_and_mlp_are_split_as_megatron_splits_them(strategy: str) -> None:
+    agree = _bench("_agree_haiku")
+    tree, sizes = haiku_style(), agree.MESHES[strategy]
+    text = sr.suggest(tree, sizes, strategy=strategy)
+    found = E.agreement(
+        tree, E.suggested_specs(tree, text, sizes), agree.expert_specs(tree, strategy, sizes), sizes
+    )
+    assert found.leaf_share >= LEAF_SHARE and found.byte_share >= LEAF_SHARE, (found.differ, text)
+    flat = re.sub(" +", " ", text)
+    assert "Not recognised by name" not in text, text
+    assert "# attention output" in flat and "# MLP out (down)" in flat, text
+
+
+def test_gemma_style_mlp_linear_is_down_and_gating_einsum_is_gate_and_up_not_experts() -> None:
+    agree = _bench("_agree_gemma")
+    for config in (agree.TINY, agree.CONFIGS["Gemma3_1B"]):
+        tree, sizes = agree.shapes(config), {"fsdp": 2, "model": 4}
+        text = sr.suggest(tree, sizes, strategy="fsdp+tp")
+        flat = re.sub(" +", " ", text)
+        assert '"mlp/linear$" -> (mlp, embed) # MLP out (down), row-parallel' in flat, text
+        assert '"mlp/gating_einsum$" -> (_, mlp, embed) # MLP in (gate/up), column-parallel' in flat, text
+        assert "2 experts" not in text and "experts in" not in text, text
+        found = E.agreement(
+            tree, E.suggested_specs(tree, text, sizes), agree.megatron_specs(tree, sizes), sizes
+        )
+        assert found.leaf_share >= LEAF_SHARE and found.byte_share >= LEAF_SHARE, found.differ
+
+
+def test_a_generic_linear_is_read_by_its_shape_and_a_square_one_is_left_to_default() -> None:
+    d = 64
+    tree = {
+        "embed/embedding": S(512, d),
+        "final_norm/scale": S(d),
+        "ffn/dense_0/kernel": S(d, 4 * d),  # in
+        "ffn/dense_1/kernel": S(4 * d, d),  # out
+        "ffn/dense_2/kernel": S(d, d),  # square: which way it goes, the shape cannot tell
+        "head/dense/kernel": S(d, d),  # not in an MLP block: not read as one
+    }
+    flat = re.sub(" +", " ", sr.suggest(tree, {"fsdp": 2, "model": 4}, strategy="fsdp+tp"))
+    assert '"dense_0/kernel$" -> (embed, mlp)' in flat, flat
+    assert '"dense_1/kernel$" -> (mlp, embed)' in flat, flat
+    assert "ffn/dense_2/kernel (64, 64)" in flat and "head/dense/kernel (64, 64)" in flat, flat
+
+
+def test_kauldrons_fsdp_layout_of_gemma3_is_one_default_rule() -> None:
+    agree = _bench("_agree_gemma")
+    tree = agree.shapes(agree.CONFIGS["Gemma3_4B"])
+    theirs = agree.kauldron_specs(tree, 8)
+    assert any(spec != P(*([None] * len(spec))) for spec in theirs.values())  # it does split
+    assert theirs["params/embedder/input_embedding"] == P("devices", None)  # the largest dimension
+    assert theirs["params/layer_0/mlp/linear"] == P("devices", None)
+    found = agree.measure_rule_file(tree)
+    assert (found.leaf_share, found.byte_share) == (1.0, 1.0), found.differ
+
+
+def test_a_generic_mlp_of_another_width_is_read_by_widening_and_its_biases_follow_their_weights() -> None:
+    d, v = 256, 96  # a text model and a narrower vision tower beside it (Gemma 3 with SigLIP)
+    tree = {"embed/embedding": S(1024, d), "final_norm/scale": S(d)}
+    for i in range(2):
+        tree |= {f"layers_{i}/norm/scale": S(d), f"layers_{i}/mlp/dense_0/kernel": S(d, 4 * d)}
+        tree |= {f"layers_{i}/mlp/dense_1/kernel": S(4 * d, d)}
+        p = f"vision/encoderblock_{i}/MlpBlock_0/"
+        tree |= {p + "Dense_0/kernel": S(v, 4 * v), p + "Dense_0/bias": S(4 * v)}
+        tree |= {p + "Dense_1/kernel": S(4 * v, v), p + "Dense_1/bias": S(v)}
+    sizes = {"fsdp": 2, "model": 4}
+    specs = E.suggested_specs(tree, sr.suggest(tree, sizes, strategy="fsdp+tp"), sizes)
+    p = "vision/encoderblock_0/MlpBlock_0/"
+    assert specs[p + "Dense_0/kernel"] == P("fsdp", "model")  # widens: in (column-parallel)
+    assert specs[p + "Dense_1/kernel"] == P("model", "fsdp")  # narrows: out (row-parallel)
+    assert specs[p + "Dense_0/bias"] == P("model")  # as its weight's outputs
+    assert specs[p + "Dense_1/bias"] in (P(None), P())  # a row-parallel layer's bias: whole
+    assert specs["layers_0/mlp/dense_1/kernel"] == P("model", "fsdp")

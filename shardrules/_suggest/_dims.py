@@ -89,6 +89,8 @@ def dims_of(kind: Kind, role: R.Role, facts: Facts, index: int) -> Dims | None:
     features = [i for i in core if i != embed]
     if name == R.KV and len(features) >= 3 and shape[features[0]] in (2, 3):
         features = features[1:]  # keys and values stacked in one weight (`kv_einsum`)
+    if name == R.MLP_IN and len(features) == 2 and shape[features[0]] == 2:
+        features = features[1:]  # gate and up stacked in one weight (`gating_einsum`)
     names[embed] = "embed"
     feature = FEATURES[name]
     heads = None

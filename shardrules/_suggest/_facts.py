@@ -53,6 +53,7 @@ def facts_of(kinds: list[Kind], head_dim: int | None = None) -> Facts:
     hidden = _hidden(kinds, roles)
     stacks, layers = _stacks(kinds, roles, hidden)
     roles = [_settle_gate(k, r, hidden) for k, r in zip(kinds, roles, strict=True)]
+    roles = _settle_linears(kinds, roles, hidden, stacks)
     roles = [
         _settle_experts(k, r, hidden, stacks.get(i, ()))
         for i, (k, r) in enumerate(zip(kinds, roles, strict=True))
@@ -136,6 +137,44 @@ def _settle_gate(kind: Kind, role: R.Role | None, hidden: int | None) -> R.Role 
     return dataclasses.replace(role, name=name)
 
 
+def _settle_linears(
+    kinds: list[Kind], roles: list[R.Role | None], hidden: int | None, stacks: dict[int, tuple[int, ...]]
+) -> list[R.Role | None]:
+    """The linears of an MLP block named by their kind alone (`mlp/linear_0`,
+    `mlp/linear`) as the MLP's in (gate/up) or out (down), and their biases
+    as their weights (a bias with no weight beside it: out if it is of the
+    hidden size, else in)."""
+    settled: dict[tuple[str, ...], str | None] = {}
+    out = list(roles)
+    for index, (kind, role) in enumerate(zip(kinds, roles, strict=True)):
+        if role is not None and role.name == R.MLP_LINEAR:
+            name = _linear_way(kind, role, hidden, stacks.get(index, ()))
+            out[index] = None if name is None else dataclasses.replace(role, name=name)
+            lower = kind.lower
+            settled[lower[:-1] if lower[-1] in R._PARAMS else lower] = name
+    for index, (kind, role) in enumerate(zip(kinds, roles, strict=True)):
+        if role is not None and role.name == R.BIAS and role.of == R.MLP_LINEAR:
+            core = [s for i, s in enumerate(kind.shape) if i not in stacks.get(index, ())]
+            guess = R.MLP_OUT if core and core[-1] == hidden else R.MLP_IN
+            out[index] = dataclasses.replace(role, of=settled.get(kind.lower[:-1], guess))
+    return out
+
+
+def _linear_way(kind: Kind, role: R.Role, hidden: int | None, stacked: tuple[int, ...]) -> str | None:
+    """In or out: the side of the hidden size (the other not of it); else, for
+    a block of another width (a vision tower beside a text model), in where
+    it widens and out where it narrows. A square weight: `None` (unknown)."""
+    core = [s for i, s in enumerate(kind.shape) if i not in stacked]
+    if len(core) < 2:
+        return None
+    inputs, outputs = (core[-1], core[-2]) if role.out_first else (core[-2], core[-1])
+    if (inputs == hidden) != (outputs == hidden):
+        return R.MLP_OUT if outputs == hidden else R.MLP_IN
+    if inputs == outputs:
+        return None
+    return R.MLP_IN if outputs > inputs else R.MLP_OUT
+
+
 def _settle_experts(
     kind: Kind, role: R.Role | None, hidden: int | None, stacked: tuple[int, ...]
 ) -> R.Role | None:
@@ -144,6 +183,8 @@ def _settle_experts(
     if role is None or role.name not in (R.MLP_IN, R.MLP_OUT) or role.per_expert:
         return role
     core = [s for i, s in enumerate(kind.shape) if i not in stacked]
+    if role.name == R.MLP_IN and len(core) == 3 and core[0] == 2 and hidden in core[1:]:
+        return role  # gate and up in one weight (Gemma's `gating_einsum`), not two experts
     if len(core) >= 3 and core[0] != hidden:
         return dataclasses.replace(role, name=R.EXPERT_IN if role.name == R.MLP_IN else R.EXPERT_OUT)
     return role

@@ -7,7 +7,11 @@ checkpoints (`model.layers.3.self_attn.q_proj.weight`), Flax linen and NNX
 (`decoder_block_0/attention/query/kernel`), haliax and Levanter
 (`token_embeddings/weight`, `layers/stacked/self_attn/q_proj/weight`), penzai labels
 (`attention/query.weights`), Meta's (`attention.wq.weight`), GPT-2's
-(`attn.c_attn.weight`) and BERT's (`attention.self.query.weight`). A role
+(`attn.c_attn.weight`), BERT's (`attention.self.query.weight`), dm-haiku's
+(`multi_head_attention/linear/w`, `mlp/~/linear_0/w`) and Gemma's
+(`attn/q_einsum/w`, `mlp/gating_einsum`, `mlp/linear`). A linear named by its
+kind alone (`linear`, `linear_1`, `Dense_0`) is an attention block's output,
+or an MLP block's in or out as its shape says (`_facts`). A role
 says which dimension of the weight is which (`_dims`); the role alone does
 not decide the layout, the strategy does (`_strategy`).
 
@@ -30,6 +34,7 @@ QKV = "attn_qkv"
 OUT = "attn_out"
 MLP_IN = "mlp_in"
 MLP_OUT = "mlp_out"
+MLP_LINEAR = "mlp_linear"  # a generically named linear in an MLP block: in or out, told by its shape
 EXPERT_IN = "expert_in"
 EXPERT_OUT = "expert_out"
 ROUTER = "router"
@@ -93,7 +98,7 @@ _V = {"v_proj", "wv", "value_proj", "to_v", "v_lin", "kv_proj", "wkv", "kv_einsu
 _V_IN_ATTN = {"v", "value"}
 _QKV = {"qkv_proj", "qkv", "wqkv", "c_attn", "query_key_value", "qkv_einsum", "w_qkv", "in_proj_qkv"}
 _O = {"o_proj", "attention_output", "attn_vec_einsum", "output_proj", "to_out", "out_lin", "attn_out"}
-_O_IN_ATTN = {"out_proj", "out", "wo", "o", "c_proj", "proj", "output", "dense"}
+_O_IN_ATTN = {"out_proj", "out", "wo", "o", "c_proj", "proj", "output", "dense", "linear"}
 _UP = {
     "gate_proj", "up_proj", "gate_up_proj", "w1", "w3", "wi", "wi_0", "wi_1", "fc1", "fc_in", "c_fc",
     "dense_h_to_4h", "ffw_gating", "ffw_gating_2", "gating_einsum", "linear1", "lin1", "w_in", "fc_1",
@@ -105,6 +110,13 @@ _DOWN = {
     "w_out", "fc_2", "out_linear", "down", "out_proj", "linear_einsum", "linear_out", "output",
     "mlp_out", "ffn_out", "ff_out", "ffn_down",
 }  # fmt: skip
+_MLP_BLOCK = re.compile(
+    r"^(mlp|ffn|ffw|ff|feed_?forward|mlp_?block|ffn_?block|feed_?forward_?block)(_?\d+)?$"
+)
+"""An MLP block (`mlp`, `ffn`, Gemma's `FeedForward` as `mlp`, Flax's `MlpBlock_0`)."""
+_GENERIC_LINEAR = re.compile(r"^(linear|dense|fc|lin)(_?\d+)?$")
+"""A linear layer named by its kind alone (haiku's `linear_0`, Flax's `Dense_1`, Gemma's
+`linear`): in an MLP block its shape tells its direction (`_facts`)."""
 _PARAMS = {"weight", "weights", "kernel", "w", "embedding", "embeddings", "scale", "input_embedding"}
 _BIASES = {"bias", "b", "biases"}
 _NORM = re.compile(r"norm|^(ln|ln_?\d+|ln_f|ln_\w+|\w+_ln|bn|bn_?\d+|\w+_bn)$|^(gamma|beta)$")
@@ -128,6 +140,7 @@ class Role:
 def role_of(tokens: tuple[str, ...]) -> Role | None:
     """The role that the lower-case `tokens` of a normalised path name, or
     `None` for names this module does not know."""
+    tokens = tuple(t for t in tokens if t != "~")  # haiku: `mlp/~/linear_0`, a submodule made in `__init__`
     if not tokens:
         return None
     last = tokens[-1]
@@ -197,9 +210,11 @@ def _attention(module: str, chain: tuple[str, ...], in_attn: bool) -> str | None
 
 
 def _mlp(module: str, chain: tuple[str, ...], in_attn: bool) -> str | None:
-    if module == "dense":  # BERT: intermediate.dense (in), output.dense (out)
-        parent = chain[-1] if chain else ""
-        return MLP_IN if parent == "intermediate" else MLP_OUT if parent == "output" else None
+    parent = chain[-1] if chain else ""
+    if module == "dense" and parent in ("intermediate", "output"):  # BERT: intermediate.dense, output.dense
+        return MLP_IN if parent == "intermediate" else MLP_OUT
+    if _GENERIC_LINEAR.match(module):
+        return MLP_LINEAR if not in_attn and any(_MLP_BLOCK.match(t) for t in chain[-2:]) else None
     if module in _UP:
         return MLP_IN
     if module in _DOWN:

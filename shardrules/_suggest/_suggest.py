@@ -76,8 +76,8 @@ def suggest(
     Each array is given a role by the names in its path (embedding, attention
     q/k/v and output, MLP in and out, experts, router, norms, biases, output
     head, convolutions), in the conventions of transformers checkpoints, Flax
-    linen and NNX, MaxText, Equinox, keras-hub and penzai; its dimensions are
-    read from its shape (the hidden size, stacked layers, stacked experts,
+    linen and NNX, MaxText, Equinox, keras-hub, penzai, dm-haiku and gemma;
+    its dimensions are read from its shape (the hidden size, stacked layers, stacked experts,
     heads). One rule per role lays it out through aliases for the logical
     dimensions (`embed`, `heads`, `mlp`, `vocab`, `experts`), which the
     strategy sets to mesh axes. Arrays whose names are not recognised are left
