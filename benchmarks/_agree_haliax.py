@@ -179,31 +179,36 @@ def rule_specs(tree: Any, text: str) -> dict[str, PartitionSpec | None]:
     return {leaf.path: leaf.spec for leaf in plan}
 
 
-def rows() -> list[list[str]]:
-    """One row per layout compared with haliax's own layout of the tiny
-    transformer: the drafted rules (`sr.suggest(..., "fsdp+tp")`, on the
+def measure() -> dict[str, tuple[str, E.Agreement]]:
+    """Each layout compared with haliax's own layout of the tiny transformer,
+    by what it is: the drafted rules (`sr.suggest(..., "fsdp+tp")`, on the
     model's shapes and on the model itself, whose named arrays carry their axis
-    names) and haliax's mapping written as rules. Cells: library, model,
-    strategy and mesh, leaves agreeing / total, bytes agreeing / total, and
-    what differs."""
+    names) and haliax's mapping written as rules; each with its strategy."""
     tree = jax.eval_shape(model)
     theirs = haliax_specs(tree)
     flat = shapes(tree)
+    found = {}
+    for what, strategy, source, text in (
+        ("suggest, shapes by path", "fsdp+tp", flat, sr.suggest(flat, dict(MESH), strategy="fsdp+tp")),
+        ("suggest, named arrays", "fsdp+tp", tree, sr.suggest(tree, dict(MESH), strategy="fsdp+tp")),
+        ("its mapping as rules", "mapping", tree, MAPPING_RULES),
+    ):
+        found[what] = (strategy, E.agreement(flat, rule_specs(source, text), theirs, MESH))
+    return found
+
+
+def rows() -> list[list[str]]:
+    """`measure` as table rows: library, model, strategy and mesh, leaves
+    agreeing / total, bytes agreeing / total, and what differs."""
     mesh = ", ".join(f"{a}={n}" for a, n in dict(MESH).items())
     out = []
-    for what, strategy, text in (
-        ("suggest, shapes by path", f"fsdp+tp, {mesh}", sr.suggest(flat, dict(MESH), strategy="fsdp+tp")),
-        ("suggest, named arrays", f"fsdp+tp, {mesh}", sr.suggest(tree, dict(MESH), strategy="fsdp+tp")),
-        ("its mapping as rules", f"mapping, {mesh}", MAPPING_RULES),
-    ):
-        source = flat if "shapes" in what else tree
-        found = E.agreement(flat, rule_specs(source, text), theirs, MESH)
+    for what, (strategy, found) in measure().items():
         differ = "; ".join(f"{k}: {len(v)} leaves" for k, v in found.differ.items()) or "nothing"
         out.append(
             [
                 "haliax (its axis mapping)",
                 f"tiny transformer ({what})",
-                strategy,
+                f"{strategy}, {mesh}",
                 f"{found.same_leaves} / {found.leaves} ({found.leaf_share:.2%})",
                 f"{found.same_bytes:,} / {found.bytes:,} ({found.byte_share:.2%})",
                 differ,

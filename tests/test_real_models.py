@@ -300,14 +300,13 @@ def test_haliax_arrays_are_planned_by_path_and_axis_names_as_haliax_lays_them_ou
 
 def test_haliax_suggest_drafts_haliax_layout() -> None:
     """`sr.suggest(model, ..., "fsdp+tp")` on the named arrays lays every leaf out
-    as haliax does under Levanter's FSDP+TP mapping (`rows()` of the benchmark)."""
+    as haliax does under Levanter's FSDP+TP mapping (`measure()` of the benchmark)."""
     A = _haliax()
-    rows = {what: (leaves, nbytes) for what, leaves, nbytes in A.rows()}
-    for what in ("haliax (suggest, named arrays)", "haliax (its mapping as rules)"):
-        same, total = map(int, rows[what][0].split("/"))
-        assert total == 12 and same == total, (what, rows[what])
-        same_bytes, total_bytes = map(float, rows[what][1].removesuffix(" KiB").split("/"))
-        assert same_bytes == total_bytes > 0, (what, rows[what])
+    found = A.measure()
+    for what in ("suggest, named arrays", "its mapping as rules"):
+        agreement = found[what][1]
+        assert agreement.leaves == 12 and agreement.same_leaves == 12, (what, agreement.differ)
+        assert agreement.same_bytes == agreement.bytes > 0, (what, agreement.differ)
 
 
 @pytest.mark.parametrize("kind", ["explicit", "auto-one-device"])
