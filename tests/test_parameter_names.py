@@ -178,7 +178,7 @@ def test_ambiguous_weights_give_no_name_and_say_why():
         refused["Shared/Pair_0"]
         == "its operations take 2 parameters as weights: `params/Pair_0/a`, `params/Pair_0/b`"
     )
-    assert refused["Shared/Tied_0"] == "its weight `params/table` is also a weight of `Shared/Tied_1`"
+    assert refused["Shared/Tied_0"] == "its weight `params/table` is also used as a weight in `Shared/Tied_1`"
     unmatched = sorted(d.message.split("`")[1] for d in traced.unmatched)
     assert unmatched == ["Pair_0/a$", "table$"]  # neither rule reaches anything
 
@@ -242,3 +242,38 @@ def test_explain_step_says_what_no_scope_reaches(project, capsys):
     assert [u["kind"] for u in found["reach"]["unreached"]][:2] == ["gather", "select"]
     (einsum_1,) = [s for s in found["scopes"] if s["name"] == "Lm/mlp/Einsum_1"]
     assert einsum_1["alias"] == "params/mlp/linear" and einsum_1["rule"] == "lm.shard:10:3"
+
+
+class Layer(linen.Module):
+    @linen.compact
+    def __call__(self, x, _):
+        return x + Mlp(name="mlp")(x), None
+
+
+class Stack(linen.Module):
+    """Layers stacked by `nn.scan`: each trip's weight is a slice of the stack."""
+
+    @linen.compact
+    def __call__(self, x):
+        layers = linen.scan(Layer, variable_axes={"params": 0}, split_rngs={"params": True}, length=2)
+        return layers(name="layers")(x, None)[0]
+
+
+def test_a_scanned_layers_weight_is_named_by_its_stack():
+    model, x = Stack(), np.ones((8, 4, 16), np.float32)
+    params = model.init(jax.random.key(0), x)
+    rules = sr.loads(
+        "rules params:\n  default -> replicated\nrules inputs:\n  default -> (data, ...)\n"
+        'rules activations:\n  "mlp/gating_einsum$" -> (data, _, _, _)\n',
+        name="s.shard",
+    )
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    fn = lambda p, x: jnp.mean(model.apply(p, x) ** 2)  # noqa: E731
+    step = sr.jit(fn, rules, mesh, in_groups=("params", "inputs"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sr.ShardRulesWarning)  # the rule matches: no SR211
+        scopes = {s.name: s for s in step.scopes(params, x)}
+        got = step(params, x)
+    gating = scopes["Stack/layers/mlp/Einsum_0"]
+    assert gating.alias == "params/layers/mlp/gating_einsum" and gating.rule.pattern == "mlp/gating_einsum$"
+    np.testing.assert_allclose(float(got), float(jax.jit(fn)(params, x)), rtol=1e-5)

@@ -14,13 +14,15 @@ that is unambiguous:
   operand, and that its gathers index (an embedding table), directly or
   through casts, reshapes and transposes, in the scope or in scopes inside
   it, inlined calls and the constants of loops and branches included;
-- the scope is named after its weight when it has exactly one, and that
-  parameter is the weight of no other scope (inner scopes aside): the name
+- the scope is named after its weight when it has exactly one, and no
+  operation outside the scope uses that parameter as a weight: the name
   is the parameter's path in its argument, as `params` rules match it
   (`params/mlp/gating_einsum`), with `/0`, `/1`, ... after it for a use
   with several outputs, as the scope's own name has;
-- a scope with several weights, whose weight is also another scope's, or
-  with none, has no such name, and `refused` says why.
+- a scope with several weights, whose weight an operation outside it uses
+  too (a tied embedding), or with none has no such name, and `refused`
+  says why. Inside a `lax.scan` over stacked layers, a weight sliced from
+  the stack is named by the stack's path.
 
 A scope output's own name is matched first; the parameter's only where no
 activation rule matches the scope's.
@@ -42,7 +44,7 @@ from typing import Any
 
 from ._compat import jcore
 from ._cotangents import source_line
-from ._outputs import forward_path, join, transposed
+from ._outputs import forward_path, join, transposed, under
 
 AUTO_NAMED = re.compile(r"[A-Z][A-Za-z0-9]*_\d+")
 """A scope segment a framework makes from a class name and a number (`Einsum_0`)."""
@@ -118,13 +120,14 @@ def _sub_jaxprs(eqn: Any) -> list[tuple[Any, list[int | None]]]:
             if not isinstance(jaxpr, jcore.Jaxpr):
                 continue
             m = len(jaxpr.invars)
-            if m == n:
-                mapping: list[int | None] = list(range(n))
+            if eqn.primitive.name == "scan":  # constants and the stacks sliced per trip, not carries
+                consts = int(eqn.params.get("num_consts", 0))
+                carries = range(consts, consts + int(eqn.params.get("num_carry", 0)))
+                mapping: list[int | None] = [None if i in carries or i >= n else i for i in range(m)]
+            elif m == n:
+                mapping = list(range(n))
             elif eqn.primitive.name == "cond" and m == n - 1:
                 mapping = list(range(1, n))
-            elif eqn.primitive.name == "scan":
-                consts = int(eqn.params.get("num_consts", 0))
-                mapping = [i if i < consts else None for i in range(m)]
             elif eqn.primitive.name == "while":
                 skip = int(eqn.params.get("cond_nconsts", 0)) if key == "body_jaxpr" else 0
                 consts = int(eqn.params.get(f"{key.split('_')[0]}_nconsts", 0))
@@ -138,7 +141,7 @@ def _sub_jaxprs(eqn: Any) -> list[tuple[Any, list[int | None]]]:
 class _Walk:
     def __init__(self) -> None:
         self.weights: dict[str, list[str]] = {}  # auto-named scope -> its weights, in order
-        self.scopes_of: dict[str, list[str]] = {}  # parameter -> the auto-named scopes it is a weight of
+        self.used_in: dict[str, list[str]] = {}  # parameter -> the scopes of the operations weighing with it
         self.unreached: dict[str, tuple[list[str], int, list[str]]] = {}
 
     def walk(self, jaxpr: Any, params: Sequence[str | None], base: str, line: str = "") -> None:
@@ -159,13 +162,12 @@ class _Walk:
                 weights = [p for p in operands if p is not None]
             else:
                 weights = [p for p in operands[:1] if p is not None] if name == "gather" else []
+            for p in weights:
+                if path not in self.used_in.setdefault(p, []):
+                    self.used_in[p].append(path)
             for scope in _auto_scopes(path):
                 mine = self.weights.setdefault(scope, [])
-                for p in weights:
-                    if p not in mine:
-                        mine.append(p)
-                    if scope not in self.scopes_of.setdefault(p, []):
-                        self.scopes_of[p].append(scope)
+                mine.extend(p for p in weights if p not in mine)
             here = source_line(eqn) or line
             if not path and name in _KIND and any(getattr(v.aval, "shape", ()) for v in eqn.outvars):
                 prims, count, sources = self.unreached.setdefault(_KIND[name], ([], 0, []))
@@ -186,13 +188,10 @@ class _Walk:
                 shown = ", ".join(f"`{w}`" for w in weights)
                 found.refused[scope] = f"its operations take {len(weights)} parameters as weights: {shown}"
             else:
-                others = [
-                    s for s in self.scopes_of[weights[0]] if s != scope and not s.startswith(scope + "/")
-                ]
-                others = [s for s in others if not scope.startswith(s + "/")]
+                others = [s for s in self.used_in[weights[0]] if not under(s, scope)]
                 if others:
-                    shown = ", ".join(f"`{s}`" for s in others)
-                    found.refused[scope] = f"its weight `{weights[0]}` is also a weight of {shown}"
+                    shown = ", ".join(f"`{s}`" if s else "outside every named scope" for s in others)
+                    found.refused[scope] = f"its weight `{weights[0]}` is also used as a weight in {shown}"
                 else:
                     found.aliases[scope] = weights[0]
         order = [kind for kind, _ in _KINDS]
