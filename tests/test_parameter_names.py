@@ -179,6 +179,13 @@ def test_ambiguous_weights_give_no_name_and_say_why():
         == "its operations take 2 parameters as weights: `params/Pair_0/a`, `params/Pair_0/b`"
     )
     assert refused["Shared/Tied_0"] == "its weight `params/table` is also used as a weight in `Shared/Tied_1`"
+    assert "Shared" not in refused  # a named scope: its own name is enough
+    from shardrules._cli._explain import reach_lines
+
+    lines = reach_lines(traced.reach, traced.scopes)
+    assert lines[0].startswith("auto-named scopes with no parameter name")
+    assert f"  Shared/Pair_0: {refused['Shared/Pair_0']}" in lines
+    assert f"  Shared/Tied_0: {refused['Shared/Tied_0']}" in lines
     unmatched = sorted(d.message.split("`")[1] for d in traced.unmatched)
     assert unmatched == ["Pair_0/a$", "table$"]  # neither rule reaches anything
 

@@ -19,9 +19,9 @@ that is unambiguous:
   is the parameter's path in its argument, as `params` rules match it
   (`params/mlp/gating_einsum`), with `/0`, `/1`, ... after it for a use
   with several outputs, as the scope's own name has;
-- a scope with several weights, whose weight an operation outside it uses
-  too (a tied embedding), or with none has no such name, and `refused`
-  says why. Inside a `lax.scan` over stacked layers, a weight sliced from
+- a scope with several weights, or whose weight an operation outside it
+  uses too (a tied embedding), has no such name, and `refused` says why;
+  one with none (a norm) has none either. Inside a `lax.scan` over stacked layers, a weight sliced from
   the stack is named by the stack's path.
 
 A scope output's own name is matched first; the parameter's only where no
@@ -80,8 +80,8 @@ class Unreached:
 @dataclasses.dataclass
 class Reach:
     """What `find` found: `aliases` (auto-named scope path -> its weight's
-    path), `refused` (auto-named scope path -> why it has no alias), and the
-    `unreached` operations by kind."""
+    path), `refused` (auto-named scope path -> why its weight is ambiguous),
+    and the `unreached` operations by kind."""
 
     aliases: dict[str, str] = dataclasses.field(default_factory=dict)
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -182,9 +182,9 @@ class _Walk:
     def reach(self) -> Reach:
         found = Reach()
         for scope, weights in self.weights.items():
-            if not weights:
-                found.refused[scope] = "its operations take no parameter as a weight"
-            elif len(weights) > 1:
+            if not weights:  # no parameter to name it after (a norm, an activation): nothing to say
+                continue
+            if len(weights) > 1:
                 shown = ", ".join(f"`{w}`" for w in weights)
                 found.refused[scope] = f"its operations take {len(weights)} parameters as weights: {shown}"
             else:
