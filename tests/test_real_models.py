@@ -558,3 +558,62 @@ def test_gemma3_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
     _, placed, _ = check_one_step(model)
     _auto_step_is_the_one_device_step(model)
     assert placed["params"]["layer_0"]["mlp"]["linear"].sharding.spec == P("model", "fsdp")
+
+
+# ---------------------------------------------------------------- gemma (Gemma 3, Flax linen)
+
+
+def _gemma_transformer():
+    """gemma's linen `Transformer` and its config module, or a skip: the
+    library drags kauldron (and with it clu and TensorFlow) into its import."""
+    pytest.importorskip("gemma", reason="gemma is not installed (pip install --no-deps gemma==3.3.0)")
+    try:
+        from gemma.gm.nn import _config, _modules, _transformer
+    except (ImportError, AttributeError) as err:  # a kauldron or JAX this gemma does not know
+        pytest.skip(f"gemma's model does not import here: {type(err).__name__}: {err}")
+    return _transformer.Transformer, _config.TransformerConfig, _modules.AttentionType
+
+
+def test_gemma_mlp_reached_by_its_weights_name_and_the_loss_listed() -> None:
+    """Gemma's feed-forward block calls its gating `Einsum` as `mlp/Einsum_0`
+    and keeps the weight as `mlp/gating_einsum`: a rule with the weight's
+    name reaches it; the loss's label gather and mask select, outside the
+    model, are listed with their lines."""
+    transformer, config, attention = _gemma_transformer()
+    import jax.numpy as jnp
+
+    model = transformer(
+        config=config(
+            num_embed=64, embed_dim=32, hidden_dim=64, num_heads=2, head_dim=16, num_kv_heads=1,
+            final_logit_softcap=None, use_post_attn_norm=True, use_post_ffw_norm=True,
+            attention_types=(attention.GLOBAL,), use_qk_norm=True,
+        )
+    )  # fmt: skip
+    S = jax.ShapeDtypeStruct
+    batch = {"tokens": S((8, 16), jnp.int32), "labels": S((8, 16), jnp.int32), "mask": S((8, 16), jnp.bool_)}
+    params = jax.eval_shape(model.init, jax.random.key(0), batch["tokens"])
+
+    def loss(params, batch):
+        logp = jax.nn.log_softmax(model.apply(params, batch["tokens"]).logits)
+        nll = -jnp.take_along_axis(logp, batch["labels"][..., None], axis=-1)[..., 0]  # LABELS
+        return jnp.sum(jnp.where(batch["mask"], nll, 0.0)) / jnp.sum(batch["mask"])  # MASK
+
+    rules = sr.loads(
+        "rules params:\n  default -> replicated\nrules inputs:\n  default -> (data, _)\n"
+        'rules activations:\n  "layer_\\d+/mlp/gating_einsum$" -> (data, _, _, _)\n',
+        name="gemma.shard",
+    )
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    step = sr.jit(loss, rules, mesh, in_groups=("params", "inputs"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sr.ShardRulesWarning)  # the rule matches: no SR211
+        traced = step.traced(params, batch)
+    (gating,) = [s for s in traced.scopes if s.name.endswith("layer_0/mlp/Einsum_0")]
+    assert gating.alias == "params/layer_0/mlp/gating_einsum"
+    assert gating.rule is not None and gating.rule.pattern == "layer_\\d+/mlp/gating_einsum$"
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    labels = next(i for i, line in enumerate(lines, 1) if line.rstrip().endswith("# LABELS"))
+    mask = next(i for i, line in enumerate(lines, 1) if line.rstrip().endswith("# MASK"))
+    kinds = {u.kind: u for u in traced.reach.unreached}
+    assert kinds["gather"].sources == (f"{__file__}:{labels}",)
+    assert f"{__file__}:{mask}" in kinds["select"].sources

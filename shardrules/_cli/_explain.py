@@ -78,6 +78,42 @@ def _write_cost(cost: Any, by: str, out: TextIO) -> None:
     _render.write_table(rows, out, _render.use_rich(out), (*header, *_byrule.kinds(data)))
 
 
+_REACH_HINT = (
+    "to reach one, wrap the code that makes it in `with jax.named_scope(NAME):` and add "
+    '`"NAME$" -> (...)` under `rules activations:`'
+)
+
+
+def reach_lines(reach: Any, scopes: Any) -> list[str]:
+    """What `explain --step` says of the names rules cannot use: the
+    auto-named scopes among `scopes` (the scope outputs) that have no
+    parameter name, and why; the operations outside every named scope, by
+    kind, with their source lines and how to reach them. None where there is
+    nothing to say."""
+    if reach is None:
+        return []
+    from .._planning._units import shown_location
+
+    out: list[str] = []
+    seen = {s.name for s in scopes or ()}
+    refused = [(scope, why) for scope, why in reach.refused.items() if scope in seen]
+    if refused:
+        out.append(
+            "auto-named scopes with no parameter name (activation rules reach them by scope name only):"
+        )
+        out += [f"  {scope}: {why}" for scope, why in refused]
+    if reach.unreached:
+        if out:
+            out.append("")
+        out.append("operations outside every named scope, which no activation rule reaches:")
+        width = max(len(u.kind) for u in reach.unreached)
+        for u in reach.unreached:
+            lines = ", ".join(shown_location(x) for x in u.sources if x) or "(no source line)"
+            out.append(f"  {u.kind.ljust(width)}  {u.count}  {lines}")
+        out.append(f"  {_REACH_HINT}")
+    return out
+
+
 def write_text(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> None:
     """The tables (scope outputs, decisions), the cost, the plan, its totals
     and pictures on `out`; findings on standard error."""
@@ -87,9 +123,14 @@ def write_text(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
     if args.decisions:
         tables.append((_step.rows(args.decisions), _step.HEADER))
     step_cost: Any = getattr(args, "step_cost", None)  # set by the step's trace, when asked for
+    reach = reach_lines(getattr(args, "reach", None), args.scopes)
     for i, (rows, header) in enumerate(tables):
         _render.write_table(rows, out, _render.use_rich(out), header)
-        if result.plan is not None or i < len(tables) - 1 or step_cost is not None:
+        if result.plan is not None or i < len(tables) - 1 or step_cost is not None or reach:
+            out.write("\n")
+    if reach:
+        out.write("\n".join(reach) + "\n")
+        if result.plan is not None or step_cost is not None:
             out.write("\n")
     if step_cost is not None:
         _write_cost(step_cost, getattr(args, "by", None) or "rule", out)
@@ -148,6 +189,21 @@ def _scope(s: Any) -> dict[str, Any]:
         "shapes": [list(shape) for shape in s.shapes],
         "dtype": s.dtype,
         "rule": s.rule.location if s.rule is not None else None,
+        "alias": s.alias,
+    }
+
+
+def _reach(reach: Any, scopes: Any) -> dict[str, Any] | None:
+    if reach is None:
+        return None
+    seen = {s.name for s in scopes or ()}
+    return {
+        "aliases": {k: v for k, v in reach.aliases.items() if k in seen},
+        "refused": {k: v for k, v in reach.refused.items() if k in seen},
+        "unreached": [
+            {"kind": u.kind, "primitives": list(u.primitives), "count": u.count, "sources": list(u.sources)}
+            for u in reach.unreached
+        ],
     }
 
 
@@ -165,8 +221,10 @@ def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
     (the arrays `--path` shows: path, shape, dtype, spec, rule, bytes per
     device, and per host with `--hosts`), `totals`, `findings` (as `lint
     --format json` gives them), `load_cost` (with `--hosts`: `LoadCost.to_json()`,
-    else `null`), and with `--step` its `scopes`, `decisions`
-    and `step_cost` (`StepCost.to_json()`, its `by_rule` and `by_array`
+    else `null`), and with `--step` its `scopes` (each with its parameter
+    name, `alias`), `decisions`, `reach` (the parameter names of its
+    auto-named scopes, those refused one and why, the operations outside
+    every named scope by kind) and `step_cost` (`StepCost.to_json()`, its `by_rule` and `by_array`
     lists whatever `--by` says; `null` where not asked for)."""
     plan = result.plan
     step_cost: Any = getattr(args, "step_cost", None)
@@ -185,6 +243,7 @@ def write_json(result: _lint.Result, args: argparse.Namespace, out: TextIO) -> N
         "findings": _render.as_json([result]),
         "scopes": None if args.scopes is None else [_scope(s) for s in args.scopes],
         "decisions": None if args.decisions is None else [_decision(d) for d in args.decisions],
+        "reach": _reach(getattr(args, "reach", None), args.scopes),
         "step_cost": None if step_cost is None else step_cost.to_json(),
         "load_cost": None if result.load_cost is None else result.load_cost.to_json(),
     }

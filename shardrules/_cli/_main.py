@@ -364,7 +364,7 @@ def _explain_command(args: argparse.Namespace) -> int:
             "give the shapes to plan for: --shapes SOURCE, or shapes in [tool.shardrules] "
             "(or a step to trace: --step MODULE:FUNCTION)"
         )
-    args.decisions = args.scopes = args.step_cost = args.step_sizes = args.step_plan = None
+    args.decisions = args.scopes = args.step_cost = args.step_sizes = args.step_plan = args.reach = None
     result = _lint_one(args.rules, args, _inputs(args))
     if args.format == "json":
         _explain.write_json(result, args, sys.stdout)

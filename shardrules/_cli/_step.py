@@ -228,10 +228,11 @@ def _exact(pattern: str, scope: str) -> str:
     )
 
 
-def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
+def findings(decisions: Sequence[Any], rules: RuleSet, reach: Any = None) -> list[Diagnostic]:
     """SR208 for each forward-pass layout JAX could not decide and no rule
-    gives, SR210 for each that drops a mesh axis its operands carried (the
-    gradient's follow the forward pass and are not listed)."""
+    gives (the rule it hints at named after the scope's parameter, where
+    `reach` gives one), SR210 for each that drops a mesh axis its operands
+    carried (the gradient's follow the forward pass and are not listed)."""
     from .._tracing._explicit import scope_pattern
 
     spans = dict(rules.group_span_items)
@@ -264,6 +265,8 @@ def findings(decisions: Sequence[Any], rules: RuleSet) -> list[Diagnostic]:
                 "wrap the code that makes it in `jax.named_scope(NAME)` and add "
                 f'`"NAME$" -> ({_entries(d.spec)})` under `rules activations:`'
             )
+        if (alias := reach.alias_of(d.scope) if reach is not None and d.scope else None) is not None:
+            hint = hint.replace(f'`"{scope_pattern(d.scope)}$"', f'`"{scope_pattern(alias)}$"')
         out.append(
             Diagnostic(
                 "SR208",
@@ -286,12 +289,14 @@ SCOPE_HEADER = ("scope output", "shapes", "dtype", "rule")
 
 def scope_rows(scopes: Sequence[Any]) -> list[tuple[str, ...]]:
     """One row of `explain --step`'s table of scope outputs per output: the
-    names activation rules are matched against, and the rule each takes."""
+    names activation rules are matched against (a parameter name after
+    it in parentheses), and the rule each takes."""
     out = []
     for s in scopes:
         shapes = ", ".join(str(shape) for shape in s.shapes)
         rule = "-" if s.rule is None else f'{s.rule.span} "{s.rule.pattern}"'
-        out.append((s.name, shapes, s.dtype, rule))
+        name = s.name if s.alias is None else f"{s.name} ({s.alias})"
+        out.append((name, shapes, s.dtype, rule))
     return out
 
 
@@ -349,10 +354,10 @@ def add_findings(result: Any, spec: str, mesh: Mapping[str, int] | None, args: A
         kept = [d for d in result.diagnostics if d.severity == "error" or (d.code, d.span) not in raised]
         result.diagnostics = ordered(dict.fromkeys([*kept, *rules.kept(err.diagnostics)]))
         return
-    args.decisions, args.scopes = traced.decisions, traced.scopes
+    args.decisions, args.scopes, args.reach = traced.decisions, traced.scopes, traced.reach
     if getattr(args, "html", None) and result.plan is None:  # no --shapes: plan the step's own argument
         args.step_plan = argument_plan(step, step_args, rules, args.step_sizes, args.group or "params")
-    found = [*findings(traced.decisions, rules), *traced.unmatched]
+    found = [*findings(traced.decisions, rules, traced.reach), *traced.unmatched]
     max_ratio, max_peak = getattr(args, "max_flops_ratio", None), getattr(args, "max_peak_bytes", None)
     target = getattr(args, "target", None)
     budgets = (

@@ -27,12 +27,15 @@ from ._seen import ScopeOutput
 class Traced:
     """What one trace of a step found: its layout decisions (Explicit axes),
     every scope output with its rule, the activation rules that matched
-    none (SR211), and the shapes of the step's output (`out_shape`)."""
+    none (SR211), the shapes of the step's output (`out_shape`), and the
+    parameter names of its auto-named scopes with the operations no scope
+    reaches (`reach`, a `_reach.Reach`)."""
 
     decisions: list[Decision] = dataclasses.field(default_factory=list)
     scopes: list[ScopeOutput] = dataclasses.field(default_factory=list)
     unmatched: list[Diagnostic] = dataclasses.field(default_factory=list)
     out_shape: Any = None
+    reach: Any = None
 
 
 # What each leaf of a call's positional arguments is, for messages: a label
@@ -59,6 +62,61 @@ def _origin(
         return (f"{named}, leaf `{inner}`" if inner else named), None
 
     return origin
+
+
+def _leaf_paths(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic: Sequence[int],
+    groups: Sequence[Any] | None = None,
+) -> list[str | None]:
+    """The path of each traced leaf of `(args, kwargs)` (`dynamic`: their
+    positions among the leaves) in its argument, as `params` rules match it
+    (`params/mlp/gating_einsum`); a lone array argument by its name; `None`
+    for a leaf of an argument `groups` (one per positional argument) gives
+    the `inputs` group: the batch, no parameter."""
+    from ._groups import param_names
+
+    keyed = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+    names = param_names(fn, len(args))
+    batch = _batch_leaves(args, groups)
+    out: list[str | None] = []
+    for i in dynamic:
+        keypath = keyed[i][0]
+        if i in batch:
+            out.append(None)
+            continue
+        inner = path_str(keypath[2:])
+        if not inner:
+            head = keypath[1] if len(keypath) > 1 else None
+            position = getattr(head, "idx", None)
+            inner = names[position] if isinstance(position, int) and position < len(names) else ""
+            inner = inner or path_str(keypath[1:2])
+        out.append(inner or None)
+    return out
+
+
+def _batch_leaves(args: tuple[Any, ...], groups: Sequence[Any] | None) -> set[int]:
+    """The positions, among the leaves of `(args, kwargs)`, of the leaves of
+    the positional arguments (or tuple elements) `groups` gives `inputs`."""
+    found: set[int] = set()
+    start = 0
+
+    def walk(tree: Any, group: Any) -> None:
+        nonlocal start
+        if isinstance(group, (tuple, list)) and isinstance(tree, (tuple, list)) and len(group) == len(tree):
+            for part, inner in zip(tree, group, strict=True):
+                walk(part, inner)
+            return
+        count = len(jax.tree_util.tree_leaves(tree))
+        if group == "inputs":
+            found.update(range(start, start + count))
+        start += count
+
+    for k, arg in enumerate(args):
+        walk(arg, groups[k] if groups is not None and k < len(groups) else None)
+    return found
 
 
 def _resolved(mesh: Mesh | None, rules: Any, what: str) -> Mesh | AbstractMesh:
@@ -224,11 +282,14 @@ def constrained(
     strict: bool,
     record: Traced | None,
     origins: Origins | None = None,
+    in_groups: Callable[[int], Sequence[Any] | None] | None = None,
 ) -> Callable[..., Any]:
     """`auto_constrain`'s wrapper (`group=None`: no rules, for explicit axes'
     result layouts alone); what each call's trace finds is added to `record`
     when given; `origins` says what each leaf of the positional arguments is
-    (`sr.jit`: the argument, the leaf and its rule) where a message names one."""
+    (`sr.jit`: the argument, the leaf and its rule) where a message names one;
+    `in_groups(n)`, the group of each of `n` positional arguments (`sr.jit`'s:
+    an `inputs` argument holds no parameters, see `_reach`)."""
     if group is not None:
         ruleset.group(group)
 
@@ -263,13 +324,17 @@ def constrained(
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*values)
         # The jaxpr's interpreter (and `_outputs`, which imports `jax.extend`)
         # loads with the first trace, not with shardrules.
+        from ._reach import find
         from ._scopes import Constrainer, interpret
 
+        groups = in_groups(len(args)) if in_groups is not None else None
+        reach = find(closed.jaxpr, _leaf_paths(fn, args, kwargs, dynamic, groups))
         abstract = resolved.abstract_mesh if isinstance(resolved, Mesh) else resolved
         constrainer = Constrainer(
             ruleset, group, sizes, sharding, explicit=explicit, strict=strict,
             abstract_mesh=abstract if explicit else None,
             origin=_origin(args, kwargs, dict(zip(map(id, values), dynamic, strict=True)), origins),
+            reach=reach,
         )  # fmt: skip
         results = interpret(constrainer, closed.jaxpr, closed.consts, values)
         if group is not None:
@@ -278,6 +343,7 @@ def constrained(
             record.decisions.extend(constrainer.decisions)
             record.scopes.extend(constrainer.seen.scope_outputs(constrainer.output_rule))
             record.unmatched.extend(constrainer.seen.unmatched() if group is not None else ())
+            record.reach = reach
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), results)
 
     return wrapped

@@ -175,7 +175,9 @@ class RuleJit:
             def origins(args: tuple[Any, ...]) -> list[tuple[str, Any]]:
                 return _slips.leaf_origins(self.fn, args, self._in_groups(len(args)), self.rules, mesh)
 
-            return constrained(self.fn, self.rules, mesh, self.activations, self.strict, record, origins)
+            return constrained(
+                self.fn, self.rules, mesh, self.activations, self.strict, record, origins, self._in_groups
+            )
         return self.fn
 
     def _context(self, mesh: Mesh) -> contextlib.AbstractContextManager[Any]:

@@ -46,6 +46,7 @@ from .._quiet import warn
 from . import _compat, _cotangents, _explicit, _layouts, _transpose
 from ._compat import jcore
 from ._outputs import Aligned, Where, analyse, forward_path, join, scope_path, transposed, under
+from ._reach import Reach
 from ._regions import Shadows, elsewhere_mesh, mesh_of
 from ._seen import Seen
 
@@ -71,6 +72,8 @@ class Constrainer:
     origin: Callable[[Any], tuple[str, Any] | None] | None = None
     # explicit: the forward contractions of every jaxpr of the step, by origin (`_transpose`)
     contractions: _transpose.Contractions = dataclasses.field(default_factory=dict)
+    # the parameter names of auto-named scopes, and what no scope reaches (`_reach`)
+    reach: Reach = dataclasses.field(default_factory=Reach)
 
     def __post_init__(self) -> None:
         if self.group is not None:
@@ -79,7 +82,7 @@ class Constrainer:
         self._matcher = Matcher(self._rules)
         self._default = self.rules.defaults.get(self.group) if self.group is not None else None
         self._warned: set[Any] = set()
-        self.seen = Seen(self.rules, self._matcher)  # the scope outputs met: SR201, SR211, `scopes`
+        self.seen = Seen(self.rules, self._matcher, self.reach.alias_of)  # SR201, SR211, `scopes`
 
     def origin_of(self, value: Any) -> tuple[str, Any] | None:
         """Which argument leaf `value` is (`argument `params`, leaf `layers/w``)
@@ -89,11 +92,19 @@ class Constrainer:
     def rule_for(self, path: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """The rule for a scope output matched as `path`, of `shape` and
         `dtype`: the first whose pattern matches and whose guard holds, else
-        the default where its guard holds (as `_compile._fitting`), or `None`."""
-        rule = self._matcher.first_fitting(path, shape, dtype)
+        the default where its guard holds (as `_compile._fitting`), or `None`.
+        A rule matching its parameter name (`_reach`) is taken where none
+        matches `path`."""
+        rule = self._first(path, shape, dtype)
         if rule is None and self._default is not None and self._matcher.holds(self._default, shape, dtype):
             return self._default
         return rule
+
+    def _first(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        """The first rule fitting the scope output `name`, else its parameter name."""
+        rule = self._matcher.first_fitting(name, shape, dtype)
+        alias = self.reach.alias_of(name) if rule is None else None
+        return self._matcher.first_fitting(alias, shape, dtype) if alias is not None else rule
 
     def output_rule(self, path: str, shape: tuple[int, ...], dtype: str) -> Any:
         """`rule_for` a scope output, `None` without an activations group."""
@@ -112,7 +123,7 @@ class Constrainer:
             if not entry.dims:
                 continue
             kind = _dtype(entry.dtype if entry.dtype is not None else dtype)
-            rule = self._matcher.first_fitting(entry.name, entry.shape, kind)
+            rule = self._first(entry.name, entry.shape, kind)
             if rule is None:
                 continue
             try:

@@ -33,19 +33,25 @@ class ScopeOutput:
       several times with different shapes has several).
     - `dtype`: its dtype's name.
     - `rule`: the `Rule` of the activations group that lays it out, or `None`.
+    - `alias`: the name of its scope's parameter, which rules match where
+      none matches `name` (an auto-named scope's: `mlp/Einsum_0` has
+      `params/mlp/gating_einsum`), or `None`.
     """
 
     name: str
     shapes: tuple[tuple[int, ...], ...]
     dtype: str
     rule: Any = None
+    alias: str | None = None
 
 
 class Seen:
     """The scope outputs met while a step is traced, by name."""
 
-    def __init__(self, rules: RuleSet, matcher: Matcher):
-        self.rules, self._matcher = rules, matcher
+    def __init__(
+        self, rules: RuleSet, matcher: Matcher, alias_of: Callable[[str], str | None] = lambda name: None
+    ):
+        self.rules, self._matcher, self.alias_of = rules, matcher, alias_of
         self.outputs: dict[str, dict[tuple[int, ...], str]] = {}  # name -> its shapes -> dtype name
         self._warned: set[str] = set()
         self._numbered: set[int] = set()  # id() of the rules warned about with SR201
@@ -65,18 +71,19 @@ class Seen:
         out = []
         for name, shapes in self.outputs.items():
             shape, dtype = next(iter(shapes.items()))
-            out.append(
-                ScopeOutput(name, tuple(shapes), dtype, rule_for(name, shape, dtype) if shape else None)
-            )
+            rule = rule_for(name, shape, dtype) if shape else None
+            out.append(ScopeOutput(name, tuple(shapes), dtype, rule, self.alias_of(name)))
         return out
 
     def unmatched(self) -> list[Diagnostic]:
-        """SR211 for each activation rule whose pattern matches no scope output seen."""
+        """SR211 for each activation rule whose pattern matches no scope output
+        seen, by its name or its parameter's."""
         names = list(self.outputs)
-        groups = by_key(names)
+        matched = names + [a for a in map(self.alias_of, names) if a is not None]
+        groups = by_key(matched)
         found = []
         for rule in self._matcher.rules:
-            if rule.pattern is None or search_all(rule.pattern, names, groups):
+            if rule.pattern is None or search_all(rule.pattern, matched, groups):
                 continue
             found.append(
                 Diagnostic(
