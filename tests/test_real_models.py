@@ -525,9 +525,14 @@ def test_haiku_suggest_agrees_with_the_megatron_hand_layout(strategy: str) -> No
 
 # ---------------------------------------------------------------- gemma: Gemma 3's own tree
 
+# Google's gemma does not install by `pip install gemma` (kauldron's requirements do not resolve; gemma 4
+# needs Python 3.12+). These tests ran with gemma 3.3.0 and kauldron 1.4.1 installed with --no-deps, plus
+# the packages they import (tensorflow, clu, chex, ml_collections, typeguard).
+GEMMA_MISSING = "gemma is not installed (`pip install gemma` does not resolve; see GEMMA_MISSING's comment)"
+
 
 def test_gemma3_tree_is_the_one_built_from_its_names_and_suggest_agrees_with_megatron() -> None:
-    pytest.importorskip("gemma.gm.nn._transformer", reason="gemma (and kauldron) is not installed")
+    pytest.importorskip("gemma.gm.nn._transformer", reason=GEMMA_MISSING)
     agree = _bench_module("_agree_gemma")
     own = agree.gemma_shapes(agree.TINY)
     built = agree.shapes(agree.TINY)
@@ -539,7 +544,7 @@ def test_gemma3_tree_is_the_one_built_from_its_names_and_suggest_agrees_with_meg
 
 
 def test_gemma3_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
-    pytest.importorskip("gemma.gm.nn._transformer", reason="gemma (and kauldron) is not installed")
+    pytest.importorskip("gemma.gm.nn._transformer", reason=GEMMA_MISSING)
     agree = _bench_module("_agree_gemma")
     net = agree.model(agree.TINY)
     seq = models.tokens(0, 8, 8, agree.TINY["vocab"])
@@ -566,7 +571,7 @@ def test_gemma3_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
 def _gemma_transformer():
     """gemma's linen `Transformer` and its config module, or a skip: the
     library drags kauldron (and with it clu and TensorFlow) into its import."""
-    pytest.importorskip("gemma", reason="gemma is not installed (pip install --no-deps gemma==3.3.0)")
+    pytest.importorskip("gemma", reason=GEMMA_MISSING)
     try:
         from gemma.gm.nn import _config, _modules, _transformer
     except (ImportError, AttributeError) as err:  # a kauldron or JAX this gemma does not know
