@@ -19,6 +19,7 @@ Then the command line: exit codes, `-o`, standard input and output, errors.
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import json
@@ -1247,15 +1248,23 @@ def test_easydel_converted_rules_choose_as_pythons_first_search_match(
     """For random rules and paths, the converted file gives each leaf the
     spec of the first rule whose regex `re.search` finds (eformer's choice);
     where eformer has no rule it errors, and so does the file (SR105); where
-    it cuts a spec to the rank, the file says SR103."""
+    it cuts a spec to the rank, the file says SR103; a file may refuse with
+    SR125 (a catch-all taking what a rule was evidently written for)."""
     rules = rules + [(".*", P(None))] * catch_all  # as EasyDeL's rules end
     tree = {path: S(shape) for path, shape in zip(paths, shapes, strict=False)}
     rules_file = sr.loads(sr.convert_easydel(tuple(rules), min_size=min_size).text)
     try:
+        ours: Any = sr.specs(tree, rules_file, EASYDEL_MESH)
+    except sr.PlanError as err:
+        ours = err.code
+    if ours == "SR125":  # a catch-all takes a leaf an earlier rule evidently meant: refused, not silent
+        EASYDEL_OUTCOMES["SR125"] += 1
+        return
+    try:
         theirs = eformer_specs(rules, tree, min_size)
     except ValueError:
-        with pytest.raises(sr.PlanError, match="SR105"):
-            sr.specs(tree, rules_file, EASYDEL_MESH)
+        assert ours == "SR105"
+        EASYDEL_OUTCOMES["SR105"] += 1
         return
     cut = [
         p
@@ -1265,10 +1274,15 @@ def test_easydel_converted_rules_choose_as_pythons_first_search_match(
         and len(next(ps for r, ps in rules if re.search(r, p))) > leaf.ndim
     ]
     if cut:
-        with pytest.raises(sr.PlanError, match="SR103"):
-            sr.specs(tree, rules_file, EASYDEL_MESH)
+        assert ours == "SR103"
+        EASYDEL_OUTCOMES["SR103"] += 1
         return
-    assert_same_specs(sr.specs(tree, rules_file, EASYDEL_MESH), theirs, tree)
+    assert_same_specs(ours, theirs, tree)
+    EASYDEL_OUTCOMES["same"] += 1
+
+
+EASYDEL_OUTCOMES: collections.Counter[str] = collections.Counter()
+"""How often the property above compared specs, and how often each error was the outcome."""
 
 
 def test_cli_convert_easydel(

@@ -159,7 +159,7 @@ def _config(config: Any) -> tuple[Any, str]:
         for key, value in vars(module).items()
         if isinstance(value, type) and key.endswith("Config") and hasattr(value, "get_partition_rules")
     ]
-    exact = [c for c in classes if getattr(c, "model_type", None) == config]
+    exact = [c for c in classes if vars(c).get("model_type") == config]  # its own, not inherited
     chosen = exact or classes
     if len(chosen) != 1:
         names = ", ".join(sorted(c.__name__ for c in chosen)) or "none"
