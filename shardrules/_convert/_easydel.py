@@ -34,9 +34,10 @@ from ._common import (
     import_object,
     is_name,
     pattern_literal,
+    refused_pattern,
     shown,
+    spec_text,
 )
-from ._regex import _refused, _spec
 
 EASYDEL_AXES = ("dp", "fsdp", "ep", "tp", "sp")
 """EasyDeL's mesh axes, in its order (`sharding_axis_names`' default)."""
@@ -102,9 +103,9 @@ def convert_easydel(
             raise SourceError(
                 f"{where}: rule {number}: {shown(repr(regex))} is not a regular expression: {shown(str(err))}"
             ) from None
-        text = _spec(spec, f"rule {number} ({shown(repr(regex))})", where, notes, named)
+        text = spec_text(spec, f"rule {number} ({shown(repr(regex))})", where, notes, named)
         literal = pattern_literal(regex)
-        refused = _refused(literal)
+        refused = refused_pattern(literal)
         if refused:  # left out, the leaves it takes would fall to later rules: refused
             raise SourceError(
                 f"{where}: rule {number} ({shown(repr(regex))}): the rule file's regular expressions "
@@ -119,9 +120,9 @@ def convert_easydel(
         f"Read: {len(rules)} EasyDeL (regex, PartitionSpec) rules (eformer's match_partition_rules"
         + (f", min_size={min_size}" if min_size else "")
         + ").",
-        "The first rule whose regex is found in a leaf's /-joined path wins; scalars are replicated;",
-        "trailing dimensions a spec leaves out are unsharded (`...`); a spec longer than a leaf's rank,",
-        "which eformer cuts, is an error here (SR103).",
+        "The first rule whose regex is found in a leaf's /-joined path wins; scalars and size-1 arrays",
+        "are replicated (by eformer: scalars); trailing dimensions a spec leaves out are unsharded",
+        "(`...`); a spec longer than a leaf's rank, which eformer cuts, is an error here (SR103).",
     ]
     if min_size > 1:
         read.append(f"A matched leaf of fewer than {min_size:,} elements is replicated (the guarded rules).")
