@@ -14,9 +14,10 @@ leaf's rank is cut to the rank. The mesh axes are the config's
 Each rule becomes one rule of the file (two, guarded by `elements`, with
 `min_size`). What the file cannot say is reported, never dropped: a regex RE2
 cannot match (backreferences, lookarounds: SR017) is refused, since leaving
-its rule out would give its leaves to later rules. A
-spec longer than a leaf's rank, which eformer cuts, is SR103 when the file is
-applied: an error naming the leaf, never a silent difference.
+its rule out would give its leaves to later rules. A spec longer than a
+leaf's rank, which eformer cuts, is SR103 when the file is applied: an error
+naming the leaf, never a silent difference. Size-1 arrays, which eformer
+matches like any other, are replicated by a rule file without a rule.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def convert_easydel(
     `get_partition_rules()` raises, pairs that are not `(regex,
     PartitionSpec)`, a regex Python cannot compile or RE2 cannot match
     (SR017: the message names the construct), a negative `min_size`, or
-    more than 5,000 rules.
+    more rules than a rule file may hold (10,000; 5,000 with `min_size`).
     """
     if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
         raise SourceError(f"min_size must be a whole number of elements, 0 or more; got {shown(min_size)}")
@@ -86,7 +87,7 @@ def convert_easydel(
             raise SourceError(f"{where}: making it with no arguments raised {type(err).__name__}") from None
     rules = _rules(config, where)
     mesh_axes = _axes(config if axes is None else None, axes, where)
-    check_count(len(rules) * (2 if min_size > 1 else 1), where, "rules (with their min_size guards)")
+    check_count(len(rules) * (2 if min_size else 1), where, "rules (with their min_size guards)")
     notes: list[str] = []
     named: dict[str, None] = {}
     lines: list[str] = []
@@ -112,7 +113,7 @@ def convert_easydel(
                 f"cannot say this one ({refused}); rewrite the regex without it"
             )
         unicode = unicode or _UNICODE_CLASSES.search(regex) is not None
-        if min_size > 1:  # sizes 0 and 1 are replicated anyway
+        if min_size:
             lines.append(f"{literal} -> replicated if elements < {min_size}")
         lines.append(f"{literal} -> {text}")
     mesh_axes += [a for a in named if a not in mesh_axes]
@@ -124,7 +125,7 @@ def convert_easydel(
         "are replicated (by eformer: scalars); trailing dimensions a spec leaves out are unsharded",
         "(`...`); a spec longer than a leaf's rank, which eformer cuts, is an error here (SR103).",
     ]
-    if min_size > 1:
+    if min_size:
         read.append(f"A matched leaf of fewer than {min_size:,} elements is replicated (the guarded rules).")
     if unicode:
         read.append("\\d, \\w, \\s and \\b are ASCII here and Unicode in Python: the same on ASCII paths.")
