@@ -72,6 +72,7 @@ from ._version import __version__ as __version__
 # this block and `_LAZY` list the same names from the same modules.
 if _typing.TYPE_CHECKING:
     from ._convert._common import Conversion as Conversion
+    from ._convert._easydel import convert_easydel as convert_easydel
     from ._convert._flax import convert_flax as convert_flax
     from ._convert._hf import convert_hf as convert_hf
     from ._convert._maxtext import convert_maxtext as convert_maxtext
@@ -81,6 +82,7 @@ if _typing.TYPE_CHECKING:
 
 _LAZY: dict[str, str] = {
     "Conversion": "._convert._common",
+    "convert_easydel": "._convert._easydel",
     "convert_flax": "._convert._flax",
     "convert_hf": "._convert._hf",
     "convert_maxtext": "._convert._maxtext",
@@ -129,6 +131,7 @@ __all__ = [
     "check",
     "check_devices",
     "constrain",
+    "convert_easydel",
     "convert_flax",
     "convert_hf",
     "convert_maxtext",

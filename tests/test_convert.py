@@ -19,6 +19,7 @@ Then the command line: exit codes, `-o`, standard input and output, errors.
 
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import json
@@ -1040,3 +1041,271 @@ def test_maxtext_rng_streams_are_replicated_without_a_hand_rule() -> None:
     assert not sr.plan({"params": params}, rules, {"data": 2, "fsdp": 4, "tensor": 2}).diagnostics
     bare = sr.loads("alias embed = fsdp\nalias mlp = tensor\nrules params:\n  default -> logical\n")
     assert "SR113" in [d.code for d in sr.plan(state, bare, {"data": 2, "fsdp": 4, "tensor": 2}).diagnostics]
+
+
+# ---------------------------------------------------------------- easydel
+
+
+def eformer_specs(rules: Any, tree: Any, min_size: int = 0) -> Any:
+    """eformer's `match_partition_rules(rules, tree, min_size)` as its source
+    reads: `/`-joined key paths, scalars and leaves without a shape
+    replicated, the first rule `re.search` finds wins, a matched leaf under
+    `min_size` elements replicated, a spec longer than the rank cut to it."""
+
+    def spec(path: Any, leaf: Any) -> P:
+        name = "/".join(
+            str(
+                k.idx
+                if isinstance(k, jax.tree_util.SequenceKey)
+                else getattr(k, "key", getattr(k, "name", k))
+            )
+            for k in path
+        )
+        if not hasattr(leaf, "shape") or len(leaf.shape) == 0:
+            return P()
+        for regex, ps in rules:
+            if re.search(regex, name) is not None:
+                if math.prod(leaf.shape) < min_size:
+                    return P()
+                return P(*tuple(ps)[: len(leaf.shape)]) if len(ps) > len(leaf.shape) else ps
+        raise ValueError(f"Partition rule not found for param: {name}")
+
+    return jax.tree_util.tree_map_with_path(spec, tree)
+
+
+EASYDEL_MESH = {"dp": 1, "fsdp": 2, "ep": 1, "tp": 2, "sp": 1}
+EASYDEL_LLAMA_RULES = (
+    ("model/embed_tokens/embedding", P("tp", ("fsdp", "sp"))),
+    ("self_attn/(q_proj|k_proj|v_proj)/kernel", P(("fsdp", "sp"), "tp")),
+    ("self_attn/o_proj/kernel", P("tp", ("sp", "fsdp"))),
+    ("mlp/(gate_proj|up_proj)/kernel", P(("fsdp", "sp"), "tp")),
+    ("mlp/down_proj/kernel", P("tp", ("fsdp", "sp"))),
+    (r".*(input_layernorm|post_attention_layernorm|norm)/kernel", P(None)),
+    ("lm_head/kernel", P(("fsdp", "sp"), "tp")),
+    (".*", P(None)),
+)
+
+
+def easydel_llama_tree() -> dict[str, Any]:
+    """The parameter paths and shapes of a two-layer EasyDeL Llama (layers a list)."""
+    layer = {
+        "self_attn": {k: {"kernel": S((64, 64))} for k in ("q_proj", "k_proj", "v_proj", "o_proj")},
+        "mlp": {
+            k: {"kernel": S((64, 128) if k != "down_proj" else (128, 64))}
+            for k in ("gate_proj", "up_proj", "down_proj")
+        },
+        "input_layernorm": {"kernel": S((64,))},
+        "post_attention_layernorm": {"kernel": S((64,))},
+    }
+    return {
+        "model": {
+            "embed_tokens": {"embedding": S((256, 64))},
+            "layers": [layer, layer],
+            "norm": {"kernel": S((64,))},
+        },
+        "lm_head": {"kernel": S((64, 256))},
+        "step": S((), jnp.int32),
+    }
+
+
+def assert_same_specs(ours: Any, theirs: Any, tree: Any) -> int:
+    """Each array leaf of `tree` gets the same spec from both; the count compared."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    got = jax.tree_util.tree_leaves(ours, is_leaf=lambda x: isinstance(x, P))
+    want = jax.tree_util.tree_leaves(theirs, is_leaf=lambda x: isinstance(x, P))
+    assert len(got) == len(want) == len(leaves)
+    for (path, leaf), g, w in zip(leaves, got, want, strict=True):
+        assert entries(g, leaf.ndim) == entries(w, leaf.ndim), jax.tree_util.keystr(path)
+    return len(leaves)
+
+
+@pytest.mark.parametrize("min_size", [0, 8192])
+def test_easydel_llama_rules_give_eformers_specs(min_size: int) -> None:
+    tree = easydel_llama_tree()
+    conversion = sr.convert_easydel(EASYDEL_LLAMA_RULES, min_size=min_size)
+    assert conversion.exact and conversion.format == "easydel", conversion.notes
+    assert "\nmesh dp, fsdp, ep, tp, sp\n" in conversion.text
+    assert '\n  "self_attn/o_proj/kernel"' in conversion.text
+    assert ("if elements < 8192" in conversion.text) == bool(min_size)
+    ours = sr.specs(tree, sr.loads(conversion.text), EASYDEL_MESH)
+    theirs = eformer_specs(EASYDEL_LLAMA_RULES, tree, min_size)
+    assert assert_same_specs(ours, theirs, tree) == 22
+    q = theirs["model"]["layers"][1]["self_attn"]["q_proj"]["kernel"]
+    assert entries(q, 2) == ([(), ()] if min_size else [("fsdp", "sp"), ("tp",)])
+    embedding = ours["model"]["embed_tokens"]["embedding"]
+    assert entries(embedding, 2) == [("tp",), ("fsdp", "sp")]  # 16,384 elements: not under 8,192
+
+
+class EasyDeLConfig:
+    """An EasyDeL config, as far as the converter reads it."""
+
+    sharding_axis_names = ("dp", "fsdp", "tp", "sp", "ep")
+
+    def get_partition_rules(self, *args: Any, **kwargs: Any) -> Any:
+        return EASYDEL_LLAMA_RULES
+
+
+class NoRulesConfig:
+    def get_partition_rules(self) -> None:
+        return None
+
+
+def test_easydel_config_object_class_and_errors() -> None:
+    from_object = sr.convert_easydel(EasyDeLConfig())
+    assert from_object.source == "EasyDeLConfig"
+    assert "\nmesh dp, fsdp, tp, sp, ep\n" in from_object.text
+    assert sr.convert_easydel(EasyDeLConfig).text == from_object.text
+    assert "\nmesh a, b, tp, fsdp, sp\n" in sr.convert_easydel(EASYDEL_LLAMA_RULES, axes=("a", "b")).text
+    with pytest.raises(ValueError, match=r"get_partition_rules\(\) returned None"):
+        sr.convert_easydel(NoRulesConfig())
+    with pytest.raises(ValueError, match=r"rule 2 .*SR017.*backreference"):
+        sr.convert_easydel((("x", P("tp")), (r"(a)\1", P("tp"))))
+    with pytest.raises(ValueError, match="min_size must be"):
+        sr.convert_easydel(EASYDEL_LLAMA_RULES, min_size=-1)
+    with pytest.raises(ValueError, match="not a regular expression"):
+        sr.convert_easydel((("(", P()),))
+    with pytest.raises(ValueError, match="does not import"):
+        sr.convert_easydel("no_such_easydel_model_type")
+
+
+def test_easydel_a_spec_longer_than_the_rank_is_an_error_not_a_cut() -> None:
+    """eformer cuts `P("fsdp", "tp")` to `P("fsdp")` on a vector; the rule
+    file says so instead (SR103, naming the leaf), never differs silently."""
+    rules = (("bias", P("fsdp", "tp")),)
+    tree = {"dense": {"bias": S((64,))}}
+    assert entries(eformer_specs(rules, tree)["dense"]["bias"], 1) == [("fsdp",)]
+    with pytest.raises(sr.PlanError) as err:
+        sr.specs(tree, sr.loads(sr.convert_easydel(rules).text), EASYDEL_MESH)
+    assert err.value.code == "SR103" and err.value.path == "dense/bias"
+
+
+_EASYDEL_PATTERNS = [
+    "kernel",
+    "q_proj",
+    "(q|k|v)_proj/kernel",
+    r"layers/\d+/",
+    r"^model/",
+    "norm/kernel$",
+    ".*",
+    "embed.*ding",
+    "[a-c]_",
+    r"\d$",
+    "mlp/(gate|up)_proj",
+    "(?i)KERNEL",
+    "o_proj|down_proj",
+    "x{2,3}",
+]
+_EASYDEL_SEGMENTS = [
+    "model",
+    "layers",
+    "0",
+    "1",
+    "12",
+    "self_attn",
+    "q_proj",
+    "o_proj",
+    "mlp",
+    "gate_proj",
+    "down_proj",
+    "kernel",
+    "bias",
+    "norm",
+    "embed_tokens",
+    "embedding",
+    "a_b",
+    "xxx",
+    "KERNEL",
+]
+_EASYDEL_SPECS = [
+    P(),
+    P(None),
+    P("tp"),
+    P("fsdp", "tp"),
+    P(("fsdp", "sp"), "tp"),
+    P(None, "tp"),
+    P("tp", ("fsdp", "sp")),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rules=st.lists(
+        st.tuples(st.sampled_from(_EASYDEL_PATTERNS), st.sampled_from(_EASYDEL_SPECS)), min_size=1, max_size=6
+    ),
+    paths=st.lists(
+        st.lists(st.sampled_from(_EASYDEL_SEGMENTS), min_size=1, max_size=5).map("/".join),
+        min_size=1,
+        max_size=8,
+        unique=True,
+    ),
+    shapes=st.lists(st.sampled_from([(), (1,), (4,), (8, 4), (4, 8, 4), (64, 64)]), min_size=8, max_size=8),
+    min_size=st.sampled_from([0, 16, 1024]),
+    catch_all=st.booleans(),
+)
+def test_easydel_converted_rules_choose_as_pythons_first_search_match(
+    rules: list[Any], paths: list[str], shapes: list[Any], min_size: int, catch_all: bool
+) -> None:
+    """For random rules and paths, the converted file gives each leaf the
+    spec of the first rule whose regex `re.search` finds (eformer's choice);
+    where eformer has no rule it errors, and so does the file (SR105); where
+    it cuts a spec to the rank, the file says SR103; a file may refuse with
+    SR125 (a catch-all taking what a rule was evidently written for)."""
+    rules = rules + [(".*", P(None))] * catch_all  # as EasyDeL's rules end
+    tree = {path: S(shape) for path, shape in zip(paths, shapes, strict=False)}
+    rules_file = sr.loads(sr.convert_easydel(tuple(rules), min_size=min_size).text)
+    try:
+        ours: Any = sr.specs(tree, rules_file, EASYDEL_MESH)
+    except sr.PlanError as err:
+        ours = err.code
+    if ours == "SR125":  # a catch-all takes a leaf an earlier rule evidently meant: refused, not silent
+        EASYDEL_OUTCOMES["SR125"] += 1
+        return
+    ones = {p for p, leaf in tree.items() if leaf.ndim and math.prod(leaf.shape) == 1}
+    if not isinstance(ours, str):  # size-1 arrays: replicated by the file, matched or not (eformer: an error
+        for path in ones:  # unmatched, else a spec that cannot divide their dimensions)
+            assert entries(ours.pop(path), 1) == [()], path
+    tree = {p: leaf for p, leaf in tree.items() if p not in ones}
+    try:
+        theirs = eformer_specs(rules, tree, min_size)
+    except ValueError:
+        assert ours == "SR105"
+        EASYDEL_OUTCOMES["SR105"] += 1
+        return
+    cut = [
+        p
+        for p, leaf in tree.items()
+        if leaf.ndim
+        and math.prod(leaf.shape) >= max(min_size, 2)
+        and len(next(ps for r, ps in rules if re.search(r, p))) > leaf.ndim
+    ]
+    if cut:
+        assert ours == "SR103"
+        EASYDEL_OUTCOMES["SR103"] += 1
+        return
+    assert_same_specs(ours, theirs, tree)
+    EASYDEL_OUTCOMES["same"] += 1
+
+
+EASYDEL_OUTCOMES: collections.Counter[str] = collections.Counter()
+"""How often the property above compared specs, and how often each error was the outcome."""
+
+
+def test_cli_convert_easydel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "edrules.py").write_text(
+        "from jax.sharding import PartitionSpec as PS\n"
+        "RULES = (('mlp/down_proj/kernel', PS('tp', ('fsdp', 'sp'))), ('.*', PS(None)))\n"
+        "BAD = (('(?<=mlp/)x', PS('tp')),)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "easydel.shard"
+    assert main(["convert", "easydel", "edrules:RULES", "--min-size", "16384", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text == sr.convert_easydel("edrules:RULES", min_size=16384).text
+    assert '\n  "mlp/down_proj/kernel" -> replicated if elements < 16384\n' in text
+    capsys.readouterr()
+    assert main(["convert", "easydel", "edrules:BAD"]) == 2
+    assert "SR017" in capsys.readouterr().err
+    assert main(["convert", "regex", "edrules:RULES", "--min-size", "3"]) == 2
+    assert "--min-size is for the easydel format" in capsys.readouterr().err

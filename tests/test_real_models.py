@@ -622,3 +622,47 @@ def test_gemma_mlp_reached_by_its_weights_name_and_the_loss_listed() -> None:
     kinds = {u.kind: u for u in traced.reach.unreached}
     assert kinds["gather"].sources == (f"{__file__}:{labels}",)
     assert f"{__file__}:{mask}" in kinds["select"].sources
+
+
+# ---------------------------------------------------------------- EasyDeL
+
+
+def test_easydel_llama_rules_converted_lay_out_every_leaf_as_easydel(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A tiny EasyDeL Llama: its config's `get_partition_rules()`, converted
+    (by the function and by `shardrules convert easydel llama`), give every
+    parameter the layout EasyDeL's own `_match_partition_rules` gives it: the
+    same device -> block map on a mesh of all five EasyDeL axes."""
+    monkeypatch.setenv("EASYDEL_AUTO", "0")  # else importing it adds GPU flags to XLA_FLAGS
+    pytest.importorskip("easydel", reason="EasyDeL is not installed (see docs/convert.md#easydel)")
+    from easydel.modules.llama import LlamaConfig, LlamaForCausalLM
+    from flax import nnx
+
+    from shardrules._cli._main import main
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = nnx.eval_shape(lambda: LlamaForCausalLM(config=config, rngs=nnx.Rngs(0)))
+    tree = model.graphtree_params_shape
+    theirs = model._match_partition_rules()  # eformer's match_partition_rules on the config's rules
+    conversion = sr.convert_easydel(config)
+    assert conversion.exact, conversion.notes
+    out = tmp_path / "llama.shard"
+    assert main(["convert", "easydel", "llama", "-o", str(out)]) == 0
+    assert out.read_text().split("\n\n", 1)[1] == conversion.text.split("\n\n", 1)[1]
+    axes = tuple(config.sharding_axis_names)
+    mesh = jax.make_mesh((1, 2, 1, 2, 2), axes, axis_types=(AxisType.Auto,) * len(axes))
+    ours = sr.specs(tree, sr.loads(conversion.text), mesh)
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    got = jax.tree_util.tree_leaves(ours, is_leaf=lambda x: isinstance(x, P))
+    want = jax.tree_util.tree_leaves(theirs, is_leaf=lambda x: isinstance(x, P))
+    assert len(got) == len(want) == len(leaves) == 21
+    sharded = 0
+    for (path, leaf), g, w in zip(leaves, got, want, strict=True):
+        blocks = [jax.NamedSharding(mesh, s).devices_indices_map(leaf.shape) for s in (g, w)]
+        assert blocks[0] == blocks[1], (jax.tree_util.keystr(path), g, w)
+        sharded += w != P() and any(e is not None for e in w)
+    assert sharded == 16  # embedding, head, 2 x (4 attention + 3 MLP kernels): the rest whole

@@ -19,6 +19,7 @@ from typing import Any
 
 from .._convert._common import MAX_SOURCE_BYTES, Conversion, SourceError, one_line
 from .._convert._documents import parse_json, parse_yaml
+from .._convert._easydel import convert_easydel
 from .._convert._flax import convert_flax
 from .._convert._hf import convert_hf
 from .._convert._hf import from_document as hf_document
@@ -35,6 +36,8 @@ FORMATS = {
     "hf": "a transformers tensor-parallel plan: a JSON object of module name -> style, or a "
     "config.json holding base_model_tp_plan; - for standard input",
     "regex": "module:attr naming EasyLM/scalax (regex, PartitionSpec) pairs",
+    "easydel": "an EasyDeL model type (llama) or module:attr naming an EasyDeL config, config class or "
+    "its (regex, PartitionSpec) rules",
 }
 
 
@@ -43,7 +46,7 @@ def add_parser(commands: Any) -> None:
     convert = commands.add_parser(
         "convert",
         help="write a rule file from another project's sharding rules",
-        description="Write a rule file from MaxText, Flax, transformers (hf) or EasyLM/scalax (regex) "
+        description="Write a rule file from MaxText, Flax, transformers (hf), EasyLM/scalax (regex) or EasyDeL "
         "sharding rules. What cannot be converted exactly is said on standard error and in comments at "
         "the top of the file. Exit 0 when everything converted, 1 when some of it did not (the file is "
         "written all the same), 2 when the source cannot be read.",
@@ -62,6 +65,13 @@ def add_parser(commands: Any) -> None:
         metavar="AXIS",
         help="hf: the mesh axis tensor parallelism splits over (default: model)",
     )
+    convert.add_argument(
+        "--min-size",
+        metavar="N",
+        type=int,
+        help="easydel: leaves a rule matches with fewer elements are replicated, as eformer's "
+        "match_partition_rules(min_size=N) (default 0; EasyDeL 0.1 used 16384)",
+    )
     convert.set_defaults(run=run)
 
 
@@ -77,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     args.sources, args.source = sources, sources[-1] if len(sources) == 1 else " + ".join(sources)
     if args.axis is not None and args.format != "hf":
         raise UsageError(f"--axis is for the hf format, not {args.format}")
+    if args.min_size is not None and args.format != "easydel":
+        raise UsageError(f"--min-size is for the easydel format, not {args.format}")
     try:
         # a module:attr source runs its code: what it prints is not the rule file (`_guest`)
         with output_to_stderr() if args.format in _PYTHON_SOURCES else contextlib.nullcontext():
@@ -110,7 +122,7 @@ def _named(err: OSError, args: argparse.Namespace) -> str:
     return err.filename if isinstance(err.filename, str) and err.filename in args.sources else args.source
 
 
-_PYTHON_SOURCES = ("flax", "regex")
+_PYTHON_SOURCES = ("flax", "regex", "easydel")
 """The formats whose SOURCE is `module:attr`: Python objects, read by running their code."""
 
 
@@ -142,6 +154,8 @@ def _convert(args: argparse.Namespace) -> Conversion:
             text = _stdin("a JSON tensor-parallel plan")
             return hf_document(parse_json(text, "<stdin>"), axis, "<stdin>")
         return convert_hf(source, axis=axis)
+    if args.format == "easydel" and not stdin:
+        return convert_easydel(source, min_size=args.min_size or 0)
     if stdin or ":" not in source:
         raise UsageError(f"{args.format}: SOURCE is module:attr, e.g. mymodel.sharding:RULES; got {source!r}")
     if args.format == "flax":

@@ -1,6 +1,7 @@
 """What every converter shares: the result (`Conversion`), reading a source
 file, importing a `module:attr` source, what the language accepts as a name or
-a pattern literal, and the finished text: a provenance header, the notes (what
+a pattern literal (and refuses as a pattern), a `PartitionSpec` as a spec, and
+the finished text: a provenance header, the notes (what
 did not convert exactly), formatted canonically and checked by loading it."""
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 from .._errors import ShardRulesError
 from .._imports import import_attr
+from .._language._build import pattern_problem
 from .._language._files import MAX_FILE_BYTES
 from .._language._format import format_text
 from .._language._includes import MAX_LINES, MAX_RULES
 from .._language._load import loads
+from .._pspec import entries as spec_entries
 
 MAX_SOURCE_BYTES = 4 << 20
 """The largest source read (4 MiB): configs and plans are a few kilobytes."""
@@ -265,3 +268,54 @@ def _check_size(text: str, source: str) -> None:
             f"{shown(source)}: the converted rule file would have {', '.join(o for o in over if o)}: more "
             "than a rule file may hold (SR009); nothing is written"
         )
+
+
+def refused_pattern(literal: str) -> str | None:
+    """Why the rule file refuses the pattern `literal` (as `pattern_literal`
+    writes it: its text between the quotes is the pattern), on one line, or
+    `None`."""
+    _, problem = pattern_problem(literal[1:-1])
+    if problem is None:
+        return None
+    return shown(f"{problem.code} {problem.message}; {problem.hint}", 400)
+
+
+def spec_text(spec: Any, what: str, where: str, notes: list[str], axes: dict[str, None]) -> str:
+    """The rule-file spec for the `PartitionSpec` `spec` (mesh axes it names
+    added to `axes`); an entry with no equivalent is written `_`, with a note."""
+    import jax
+
+    partition_spec = jax.sharding.PartitionSpec
+    if isinstance(spec, partition_spec):
+        extra = [f"{k}={v}" for k in ("unreduced", "reduced") if (v := getattr(spec, k, None))]
+        if extra:
+            notes.append(f"{what}: its spec's {', '.join(extra)} is not converted")
+        entries = list(spec_entries(spec))
+    elif isinstance(spec, (tuple, list)):
+        entries = list(spec)
+    else:
+        raise SourceError(f"{where}: {what}: {shown(spec)} is not a PartitionSpec")
+    if not entries:
+        return "replicated"
+    out = []
+    for entry in entries:
+        names = (entry,) if isinstance(entry, str) else entry
+        if entry is None or names == ():
+            out.append("_")
+            continue
+        if isinstance(names, (tuple, list)) and names and all(is_name(n) for n in names):
+            axes.update(dict.fromkeys(names))
+            out.append(names[0] if len(names) == 1 else "(" + ", ".join(names) + ")")
+            continue
+        unconstrained = entry is partition_spec.UNCONSTRAINED
+        notes.append(
+            f"{what}: the entry {'UNCONSTRAINED' if unconstrained else shown(entry)} "
+            + (
+                "(XLA chooses) has no rule-file equivalent for parameters"
+                if unconstrained
+                else "is not a mesh axis name"
+            )
+            + "; written `_` (unsharded)"
+        )
+        out.append("_")
+    return "(" + ", ".join([*out, "..."]) + ")"

@@ -18,8 +18,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .._language._build import pattern_problem
-from .._pspec import entries as spec_entries
 from ._common import (
     Conversion,
     SourceError,
@@ -27,9 +25,10 @@ from ._common import (
     check_count,
     finish,
     import_object,
-    is_name,
     pattern_literal,
+    refused_pattern,
     shown,
+    spec_text,
 )
 
 
@@ -81,9 +80,9 @@ def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
             raise SourceError(
                 f"{where}: rule {number}: {shown(repr(regex))} is not a regular expression: {shown(str(err))}"
             ) from None
-        text = _spec(spec, f"rule {number} ({shown(repr(regex))})", where, notes, axes)
+        text = spec_text(spec, f"rule {number} ({shown(repr(regex))})", where, notes, axes)
         literal = pattern_literal(regex)
-        refused = _refused(literal)
+        refused = refused_pattern(literal)
         if refused:
             notes.append(
                 f"rule {number} ({shown(repr(regex))}): the rule file's regular expressions cannot say this "
@@ -103,54 +102,3 @@ def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
     body = [f"mesh {', '.join(axes)}", ""] if axes else []
     body += ["rules params:", *("  " + line for line in lines)]
     return finish("regex", where, read, body, notes)
-
-
-def _refused(literal: str) -> str | None:
-    """Why the rule file refuses the pattern `literal` (as `pattern_literal`
-    writes it: its text between the quotes is the pattern), on one line, or
-    `None`."""
-    _, problem = pattern_problem(literal[1:-1])
-    if problem is None:
-        return None
-    return shown(f"{problem.code} {problem.message}; {problem.hint}", 400)
-
-
-def _spec(spec: Any, what: str, where: str, notes: list[str], axes: dict[str, None]) -> str:
-    """The rule-file spec for the `PartitionSpec` `spec` (mesh axes it names
-    added to `axes`); an entry with no equivalent is written `_`, with a note."""
-    import jax
-
-    partition_spec = jax.sharding.PartitionSpec
-    if isinstance(spec, partition_spec):
-        extra = [f"{k}={v}" for k in ("unreduced", "reduced") if (v := getattr(spec, k, None))]
-        if extra:
-            notes.append(f"{what}: its spec's {', '.join(extra)} is not converted")
-        entries = list(spec_entries(spec))
-    elif isinstance(spec, (tuple, list)):
-        entries = list(spec)
-    else:
-        raise SourceError(f"{where}: {what}: {shown(spec)} is not a PartitionSpec")
-    if not entries:
-        return "replicated"
-    out = []
-    for entry in entries:
-        names = (entry,) if isinstance(entry, str) else entry
-        if entry is None or names == ():
-            out.append("_")
-            continue
-        if isinstance(names, (tuple, list)) and names and all(is_name(n) for n in names):
-            axes.update(dict.fromkeys(names))
-            out.append(names[0] if len(names) == 1 else "(" + ", ".join(names) + ")")
-            continue
-        unconstrained = entry is partition_spec.UNCONSTRAINED
-        notes.append(
-            f"{what}: the entry {'UNCONSTRAINED' if unconstrained else shown(entry)} "
-            + (
-                "(XLA chooses) has no rule-file equivalent for parameters"
-                if unconstrained
-                else "is not a mesh axis name"
-            )
-            + "; written `_` (unsharded)"
-        )
-        out.append("_")
-    return "(" + ", ".join([*out, "..."]) + ")"
