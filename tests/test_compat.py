@@ -291,3 +291,34 @@ def test_an_explicit_mesh_is_entered_once_and_an_auto_one_never() -> None:
     with _compat.explicit_mesh_context(explicit):
         assert jax.sharding.get_abstract_mesh() == explicit.abstract_mesh
         assert isinstance(_compat.explicit_mesh_context(explicit), contextlib.nullcontext)
+
+
+def test_mesh_context_lets_a_trace_compute_a_constant_on_the_meshs_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    with _compat.mesh_context(mesh):  # outside a trace: `jax.set_mesh`
+        assert jax.sharding.get_mesh() == mesh
+
+    made = []
+
+    def eager(x: jax.Array) -> jax.Array:
+        with _compat.mesh_context(mesh):
+            assert jax.sharding.get_abstract_mesh() == mesh.abstract_mesh
+            with jax.ensure_compile_time_eval():  # compiled and run while the trace is made
+                made.append(jnp.cos(jnp.arange(4) / 4.0))
+        return x
+
+    jax.make_jaxpr(eager)(jnp.zeros(4))
+    np.testing.assert_allclose(np.asarray(made[0]), np.cos(np.arange(4) / 4.0), rtol=1e-6)
+    private = _compat._private
+    monkeypatch.setattr(
+        _compat, "_private", lambda m, n, f: None if n == "_internal_use_concrete_mesh" else private(m, n, f)
+    )
+
+    def abstract_only(x: jax.Array) -> jax.Array:
+        with _compat.mesh_context(mesh):  # a JAX without the private name: the abstract mesh alone
+            assert jax.sharding.get_abstract_mesh() == mesh.abstract_mesh
+        return x
+
+    jax.jit(abstract_only)(1.0)

@@ -677,3 +677,44 @@ def test_gradients_of_weights_sharing_an_input_keep_their_own_layouts() -> None:
         assert grads[name].sharding.spec == want_grads[name].sharding.spec == spec, name
         assert new[name].sharding.spec == spec, name
         np.testing.assert_allclose(np.asarray(new[name]), np.asarray(want_new[name]), rtol=1e-4, atol=1e-4)
+
+
+def rotary_loss(params: dict, batch: dict) -> jax.Array:
+    # rotary frequencies computed from Python ints while the step is traced, as
+    # model libraries make them (`jax.ensure_compile_time_eval`: a constant, not
+    # part of the step's program)
+    with jax.ensure_compile_time_eval():
+        inv = 1.0 / (10000.0 ** (jnp.arange(0, 16, 2) / 16))
+        angles = jnp.outer(jnp.arange(32), inv)
+        cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)
+    return jnp.mean((forward(params, batch["x"] * cos) - batch["y"]) ** 2)
+
+
+def rotary_sgd(params: dict, batch: dict) -> tuple[dict, jax.Array]:
+    loss, grads = jax.value_and_grad(rotary_loss)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+@pytest.mark.parametrize("make_mesh", [explicit_mesh, auto_mesh], ids=["explicit", "auto"])
+def test_a_constant_computed_while_tracing_is_computed_on_the_meshs_devices(make_mesh) -> None:
+    # on Explicit axes the step is traced under the mesh's abstract form; the
+    # constant is compiled then, on the mesh's devices, as under `jax.set_mesh`
+    params, batch = data()
+    want = []
+    step = jax.jit(rotary_sgd)
+    one = params
+    for _ in range(2):
+        one, loss = step(one, batch)
+        want.append(float(loss))
+    mesh = make_mesh()
+    step = sr.jit(rotary_sgd, RULES, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    placed = sr.apply(params, RULES, mesh)
+    losses = []
+    for _ in range(2):
+        placed, loss = step(placed, batch)
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, want, rtol=2e-5)
+    _, loss = jax.jit(step)(sr.apply(params, RULES, mesh), sr.apply(batch, RULES, mesh, group="inputs"))
+    np.testing.assert_allclose(float(loss), want[0], rtol=2e-5)  # inside another trace too
+    if make_mesh is explicit_mesh:  # the rules still give the contractions their layouts
+        assert [d.scope for d in step.decisions(params, batch) if d.by == "rule"]

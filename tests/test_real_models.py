@@ -666,3 +666,96 @@ def test_easydel_llama_rules_converted_lay_out_every_leaf_as_easydel(
         assert blocks[0] == blocks[1], (jax.tree_util.keystr(path), g, w)
         sharded += w != P() and any(e is not None for e in w)
     assert sharded == 16  # embedding, head, 2 x (4 attention + 3 MLP kernels): the rest whole
+
+
+# --- Levanter (marin-levanter, on haliax) ----------------------------------------------------
+
+# Levanter's parameters are haliax arrays, whose leaves' paths end in the array's
+# field (`/0` where haliax flattens it so): the patterns are not anchored at the end.
+LEVANTER_RULES = r"""mesh data=4, model=2
+
+rules params:
+  "mlp/(gate|up)_proj/weight"   -> (_, model, _)        # (layers, mlp, embed)
+  "mlp/down_proj/weight"        -> (_, _, model)        # (layers, embed, mlp)
+  "self_attn/q_proj/weight"     -> (_, model, _, _, _)  # (layers, kv_heads, q_per_group, head_size, embed)
+  "self_attn/(k|v)_proj/weight" -> (_, model, _, _)     # (layers, kv_heads, head_size, embed)
+  "self_attn/o_proj/weight"     -> (_, _, model, _)     # (layers, embed, heads, head_size)
+  "token_embeddings/weight"     -> (model, _)           # (vocab, embed)
+  default -> replicated
+
+rules inputs:
+  "tokens" -> (data, _)                                 # (batch, position)
+"""
+
+
+def _levanter_llama():
+    """A tiny Levanter llama (two stacked layers, rotary embeddings, grouped
+    attention), a batch of tokens and an SGD step on its next-token loss.
+
+    Levanter (tested on Python 3.11) is installed without its training stack,
+    then the packages its import needs, held to the JAX stack already there
+    (`stack.txt`: the installed jax, jaxlib, flax, numpy and optax pins):
+    `pip install --no-deps marin-{levanter,haliax,rigging,fray,iris}==0.2.20.dev202606180959
+    marin-finelog==0.2.10`, then `pip install -c stack.txt draccus GitPython
+    google-cloud-storage wandb tqdm-loggable chex cloudpickle connect-python zstandard
+    humanfriendly pyarrow braceexpand tblib datasets pytimeparse transformers aqtp jmp
+    safetensors botocore uvicorn`."""
+    try:
+        import equinox as eqx
+        import haliax as hax
+        import jax.numpy as jnp
+        from levanter.layers.attention import AttentionBackend, AttentionMask
+        from levanter.models.llama import LlamaConfig, LlamaLMHeadModel
+        from levanter.models.lm_model import LmExample
+    except ImportError as why:  # levanter, or one of the packages its import needs
+        pytest.skip(f"Levanter's model code does not import ({why}): install it as `_levanter_llama` says")
+    config = LlamaConfig(
+        max_seq_len=16, hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        attn_backend=AttentionBackend.VANILLA, gradient_checkpointing=False,
+    )  # fmt: skip
+    vocab = hax.Axis("vocab", 64)
+    model = LlamaLMHeadModel.init(vocab, config, key=jax.random.PRNGKey(0))
+    tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", 8), config.max_Pos), 0, vocab.size)
+    weight = LmExample.causal_loss_mask(config.max_Pos).astype(jnp.float32)
+
+    def step(model, batch):
+        def loss(m):
+            example = LmExample(
+                tokens=batch["tokens"],
+                loss_weight=hax.broadcast_to(weight, batch["tokens"].axes),
+                attn_mask=AttentionMask.causal(),
+            )
+            return m.compute_next_token_loss(example).scalar()
+
+        value, grads = eqx.filter_value_and_grad(loss)(model)
+        return jax.tree.map(lambda p, g: p - 0.5 * g, model, grads), value
+
+    return model, {"tokens": tokens}, step
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+def test_levanter_llama_trains_under_sr_jit(kind: AxisType) -> None:
+    """Two steps of a Levanter llama on an 8-device mesh give one device's
+    losses and parameters. Its rotary embedding computes its frequencies
+    while the step is traced (`jax.ensure_compile_time_eval`)."""
+    model, batch, step = _levanter_llama()
+    rules = sr.loads(LEVANTER_RULES, name="levanter_llama.shard")
+    one, want = model, []
+    for _ in range(2):
+        one, loss = jax.jit(step)(one, batch)
+        want.append(float(loss))
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind,) * 2)
+    params, placed = sr.apply(model, rules, mesh), sr.apply(batch, rules, mesh, group="inputs")
+    sharded = sr.jit(step, rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    got = []
+    for _ in range(2):  # each step's outputs feed the next as they come back
+        params, loss = sharded(params, placed)
+        got.append(float(loss))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(one), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    specs = {
+        jax.tree_util.keystr(k): x.sharding.spec for k, x in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    assert [s for p, s in specs.items() if "up_proj" in p] == [P(None, "model", None)]
+    assert [s for p, s in specs.items() if "token_embeddings" in p] == [P("model", None)]

@@ -194,6 +194,23 @@ def explicit_mesh_context(mesh: Any) -> contextlib.AbstractContextManager[Any]:
 
     if not getattr(mesh, "explicit_axes", ()) or ambient_mesh() in (mesh, mesh.abstract_mesh):
         return contextlib.nullcontext()
-    if not trace_state_clean():
-        return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
-    return jax.set_mesh(mesh)
+    return mesh_context(mesh)
+
+
+def mesh_context(mesh: Any) -> contextlib.AbstractContextManager[Any]:
+    """`mesh`'s abstract form as the mesh a trace types its values on and,
+    where `mesh` has devices, those devices for what the trace computes
+    eagerly: a constant made under `jax.ensure_compile_time_eval` (rotary
+    frequencies, say) is compiled and run while the trace is made, and JAX
+    refuses to compile on an abstract mesh alone. Outside any trace that is
+    `jax.set_mesh(mesh)`; inside one, where `set_mesh` is refused, the
+    abstract mesh with JAX's private `_internal_use_concrete_mesh` (JAX 0.8
+    to 0.12; where a JAX lacks it, the abstract mesh alone)."""
+    if isinstance(mesh, jax.sharding.Mesh) and trace_state_clean():
+        return jax.set_mesh(mesh)
+    stack = contextlib.ExitStack()
+    concrete = _private("jax._src.sharding_impls", "_internal_use_concrete_mesh", None)
+    if isinstance(mesh, jax.sharding.Mesh) and concrete is not None:
+        stack.enter_context(concrete(mesh))
+    stack.enter_context(jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
+    return stack

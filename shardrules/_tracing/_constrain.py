@@ -18,7 +18,7 @@ from .._interop._paths import flatten, path_str
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules
 from .._planning._compile import compile_flat
-from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
+from ._compat import DuplicateSpecError, ShardingTypeError, mesh_context, trace_replicated
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
 from ._seen import ScopeOutput
 
@@ -313,7 +313,7 @@ def constrained(
         if explicit:
             # traced with every value replicated, so JAX cannot refuse what the rules will settle,
             # under the mesh's abstract form, so that layouts the model's code states work
-            with jax.sharding.use_abstract_mesh(resolved.abstract_mesh):
+            with mesh_context(resolved):
                 traced = [untyped(v) for v in values]
                 try:
                     trace = jax.make_jaxpr(flat_fn, return_shape=True)

@@ -19,7 +19,7 @@ from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._quiet import quiet
 from . import _slips
 from ._compare import Comparison, compare_outputs, on_one_device, one_device_mesh, shapes_only
-from ._compat import trace_state_clean
+from ._compat import mesh_context
 from ._constrain import Traced, constrained
 from ._explicit import Decision, is_explicit
 from ._groups import for_groups, moved, param_names, signature, typed
@@ -183,12 +183,10 @@ class RuleJit:
     def _context(self, mesh: Mesh) -> contextlib.AbstractContextManager[Any]:
         """`jax.set_mesh(mesh)` for explicit axes, unless it is JAX's mesh already;
         inside another trace (`jax.jit`, `jax.grad` of the step), where `set_mesh`
-        is refused, the mesh's abstract form."""
+        is refused, the mesh's abstract form with its devices (`mesh_context`)."""
         if not is_explicit(mesh) or _mesh.ambient_mesh() in (mesh, mesh.abstract_mesh):
             return contextlib.nullcontext()
-        if not trace_state_clean():  # inside another JAX transformation's trace
-            return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
-        return jax.set_mesh(mesh)
+        return mesh_context(mesh)
 
     def decisions(self, *args: Any) -> list[Decision]:
         """On a mesh with `Explicit` axes, how the layout of each contraction,

@@ -36,7 +36,7 @@ from .._planning._api import placement_shardings
 from .._planning._compile import compile_plan
 from .._pspec import entries
 from .._quiet import warn
-from ._compat import DuplicateSpecError, ShardingTypeError, trace_replicated
+from ._compat import DuplicateSpecError, ShardingTypeError, mesh_context, trace_replicated
 from ._explicit import closed_over_error, untyped
 from ._groups import for_groups, param_names
 
@@ -255,7 +255,7 @@ def out_shardings(
         return placement_shardings(tree, rules, mesh, group=group)
 
     if out_shape is None:
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # shapes only, values replicated
+        with mesh_context(mesh):  # shapes only, values replicated
             try:
                 shapes = functools.partial(jax.eval_shape, fn)
                 out_shape = trace_replicated(shapes, jax.tree.map(untyped, args), mesh.abstract_mesh)
