@@ -16,6 +16,7 @@ import json
 import math
 import re
 import sys
+import tempfile
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -997,10 +998,12 @@ KAULDRON_MIN = 4 * 2**20 + 1  # kauldron keeps arrays of at most 4 MiB whole: `m
 def kauldron_spec(shape: tuple[int, ...], itemsize: int, devices: int, at_most: int, axis: str) -> tuple:
     """kauldron's `FSDPSharding` choice, written afresh: whole if at most
     `at_most` bytes, else the first dimension in `argsort(shape)[::-1]` order
-    that `devices` divides."""
+    that `devices` divides. The sort is numpy's stable one: kauldron's
+    default `argsort` is not stable, and where a CPU's vectorised sort orders
+    equal sizes otherwise (`(2, 2, 1, 1)` on AVX-512), so may kauldron."""
     spec: list[str | None] = [None] * len(shape)
     if math.prod(shape) * itemsize > at_most:
-        for i in np.argsort(np.array(shape, dtype=np.int64))[::-1]:
+        for i in np.argsort(np.array(shape, dtype=np.int64), kind="stable")[::-1]:
             if shape[int(i)] % devices == 0:
                 spec[int(i)] = axis
                 break
@@ -1095,33 +1098,42 @@ _NAMES = (
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(
-    st.lists(
+    st.dictionaries(
+        st.sampled_from(_NAMES),
         st.tuples(
-            st.sampled_from(_NAMES),
             st.lists(
                 st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]), min_size=1, max_size=4
             ),
             st.sampled_from([jnp.float32, jnp.bfloat16]),
         ),
         min_size=1,
-        max_size=8,
     ),
+    st.integers(1, 3),
     st.sampled_from([2, 3, 4, 8, 16]),
     st.sampled_from(["devices", "fsdp"]),
     st.integers(0, 40_000),
 )
 def test_fsdp_dim_largest_gives_every_leaf_kauldrons_spec(
-    leaves: list[tuple[str, list[int], Any]], devices: int, axis: str, at_most: int
+    leaves: dict[str, tuple[list[int], Any]], layers: int, devices: int, axis: str, at_most: int
 ) -> None:
-    tree = {}
-    for n, (name, shape, dtype) in enumerate(leaves):
-        tree[name.replace("*", str(n % 3)) + ("" if n < len(_NAMES) else f"_{n}")] = S(*shape, dtype=dtype)
+    """Random trees (each path's layers of one shape, as a model's are), mesh
+    sizes and thresholds: the draft is lint clean and fmt-stable, and every
+    leaf gets kauldron's spec. (Leaves whose paths differ in numbers alone but
+    whose shapes differ are left to `default`, whose `auto` takes the first of
+    equal largest dimensions: no rule pattern tells them apart.)"""
+    tree = {
+        name.replace("*", str(n)): S(*shape, dtype=dtype)
+        for name, (shape, dtype) in leaves.items()
+        for n in range(layers)
+    }
     if not any(math.prod(leaf.shape) > 1 for leaf in tree.values()):
         return  # no array to lay out: suggest says so
     sizes = {axis: devices}
     text = sr.suggest(tree, sizes, strategy="fsdp", fsdp_dim="largest", min_bytes=at_most + 1)
+    with tempfile.TemporaryDirectory() as folder:
+        check_draft(text, tree, sizes, Path(folder))  # lint clean, fmt-stable
     specs = sr.specs(tree, sr.loads(text), sizes)
     for path, leaf in tree.items():
         want = kauldron_spec(leaf.shape, np.dtype(leaf.dtype).itemsize, devices, at_most, axis)
