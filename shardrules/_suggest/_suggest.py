@@ -211,6 +211,12 @@ def drafted(
     settings = (maxtext, min_bytes, max_bytes_per_device, embedding, holds_haliax(tree))
     best = _write(kinds, facts, first, sizes, *settings)
     if best.replicated:  # lint's SR116, which no line can acknowledge
+        if fsdp_dim == "largest":
+            raise StrategyError(
+                f"fsdp_dim=largest with min_bytes={min_bytes} would leave {best.replicated}: arrays under "
+                "min_bytes, and those no dimension of which the axes divide, are whole. Lower min_bytes, "
+                "or choose fsdp_dim=embed"
+            )
         if strategy != "auto":
             raise StrategyError(
                 f"strategy {strategy} on {', '.join(f'{a}={n}' for a, n in sizes.items())} would leave "
