@@ -536,6 +536,11 @@ def test_gemma3_tree_is_the_one_built_from_its_names_and_suggest_agrees_with_meg
     }
     found = agree.measure(own, "fsdp+tp")
     assert found.leaf_share >= 0.95 and found.byte_share >= 0.95, found.differ
+    # kauldron's FSDPSharding, on gemma's own Gemma3_1B tree (shapes only): fsdp_dim="largest"
+    big = agree.gemma_shapes(agree.CONFIGS["Gemma3_1B"])
+    found = agree.measure(big, "fsdp", **agree.LARGEST)
+    assert found.leaf_share >= 0.95 and found.byte_share >= 0.95, found.differ
+    assert agree.measure(big, "fsdp").byte_share < 0.5  # the default splits the hidden size instead
 
 
 def test_gemma3_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:

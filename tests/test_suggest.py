@@ -969,6 +969,9 @@ def test_kauldrons_fsdp_layout_of_gemma3_is_one_default_rule() -> None:
     assert theirs["params/layer_0/mlp/linear"] == P("devices", None)
     found = agree.measure_rule_file(tree)
     assert (found.leaf_share, found.byte_share) == (1.0, 1.0), found.differ
+    found = agree.measure(tree, "fsdp", **agree.LARGEST)  # suggest's rule per role, fsdp_dim="largest"
+    assert found.leaf_share >= LEAF_SHARE and found.byte_share >= LEAF_SHARE, found.differ
+    assert agree.measure(tree, "fsdp").byte_share < 0.5  # the default: the hidden size, as MaxText
 
 
 def test_a_generic_mlp_of_another_width_is_read_by_widening_and_its_biases_follow_their_weights() -> None:
