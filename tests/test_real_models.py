@@ -563,3 +563,31 @@ def test_gemma3_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
     _, placed, _ = check_one_step(model)
     _auto_step_is_the_one_device_step(model)
     assert placed["params"]["layer_0"]["mlp"]["linear"].sharding.spec == P("model", "fsdp")
+
+
+# ---------------------------------------------------------------- kauldron: FSDPSharding, as gemma is trained
+
+
+def test_suggest_fsdp_dim_largest_is_kauldrons_own_fsdp_sharding() -> None:
+    pytest.importorskip("gemma.gm.nn._transformer", reason="gemma (and kauldron) is not installed")
+    from kauldron.utils.sharding_utils import FSDPSharding
+
+    agree = _bench_module("_agree_gemma")
+    tree = dict(agree.gemma_shapes(agree.CONFIGS["Gemma3_1B"]))
+    bf16 = lambda *s: jax.ShapeDtypeStruct(s, jax.numpy.bfloat16)  # noqa: E731
+    # beside gemma's own: arrays of equal largest dimensions, and one of exactly 4 MiB (kept whole)
+    tree |= {
+        "extra/square": bf16(2048, 2048),
+        "extra/cube": bf16(256, 256, 256),
+        "extra/four": bf16(2048, 1024),
+    }
+    theirs = FSDPSharding()(tree)  # over every device (kauldron's `devices` mesh)
+    sizes = {"devices": jax.device_count()}
+    text = sr.suggest(tree, sizes, strategy="fsdp", **agree.LARGEST)
+    ours = sr.specs(tree, sr.loads(text), sizes)
+    for path, leaf in tree.items():
+        rank = len(leaf.shape)
+        want = tuple(theirs[path].spec) + (None,) * (rank - len(theirs[path].spec))
+        assert tuple(ours[path]) + (None,) * (rank - len(ours[path])) == want, (path, leaf.shape, text)
+    assert ours["extra/square"] == P(None, "devices")  # kauldron's `argsort` order: the last of equal
+    assert ours["params/layer_0/mlp/linear"] == P("devices", None)  # its MLP units, the largest
