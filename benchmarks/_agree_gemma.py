@@ -19,7 +19,8 @@ that the device count divides (the dimensions in the order of
 `numpy.argsort(shape)[::-1]`), else replicated. `suggest`'s `fsdp` splits
 each weight's hidden size instead (every dimension of the hidden size: the
 one the weights share), so the two agree only where the hidden size is the
-largest dimension and the array is over 4 MiB.
+largest dimension and the array is over 4 MiB. `fsdp_dim="largest"` with
+`min_bytes=4 MiB + 1` (`LARGEST`) drafts kauldron's layout, one rule per role.
 
 Gemma has no tensor-parallel layout of its own; `megatron_specs` is the
 Megatron-LM one by hand for `fsdp+tp` (heads, kv heads where they divide,
@@ -144,9 +145,14 @@ def megatron_specs(tree: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[st
     return out
 
 
-def measure(tree: Mapping[str, Any], strategy: str) -> Any:
-    """`suggest`'s plan of `tree` against kauldron's (`fsdp`, on `devices=8`)
-    or the Megatron one (`fsdp+tp`, on `fsdp=2, model=4`)."""
+LARGEST = {"fsdp_dim": "largest", "min_bytes": MIN_SIZE_TO_SHARD_MB * 2**20 + 1}
+"""`suggest`'s options for kauldron's layout: arrays over 4 MiB split along their largest dimension."""
+
+
+def measure(tree: Mapping[str, Any], strategy: str, **options: Any) -> Any:
+    """`suggest`'s plan of `tree` (with `options`, such as `LARGEST`) against
+    kauldron's (`fsdp`, on `devices=8`) or the Megatron one (`fsdp+tp`, on
+    `fsdp=2, model=4`)."""
     import _expert_layouts as E
 
     if strategy == "fsdp":
@@ -155,7 +161,7 @@ def measure(tree: Mapping[str, Any], strategy: str) -> Any:
     else:
         sizes = {"fsdp": 2, "model": 4}
         theirs = megatron_specs(tree, sizes)
-    text = sr.suggest(dict(tree), sizes, strategy=strategy)
+    text = sr.suggest(dict(tree), sizes, strategy=strategy, **options)
     return E.agreement(tree, E.suggested_specs(tree, text, sizes), theirs, sizes)
 
 
@@ -193,14 +199,19 @@ def rows() -> list[list[str]]:
     out = []
     for name, config in (("tiny", TINY), *CONFIGS.items()):
         tree = build(config)
-        for strategy, expert in (("fsdp", "kauldron FSDPSharding"), ("fsdp+tp", "Megatron hand layout")):
-            found = measure(tree, strategy)
+        for strategy, expert, options in (
+            ("fsdp", "kauldron FSDPSharding", {}),
+            ("fsdp", "kauldron FSDPSharding", LARGEST),
+            ("fsdp+tp", "Megatron hand layout", {}),
+        ):
+            found = measure(tree, strategy, **options)
             mesh = "devices=8" if strategy == "fsdp" else "fsdp=2,model=4"
+            said = ", `fsdp_dim=largest, min_bytes=4MiB + 1`" if options else ""
             out.append(
                 [
                     f"{LIBRARY} ({expert}; {source})",
                     name,
-                    f"{strategy} on {mesh}",
+                    f"{strategy}{said} on {mesh}",
                     f"{found.same_leaves} / {found.leaves} ({100 * found.leaf_share:.1f}%)",
                     _bytes(found),
                     "; ".join(sorted(found.differ)) or "nothing differs",

@@ -541,6 +541,11 @@ def test_gemma3_tree_is_the_one_built_from_its_names_and_suggest_agrees_with_meg
     }
     found = agree.measure(own, "fsdp+tp")
     assert found.leaf_share >= 0.95 and found.byte_share >= 0.95, found.differ
+    # kauldron's FSDPSharding, on gemma's own Gemma3_1B tree (shapes only): fsdp_dim="largest"
+    big = agree.gemma_shapes(agree.CONFIGS["Gemma3_1B"])
+    found = agree.measure(big, "fsdp", **agree.LARGEST)
+    assert found.leaf_share >= 0.95 and found.byte_share >= 0.95, found.differ
+    assert agree.measure(big, "fsdp").byte_share < 0.5  # the default splits the hidden size instead
 
 
 def test_gemma3_trains_under_sr_jit_with_suggests_rules(tmp_path: Path) -> None:
@@ -759,3 +764,31 @@ def test_levanter_llama_trains_under_sr_jit(kind: AxisType) -> None:
     }
     assert [s for p, s in specs.items() if "up_proj" in p] == [P(None, "model", None)]
     assert [s for p, s in specs.items() if "token_embeddings" in p] == [P("model", None)]
+
+
+# ---------------------------------------------------------------- kauldron: FSDPSharding, as gemma is trained
+
+
+def test_suggest_fsdp_dim_largest_is_kauldrons_own_fsdp_sharding() -> None:
+    pytest.importorskip("gemma.gm.nn._transformer", reason=GEMMA_MISSING)
+    from kauldron.utils.sharding_utils import FSDPSharding
+
+    agree = _bench_module("_agree_gemma")
+    tree = dict(agree.gemma_shapes(agree.CONFIGS["Gemma3_1B"]))
+    bf16 = lambda *s: jax.ShapeDtypeStruct(s, jax.numpy.bfloat16)  # noqa: E731
+    # beside gemma's own: arrays of equal largest dimensions, and one of exactly 4 MiB (kept whole)
+    tree |= {
+        "extra/square": bf16(2048, 2048),
+        "extra/cube": bf16(256, 256, 256),
+        "extra/four": bf16(2048, 1024),
+    }
+    theirs = FSDPSharding()(tree)  # over every device (kauldron's `devices` mesh)
+    sizes = {"devices": jax.device_count()}
+    text = sr.suggest(tree, sizes, strategy="fsdp", **agree.LARGEST)
+    ours = sr.specs(tree, sr.loads(text), sizes)
+    for path, leaf in tree.items():
+        rank = len(leaf.shape)
+        want = tuple(theirs[path].spec) + (None,) * (rank - len(theirs[path].spec))
+        assert tuple(ours[path]) + (None,) * (rank - len(ours[path])) == want, (path, leaf.shape, text)
+    assert ours["extra/square"] == P(None, "devices")  # kauldron's `argsort` order: the last of equal
+    assert ours["params/layer_0/mlp/linear"] == P("devices", None)  # its MLP units, the largest

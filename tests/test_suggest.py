@@ -16,6 +16,7 @@ import json
 import math
 import re
 import sys
+import tempfile
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -23,8 +24,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from _suggest_trees import check_draft
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import shardrules as sr
@@ -965,6 +969,9 @@ def test_kauldrons_fsdp_layout_of_gemma3_is_one_default_rule() -> None:
     assert theirs["params/layer_0/mlp/linear"] == P("devices", None)
     found = agree.measure_rule_file(tree)
     assert (found.leaf_share, found.byte_share) == (1.0, 1.0), found.differ
+    found = agree.measure(tree, "fsdp", **agree.LARGEST)  # suggest's rule per role, fsdp_dim="largest"
+    assert found.leaf_share >= LEAF_SHARE and found.byte_share >= LEAF_SHARE, found.differ
+    assert agree.measure(tree, "fsdp").byte_share < 0.5  # the default: the hidden size, as MaxText
 
 
 def test_a_generic_mlp_of_another_width_is_read_by_widening_and_its_biases_follow_their_weights() -> None:
@@ -984,3 +991,153 @@ def test_a_generic_mlp_of_another_width_is_read_by_widening_and_its_biases_follo
     assert specs[p + "Dense_0/bias"] == P("model")  # as its weight's outputs
     assert specs[p + "Dense_1/bias"] in (P(None), P())  # a row-parallel layer's bias: whole
     assert specs["layers_0/mlp/dense_1/kernel"] == P("model", "fsdp")
+
+
+# ---------------------------------------------------------------- fsdp_dim="largest": kauldron's FSDP layout
+
+KAULDRON_MIN = 4 * 2**20 + 1  # kauldron keeps arrays of at most 4 MiB whole: `min_bytes` is the first split
+
+
+def kauldron_spec(shape: tuple[int, ...], itemsize: int, devices: int, at_most: int, axis: str) -> tuple:
+    """kauldron's `FSDPSharding` choice, written afresh: whole if at most
+    `at_most` bytes, else the first dimension in `argsort(shape)[::-1]` order
+    that `devices` divides. The sort is numpy's stable one: kauldron's
+    default `argsort` is not stable, and where a CPU's vectorised sort orders
+    equal sizes otherwise (`(2, 2, 1, 1)` on AVX-512), so may kauldron."""
+    spec: list[str | None] = [None] * len(shape)
+    if math.prod(shape) * itemsize > at_most:
+        for i in np.argsort(np.array(shape, dtype=np.int64), kind="stable")[::-1]:
+            if shape[int(i)] % devices == 0:
+                spec[int(i)] = axis
+                break
+    return tuple(spec)
+
+
+def _padded(spec: P, rank: int) -> tuple:
+    return tuple(spec) + (None,) * (rank - len(tuple(spec)))
+
+
+@pytest.mark.parametrize("config", ["Gemma3_1B", "Gemma3_4B"])
+def test_fsdp_dim_largest_drafts_kauldrons_layout_of_gemma3(config: str, tmp_path: Path) -> None:
+    agree = _bench("_agree_gemma")
+    tree, sizes = agree.shapes(agree.CONFIGS[config]), {"devices": 8}
+    text = sr.suggest(tree, sizes, strategy="fsdp", fsdp_dim="largest", min_bytes=KAULDRON_MIN)
+    found = E.agreement(tree, E.suggested_specs(tree, text, sizes), agree.kauldron_specs(tree, 8), sizes)
+    assert found.leaf_share >= LEAF_SHARE and found.byte_share >= LEAF_SHARE, (found.differ, text)
+    check_draft(text, tree, sizes, tmp_path)  # lint clean, fmt-stable, each rule takes what it says
+    flat = re.sub(" +", " ", text)
+    assert '"mlp/linear$" -> (mlp, _) # MLP out (down)' in flat, text  # its MLP units, not its hidden size
+    assert '"embedder/input_embedding$" -> (vocab, _)' in flat, text
+    assert "\n".join(re.findall(r'"norm/scale\$" -> replicated', flat)), text  # small: whole, and why
+    assert "arrays of at most 4.0 MiB (min_bytes=4194305): kept whole" in flat, text
+    assert "Not recognised by name" not in text, text
+    # the default is unchanged: the hidden size, as MaxText
+    default = sr.specs(tree, sr.loads(sr.suggest(tree, sizes, strategy="fsdp")), sizes)
+    assert default["params/layer_0/mlp/linear"] == P(None, "devices")
+
+
+def test_fsdp_dim_largest_takes_the_last_of_equal_dimensions_and_gives_such_unknown_leaves_a_rule(
+    tmp_path: Path,
+) -> None:
+    d, sizes = 256, {"fsdp": 4}
+    tree = {"model.embed_tokens.weight": S(4096, d), "model.norm.weight": S(d)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        tree |= {p + "self_attn.q_proj.weight": S(d, d), p + "self_attn.o_proj.weight": S(d, d)}
+        tree |= {p + "mlp.up_proj.weight": S(3 * d, d), p + "mlp.down_proj.weight": S(d, 3 * d)}
+        tree |= {p + "input_layernorm.weight": S(d)}
+    tree |= {"extra.mix": S(d, d), "extra.small": S(8, 8), "extra.odd": S(255, 513)}
+    text = sr.suggest(tree, sizes, strategy="fsdp", fsdp_dim="largest", min_bytes="1KiB")
+    check_draft(text, tree, sizes, tmp_path)
+    specs = sr.specs(tree, sr.loads(text), sizes)
+    for path, leaf in tree.items():
+        want = kauldron_spec(leaf.shape, 4, 4, 1023, "fsdp")
+        assert _padded(specs[path], len(leaf.shape)) == want, (path, specs[path], want, text)
+    assert specs["model.layers.0.self_attn.q_proj.weight"] == P(None, "fsdp")  # square: the last
+    assert specs["model.layers.0.mlp.down_proj.weight"] == P(None, "fsdp")  # its MLP units
+    flat = re.sub(" +", " ", re.sub(r"\s*\n\s*#\s*", " ", text))
+    assert "# not recognised by name" in flat and "the last is split" in flat, text  # extra.mix's own rule
+    assert "extra/odd" in flat or "extra.odd (255, 513)" in flat, (
+        text
+    )  # left to default: no dimension divides
+
+
+def test_fsdp_dim_is_checked() -> None:
+    tree = {"model.layers.0.mlp.up_proj.weight": S(512, 128)}
+    with pytest.raises(ValueError, match="fsdp_dim must be"):
+        sr.suggest(tree, {"fsdp": 4}, strategy="fsdp", fsdp_dim="widest")
+    with pytest.raises(ValueError, match="strategy='fsdp'"):
+        sr.suggest(tree, {"fsdp": 2, "model": 2}, strategy="fsdp+tp", fsdp_dim="largest")
+    with pytest.raises(SystemExit) as exit, redirect_stderr(io.StringIO()) as err:
+        main(["suggest", "--shapes", "x.json", "--mesh", "fsdp=2", "--fsdp-dim", "widest"])
+    assert exit.value.code == 2 and "--fsdp-dim" in err.getvalue()
+
+
+def test_cli_fsdp_dim_largest(tmp_path: Path) -> None:
+    agree = _bench("_agree_gemma")
+    tree = agree.shapes(agree.TINY)
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(
+        json.dumps({k: {"shape": list(v.shape), "dtype": "bfloat16"} for k, v in tree.items()}),
+        encoding="utf-8",
+    )
+    args = ("--shapes", str(shapes), "--mesh", "devices=8", "--strategy", "fsdp", "--min-bytes", "1KiB")
+    status, out = cli("suggest", *args, "--fsdp-dim", "largest")
+    assert status == 0, out
+    assert sr.suggest(tree, {"devices": 8}, "fsdp", min_bytes=1024, fsdp_dim="largest") == out
+    assert cli("suggest", *args)[1] != out  # the default differs
+
+
+_NAMES = (
+    "model.layers.*.self_attn.q_proj.weight",
+    "model.layers.*.self_attn.k_proj.weight",
+    "model.layers.*.mlp.down_proj.weight",
+    "model.layers.*.input_layernorm.weight",
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+    "blocks/*/w_a",
+    "other/thing",
+    "stack/mlp/wi",
+)
+
+
+@settings(deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(_NAMES),
+        st.tuples(
+            st.lists(
+                st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]), min_size=1, max_size=4
+            ),
+            st.sampled_from([jnp.float32, jnp.bfloat16]),
+        ),
+        min_size=1,
+    ),
+    st.integers(1, 3),
+    st.sampled_from([2, 3, 4, 8, 16]),
+    st.sampled_from(["devices", "fsdp"]),
+    st.integers(0, 40_000),
+)
+def test_fsdp_dim_largest_gives_every_leaf_kauldrons_spec(
+    leaves: dict[str, tuple[list[int], Any]], layers: int, devices: int, axis: str, at_most: int
+) -> None:
+    """Random trees (each path's layers of one shape, as a model's are), mesh
+    sizes and thresholds: the draft is lint clean and fmt-stable, and every
+    leaf gets kauldron's spec. (Leaves whose paths differ in numbers alone but
+    whose shapes differ are left to `default`, whose `auto` takes the first of
+    equal largest dimensions: no rule pattern tells them apart.)"""
+    tree = {
+        name.replace("*", str(n)): S(*shape, dtype=dtype)
+        for name, (shape, dtype) in leaves.items()
+        for n in range(layers)
+    }
+    if not any(math.prod(leaf.shape) > 1 for leaf in tree.values()):
+        return  # no array to lay out: suggest says so
+    sizes = {axis: devices}
+    text = sr.suggest(tree, sizes, strategy="fsdp", fsdp_dim="largest", min_bytes=at_most + 1)
+    with tempfile.TemporaryDirectory() as folder:
+        check_draft(text, tree, sizes, Path(folder))  # lint clean, fmt-stable
+    specs = sr.specs(tree, sr.loads(text), sizes)
+    for path, leaf in tree.items():
+        want = kauldron_spec(leaf.shape, np.dtype(leaf.dtype).itemsize, devices, at_most, axis)
+        assert _padded(specs[path], len(leaf.shape)) == want, (path, leaf.shape, specs[path], want, text)

@@ -18,6 +18,7 @@ from .._language._load import load
 from .._language._sizes import byte_size
 from .._planning._plan import format_bytes, plural
 from .._suggest._draft import EMBEDDINGS
+from .._suggest._largest import DIMS
 from .._suggest._strategy import STRATEGIES, StrategyError
 from .._suggest._suggest import DEFAULT_MIN_BYTES, drafted
 from .._suggest._text import counted
@@ -73,7 +74,16 @@ def add_parser(commands: Any) -> None:
         "--min-bytes",
         metavar="SIZE",
         default=None,
-        help="leaves not recognised and smaller than this stay whole (default: 1MiB)",
+        help="leaves not recognised and smaller than this stay whole (default: 1MiB); with --fsdp-dim "
+        "largest, every array smaller than this",
+    )
+    suggest.add_argument(
+        "--fsdp-dim",
+        choices=DIMS,
+        default="embed",
+        help="the dimension --strategy fsdp splits: embed (default: the hidden size, as MaxText) or largest "
+        "(each array's largest dimension that divides, as kauldron's FSDPSharding; with --min-bytes "
+        "4194305 its layout exactly)",
     )
     suggest.add_argument(
         "--embedding",
@@ -134,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
             head_dim=args.head_dim,
             min_bytes=min_bytes,
             embedding=args.embedding,
+            fsdp_dim=args.fsdp_dim,
         )
     except (StrategyError, ValueError, TypeError) as err:
         raise UsageError(str(err)) from None

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 
 from .._planning._check import DEFAULT_REPLICATED_THRESHOLD, DEFAULT_REPLICATED_TOLERANCE
 from .._planning._plan import format_bytes, plural
+from . import _largest as L
 from . import _roles as R
 from ._dims import Dims, dims_of
 from ._facts import Facts
@@ -57,7 +58,10 @@ FAMILIES = {
     R.BIAS: "bias",
     R.NORM: "norm",
 }
-ORDER = list(dict.fromkeys(FAMILIES.values()))
+ORDER = [
+    *dict.fromkeys(FAMILIES.values()),
+    "shape",
+]  # `shape`: leaves not recognised, with a rule of their own
 ALIAS_OF = {"embed": "embed", "heads": "heads", "kv_heads": "heads", "mlp": "mlp", "vocab": "vocab"}
 EMBEDDINGS = ("vocab", "whole")
 """What `embedding=` may ask of token embeddings' vocabulary: split (vocab-parallel) or whole."""
@@ -123,13 +127,26 @@ def draft(
     mapping of axis names does."""
     groups: dict[tuple[object, ...], Draft] = {}
     fallback: list[int] = []
+    largest = layout.fsdp_dim == "largest"
     for index, (kind, role) in enumerate(zip(kinds, facts.roles, strict=True)):
         dims = dims_of(kind, role, facts, index) if role is not None else None
+        if largest and index not in by_shape and (role is None or dims is None) and _tie(kind, layout, sizes):
+            entries, _, _ = L.entries(None, kind.shape, kind.leaf_bytes, layout, sizes, layout.min_bytes)
+            key = (ORDER.index("shape"), "shape", entries, "none", L.TIE)
+            groups.setdefault(key, Draft("shape", set(), entries, "none", [], [L.TIE])).kinds.append(index)
+            continue
         if role is None or dims is None or index in by_shape:
             fallback.append(index)
             continue
         family = FAMILIES[role.name]
-        entries, note = _entries(dims, role, layout, sizes, maxtext=maxtext, haliax=haliax)
+        stacked = facts.stacks.get(index, ())
+        if largest:
+            entries, note, on_layers = L.entries(
+                dims, kind.shape, kind.leaf_bytes, layout, sizes, layout.min_bytes
+            )
+            stacked = () if on_layers else stacked
+        else:
+            entries, note = _entries(dims, role, layout, sizes, maxtext=maxtext, haliax=haliax)
         if role.per_expert and "experts" in layout.targets:
             note = (
                 "one array per expert: the expert axis cannot hold whole experts apart (that needs them "
@@ -140,7 +157,6 @@ def draft(
             whole, note = vocab[index]
             kept = tuple("_" if n == "vocab" else e for n, e in zip(dims.names, entries, strict=True))
             entries, other = (kept, entries) if whole else (entries, kept)
-        stacked = facts.stacks.get(index, ())
         form = _form(stacked, kind.rank)
         if form in ("lead", "trail"):
             entries = tuple(e for i, e in enumerate(entries) if i not in stacked)
@@ -171,6 +187,15 @@ def draft(
     return drafts, fallback
 
 
+def _tie(kind: Kind, layout: Layout, sizes: dict[str, int]) -> bool:
+    """Whether `default`'s `auto` would split another dimension of `kind` than
+    `fsdp_dim="largest"` does (two largest dimensions of one size)."""
+    split = L.split_of(layout, sizes)
+    return kind.leaf_bytes >= layout.min_bytes and L.chosen(kind.shape, split) != L.auto_chosen(
+        kind.shape, split
+    )
+
+
 def embedding_layouts(
     kinds: list[Kind], facts: Facts, layout: Layout, choice: str | None, split: Mapping[int, str]
 ) -> dict[int, tuple[bool, str]]:
@@ -180,7 +205,7 @@ def embedding_layouts(
     embedding with a separate output head (untied) whole, unless it is in
     `split` (lint would report it whole, and why); any other stays
     vocab-parallel, as transformers does a tied one (`embedding_rowwise`)."""
-    if choice == "vocab" or not layout.axes("vocab"):
+    if choice == "vocab" or not layout.axes("vocab") or layout.fsdp_dim == "largest":
         return {}
     untied = any(r is not None and r.name == R.LM_HEAD for r in facts.roles)
     out = {}

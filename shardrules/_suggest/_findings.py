@@ -13,6 +13,8 @@ lints clean:
 - **SR116** (most of the weights whole on every device, an error): no line
   can acknowledge it; `mostly_replicated` says how much, for `auto` to try
   another strategy and an explicit strategy to be refused with the reason.
+
+`planned` works out each kind's spec under the draft, as the planner does.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .._interop._paths import LeafInfo
+from .._language._load import iter_rules
+from .._language._rules import Rule, RuleSet
 from .._planning._check import DEFAULT_REPLICATED_THRESHOLD, DEFAULT_REPLICATED_TOLERANCE
-from .._planning._plan import format_bytes
+from .._planning._plan import format_bytes, spec_str
+from .._planning._spec import LeafError, leaf_spec, shard_bytes
+from .._pspec import entries
 from ._draft import Draft
 from ._leaves import Kind
 from ._strategy import Layout
@@ -120,3 +127,29 @@ def mostly_replicated(
         f"{share:.0%} of the weights ({format_bytes(held)}) whole on every device, over the "
         f"{DEFAULT_REPLICATED_TOLERANCE:.0%} lint allows (SR116; largest: {shown})"
     )
+
+
+def planned(
+    kinds: list[Kind], rules: list[Draft], fallback: list[int], loaded: RuleSet, sizes: dict[str, int]
+) -> tuple[dict[int, str], dict[int, int], set[int]]:
+    """Each kind's spec (as text), bytes per device (all its leaves) and
+    whether it is kept whole on every device, as the planner gives them
+    under the rule drafted for it."""
+    written = list(iter_rules(loaded, "params"))
+    by_kind: dict[int, Rule] = {i: written[n] for n, rule in enumerate(rules) for i in rule.kinds}
+    for i in fallback:
+        by_kind[i] = written[-1]
+    specs: dict[int, str] = {}
+    per_device: dict[int, int] = {}
+    whole: set[int] = set()
+    for i, kind in enumerate(kinds):
+        info = LeafInfo(kind.example, kind.shape, kind.dtype)
+        try:
+            spec = leaf_spec(by_kind[i], info, sizes, loaded)
+        except LeafError as err:  # a bug here, not in the input
+            raise AssertionError(f"{kind.example}: {err.message}") from None
+        specs[i] = spec_str(spec)
+        per_device[i] = shard_bytes(info, spec, sizes) * kind.count
+        if all(entry is None for entry in entries(spec)):
+            whole.add(i)
+    return specs, per_device, whole

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from .._language._regex import UnsupportedPattern, check, search
 from ._leaves import Kind, has_index
@@ -211,3 +212,15 @@ def _character(c: str) -> str:
 
 def _whole(kind: Kind) -> str:
     return _join([_token(t) for t in kind.tokens], _seps([kind.seps], len(kind.seps)))
+
+
+def shared_paths(kinds: Sequence[Kind], rules: Sequence[Any], fallback: Sequence[int]) -> set[int]:
+    """Kinds of rules whose path (numbers aside) other rules' kinds, or leaves
+    left to `default`, have too: a pattern matches them all alike."""
+    owners: dict[str, set[int]] = {}
+    for n, rule in enumerate(rules):
+        for i in rule.kinds:
+            owners.setdefault(kinds[i].key, set()).add(n)
+    for i in fallback:
+        owners.setdefault(kinds[i].key, set()).add(-1)
+    return {i for rule in rules for i in rule.kinds if len(owners[kinds[i].key]) > 1}

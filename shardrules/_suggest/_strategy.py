@@ -86,6 +86,8 @@ class Layout:
     names: dict[str, str]
     fallback: Axes
     narrowed: str = ""  # why `embed` takes fewer axes than the strategy's (the hidden size)
+    fsdp_dim: str = "embed"  # `largest`: each array's largest dimension that divides (`_largest`)
+    min_bytes: int = 0  # under `largest`: arrays smaller than this are whole
 
     def axes(self, role: str) -> Axes:
         """The axes of the alias's first alternative."""

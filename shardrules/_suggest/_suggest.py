@@ -17,22 +17,20 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._errors import ShardRulesError
-from .._interop._paths import LeafInfo
 from .._language._format import format_text
-from .._language._load import iter_rules, loads
-from .._language._rules import Rule, RuleSet
+from .._language._load import loads
+from .._language._sizes import byte_size
 from .._planning._check import DEFAULT_REPLICATED_THRESHOLD
 from .._planning._mesh import sizes_of
-from .._planning._plan import format_bytes, spec_str
-from .._planning._spec import LeafError, leaf_spec, shard_bytes
-from .._pspec import entries
+from .._planning._plan import format_bytes
+from . import _largest as L
 from . import _roles as R
 from . import _text as T
 from ._draft import EMBEDDINGS, Draft, draft, embedding_layouts, replication_findings, say_whole
 from ._facts import facts_of
-from ._findings import acknowledge_whole, batch_for_unused, mostly_replicated
+from ._findings import acknowledge_whole, batch_for_unused, mostly_replicated, planned
 from ._leaves import Kind, holds_haliax, kinds_of
-from ._patterns import patterns
+from ._patterns import patterns, shared_paths
 from ._roles import DESCRIPTIONS
 from ._strategy import STRATEGIES, Layout, StrategyError, choose
 
@@ -68,8 +66,9 @@ def suggest(
     *,
     max_bytes_per_device: int | None = None,
     head_dim: int | None = None,
-    min_bytes: int = DEFAULT_MIN_BYTES,
+    min_bytes: int | str = DEFAULT_MIN_BYTES,
     embedding: str | None = None,
+    fsdp_dim: str = "embed",
 ) -> str:
     """Draft a rule file for `tree` on `mesh`.
 
@@ -112,7 +111,17 @@ def suggest(
       `(heads × head_dim, hidden)` weight (default: read from the shapes where
       they show it, else 128 where that divides the attention projections'
       widths, else the widest under 128 that does).
-    - `min_bytes`: arrays smaller than this that `default` lays out stay whole.
+    - `min_bytes`: arrays smaller than this that `default` lays out stay whole
+      (bytes, or a size such as `"1MiB"`); under `fsdp_dim="largest"`, every
+      array smaller than this stays whole.
+    - `fsdp_dim`: the dimension `"fsdp"` splits: `"embed"` (default) the
+      hidden size of every weight, as MaxText does; `"largest"` each array's
+      largest dimension that the FSDP axes divide (of equal ones the last),
+      as kauldron's `FSDPSharding` does (with `min_bytes=4 * 2**20 + 1`: it
+      keeps arrays of at most 4 MiB whole). Each role's rule names the
+      dimension it splits; a leaf not recognised by name is left to
+      `default -> auto(...)` unless `auto` would take another of its equal
+      largest dimensions, when it gets a rule of its own.
     - `embedding`: the token embedding's vocabulary, where the strategy splits
       the vocabulary (`"tp"`, `"fsdp+tp"`, `"ep"` on a mesh with a
       tensor-parallel axis): `"vocab"` splits it (vocab-parallel: an
@@ -133,7 +142,8 @@ def suggest(
     carry (`"tp"` without a tensor-parallel axis, `"ep"` without an expert axis
     or experts, or one whose axes divide so few of the weights' dimensions
     that most of the weights would be whole on every device, lint's SR116:
-    `"auto"` then drafts `"dp"` and says why), an unknown `embedding`, a tree
+    `"auto"` then drafts `"dp"` and says why), `fsdp_dim="largest"` with a
+    strategy other than `"fsdp"`, an unknown `embedding` or `fsdp_dim`, a tree
     with no arrays, or a mesh axis name that a rule file cannot write;
     `TypeError` for a `mesh` of another type.
 
@@ -152,6 +162,7 @@ def suggest(
         head_dim=head_dim,
         min_bytes=min_bytes,
         embedding=embedding,
+        fsdp_dim=fsdp_dim,
     ).text
 
 
@@ -162,8 +173,9 @@ def drafted(
     *,
     max_bytes_per_device: int | None = None,
     head_dim: int | None = None,
-    min_bytes: int = DEFAULT_MIN_BYTES,
+    min_bytes: int | str = DEFAULT_MIN_BYTES,
     embedding: str | None = None,
+    fsdp_dim: str = "embed",
 ) -> Suggestion:
     """`suggest`, with what the file comes to."""
     if strategy not in STRATEGIES:
@@ -172,6 +184,13 @@ def drafted(
         raise ValueError(f"head_dim must be a positive int, not {head_dim!r}")
     if embedding is not None and embedding not in EMBEDDINGS:
         raise ValueError(f"embedding must be 'vocab', 'whole' or None, not {embedding!r}")
+    if fsdp_dim not in L.DIMS:
+        raise ValueError(f"fsdp_dim must be 'embed' or 'largest', not {fsdp_dim!r}")
+    if fsdp_dim == "largest" and strategy != "fsdp":
+        raise StrategyError(
+            f"fsdp_dim=largest lays weights out for strategy fsdp, not {strategy}; pass strategy='fsdp'"
+        )
+    min_bytes = byte_size(min_bytes)
     sizes = _sizes(mesh)
     kinds = kinds_of(tree)
     if not kinds:
@@ -185,11 +204,19 @@ def drafted(
         "stacked_experts": any(not r.per_expert for r in experts),
     }
     options["any_experts"] = bool(experts)
-    options["hidden"] = facts.hidden
+    options["hidden"] = facts.hidden if fsdp_dim == "embed" else None  # largest: every FSDP axis
     first = choose(strategy, sizes, **options)
+    if fsdp_dim == "largest":
+        first = dataclasses.replace(first, targets=L.targets(first), fsdp_dim=fsdp_dim, min_bytes=min_bytes)
     settings = (maxtext, min_bytes, max_bytes_per_device, embedding, holds_haliax(tree))
     best = _write(kinds, facts, first, sizes, *settings)
     if best.replicated:  # lint's SR116, which no line can acknowledge
+        if fsdp_dim == "largest":
+            raise StrategyError(
+                f"fsdp_dim=largest with min_bytes={min_bytes} would leave {best.replicated}: arrays under "
+                "min_bytes, and those no dimension of which the axes divide, are whole. Lower min_bytes, "
+                "or choose fsdp_dim=embed"
+            )
         if strategy != "auto":
             raise StrategyError(
                 f"strategy {strategy} on {', '.join(f'{a}={n}' for a, n in sizes.items())} would leave "
@@ -265,7 +292,7 @@ def _write(
             vocab=vocab,
             haliax=haliax,
         )
-        clash = _shared_paths(kinds, rules, fallback)
+        clash = shared_paths(kinds, rules, fallback)
         if clash:  # no pattern can tell them apart: each layer's leaves by their own shape
             moved |= {i: "a path it shares with leaves of another layout" for i in clash}
             continue
@@ -277,7 +304,7 @@ def _write(
         regexes = [p for p in found_patterns if p is not None]
         body = _body(kinds, rules, regexes, layout, sizes, default, [])
         loaded = loads("\n".join(body) + "\n", name="<suggest>")
-        specs, per_device, kept_whole = _planned(kinds, rules, fallback, loaded, sizes)
+        specs, per_device, kept_whole = planned(kinds, rules, fallback, loaded, sizes)
         whole = {
             i
             for r in rules
@@ -307,7 +334,7 @@ def _write(
     need = sum(per_device.values())
     over = budget is not None and need > budget
     unknown = [i for i in fallback if i not in moved]
-    moved = {i: f"{DESCRIPTIONS[facts.roles[i].name]}: {why}" for i, why in moved.items()}
+    moved = {i: f"{_described(facts.roles[i])}: {why}" for i, why in moved.items()}
     listing = T.fallback_lines(unknown, moved, kinds, specs)
     listing += [line for note in acknowledged for line in T.comment_lines(note, "  ")]
     header = T.header(kinds, facts, layout, sizes, total, need, budget, per_device, specs, idle)
@@ -332,16 +359,8 @@ def _write(
     )
 
 
-def _shared_paths(kinds: list[Kind], rules: list[Draft], fallback: list[int]) -> set[int]:
-    """Kinds of rules whose path (numbers aside) other rules' kinds, or leaves
-    left to `default`, have too: a pattern matches them all alike."""
-    owners: dict[str, set[int]] = {}
-    for n, rule in enumerate(rules):
-        for i in rule.kinds:
-            owners.setdefault(kinds[i].key, set()).add(n)
-    for i in fallback:
-        owners.setdefault(kinds[i].key, set()).add(-1)
-    return {i for rule in rules for i in rule.kinds if len(owners[kinds[i].key]) > 1}
+def _described(role: Any) -> str:
+    return "not recognised by name" if role is None else DESCRIPTIONS[role.name]
 
 
 def _axes(axes: tuple[str, ...]) -> str:
@@ -371,29 +390,3 @@ def _body(
     lines.append(f"  default -> {default}")
     lines += ["", "rules inputs:", f"  default -> ({layout.names['batch']}, ...)"]
     return lines
-
-
-def _planned(
-    kinds: list[Kind], rules: list[Draft], fallback: list[int], loaded: RuleSet, sizes: dict[str, int]
-) -> tuple[dict[int, str], dict[int, int], set[int]]:
-    """Each kind's spec (as text), bytes per device (all its leaves) and
-    whether it is kept whole on every device, as the planner gives them
-    under the rule drafted for it."""
-    written = list(iter_rules(loaded, "params"))
-    by_kind: dict[int, Rule] = {i: written[n] for n, rule in enumerate(rules) for i in rule.kinds}
-    for i in fallback:
-        by_kind[i] = written[-1]
-    specs: dict[int, str] = {}
-    per_device: dict[int, int] = {}
-    whole: set[int] = set()
-    for i, kind in enumerate(kinds):
-        info = LeafInfo(kind.example, kind.shape, kind.dtype)
-        try:
-            spec = leaf_spec(by_kind[i], info, sizes, loaded)
-        except LeafError as err:  # a bug here, not in the input
-            raise AssertionError(f"{kind.example}: {err.message}") from None
-        specs[i] = spec_str(spec)
-        per_device[i] = shard_bytes(info, spec, sizes) * kind.count
-        if all(entry is None for entry in entries(spec)):
-            whole.add(i)
-    return specs, per_device, whole

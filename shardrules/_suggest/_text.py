@@ -11,6 +11,7 @@ import textwrap
 from typing import Any
 
 from .._planning._plan import format_bytes, plural
+from . import _largest as L
 from . import _roles as R
 from ._draft import Draft
 from ._leaves import Kind
@@ -42,6 +43,7 @@ LABELS = {
     "conv": "convolutions",
     "bias": "biases",
     "norm": "norms",
+    "shape": "not recognised by name",
 }
 
 
@@ -76,6 +78,8 @@ def label(rule: Draft, layout: Layout) -> str:
         )
     else:
         base = LABELS[rule.family]
+    if layout.fsdp_dim == "largest":  # split for storage only: no parallel layout to name
+        return base
     split = rule.entries is not None and any(
         e == layout.names[r] and layout.axes(r) for e in rule.entries for r in ("heads", "mlp")
     )
@@ -216,6 +220,8 @@ def header(
     copies = [f"{a}={s}" for a, s in sizes.items() if s > 1 and (a not in split or a in idle)]
     if layout.narrowed:
         lines += comment_lines(layout.narrowed[0].upper() + layout.narrowed[1:] + ".")
+    if layout.fsdp_dim == "largest":
+        lines += comment_lines(L.header(layout, sizes, layout.min_bytes))
     if copies and layout.strategy != "dp":
         lines += comment_lines(
             f"{', '.join(copies)} {'holds' if len(copies) == 1 else 'hold'} whole copies of the weights "
