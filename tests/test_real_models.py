@@ -9,6 +9,7 @@ is missing is skipped with the reason. The models and their train steps are
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -354,7 +355,10 @@ def test_haliax_model_trains_under_sr_jit(kind: str) -> None:
 
 
 def _qwix_or_skip(**options):
-    pytest.importorskip("qwix", reason="qwix is not installed (pip install qwix -c stack-constraints.txt)")
+    held = f'"jax=={jax.__version__}" "flax=={importlib.metadata.version("flax")}"'
+    pytest.importorskip(
+        "qwix", reason=f"qwix is not installed (pip install qwix {held}: holding jax and flax where they are)"
+    )
     try:
         return models.nnx_qwix_decoder(**options)
     except models.Unavailable as why:
