@@ -182,8 +182,11 @@ class RuleJit:
 
     def _context(self, mesh: Mesh) -> contextlib.AbstractContextManager[Any]:
         """`jax.set_mesh(mesh)` for explicit axes, unless it is JAX's mesh already;
-        inside another trace (`jax.jit`, `jax.grad` of the step), where `set_mesh`
-        is refused, the mesh's abstract form with its devices (`mesh_context`)."""
+        inside another trace (`jax.jit(step)`), where `set_mesh` is refused, the
+        mesh's abstract form with its devices (`mesh_context`). `jax.grad(step)`
+        still needs the caller's `jax.set_mesh(mesh)`: outside it JAX refuses
+        the gradient ("Length of device assignment 1 is not equal to the size
+        of the mesh"), as it does `jax.grad(jax.jit(f))`."""
         if not is_explicit(mesh) or _mesh.ambient_mesh() in (mesh, mesh.abstract_mesh):
             return contextlib.nullcontext()
         return mesh_context(mesh)
