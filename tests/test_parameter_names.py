@@ -132,6 +132,46 @@ def test_the_scopes_own_name_is_matched_first():
     assert scopes["Lm/mlp/Einsum_0"].rule.pattern == "Einsum_0$"
 
 
+def test_python_hints_name_the_weight_of_an_auto_named_scope():
+    """`step.decisions` and the SR117 error of `strict=True` suggest the rule
+    for an auto-named scope's output under its weight's name, as `lint
+    --step` does, and that rule settles it."""
+    rules = _rules('"mlp/gating_einsum$" -> (data, _, _, model)\n')
+    args = _args()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sr.ShardRulesWarning)
+        (down,) = [
+            d
+            for d in _step(rules).decisions(*args)
+            if d.scope == "Lm/mlp/Einsum_1" and d.primitive == "dot_general"
+        ]
+    assert down.by == "inferred"
+    assert '`"params/mlp/linear$" -> (data, _, _)`' in down.hint and "Einsum_1" not in down.hint
+    # strict: the MLP alone (the loss's gathers outside every scope are refused first otherwise)
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    x = np.ones((8, 16, 16), np.float32)
+    mlp = Mlp()
+    rules = sr.loads(
+        str(rules.sources["lm.shard"]).replace("default -> (data, _)", "default -> (data, _, _)")
+    )
+    strict = sr.jit(
+        lambda p, x: jnp.mean(mlp.apply(p, x) ** 2), rules, mesh, in_groups=("params", "inputs"), strict=True
+    )
+    with pytest.raises(sr.ShardRulesError) as raised:
+        strict(mlp.init(jax.random.key(0), x), x)
+    assert raised.value.diagnostics[0].code == "SR117" and "`Mlp/Einsum_1`" in str(raised.value)
+    assert '`"params/linear$" -> (data, _, _)`' in raised.value.diagnostics[0].hint, str(raised.value)
+    settled = _rules('"mlp/gating_einsum$" -> (data, _, _, model)\n"params/mlp/linear$" -> (data, _, _)\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sr.ShardRulesWarning)
+        (down,) = [
+            d
+            for d in _step(settled).decisions(*args)
+            if d.scope == "Lm/mlp/Einsum_1" and d.primitive == "dot_general"
+        ]
+    assert (down.by, down.rule) == ("rule", "lm.shard:10:3")
+
+
 class Pair(linen.Module):
     """One auto-named module with two weights."""
 
@@ -228,7 +268,7 @@ def test_explain_step_says_what_no_scope_reaches(project, capsys):
     assert (
         rows["to"]
         .strip()
-        .startswith("to reach one, wrap the code that makes it in `with jax.named_scope(NAME):`")
+        .startswith("to reach one, wrap that operation alone in `with jax.named_scope(NAME):`")
     )
     # the SR208 hint for the down projection names its weight; the rule it hints at settles it
     assert '`"params/mlp/linear$" -> (data, _, _)`' in captured.err

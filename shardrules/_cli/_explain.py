@@ -79,8 +79,9 @@ def _write_cost(cost: Any, by: str, out: TextIO) -> None:
 
 
 _REACH_HINT = (
-    "to reach one, wrap the code that makes it in `with jax.named_scope(NAME):` and add "
-    '`"NAME$" -> (...)` under `rules activations:`'
+    "to reach one, wrap that operation alone in `with jax.named_scope(NAME):` (a scope's output is "
+    'the result that leaves it: around more code, the last one) and add `"NAME$" -> (...)` under '
+    "`rules activations:`"
 )
 
 

@@ -262,7 +262,7 @@ def findings(decisions: Sequence[Any], rules: RuleSet, reach: Any = None) -> lis
             hint = f"to write it in the file, add {rule} under `rules activations:`"
         else:
             hint = (
-                "wrap the code that makes it in `jax.named_scope(NAME)` and add "
+                "wrap that operation alone in `jax.named_scope(NAME)` and add "
                 f'`"NAME$" -> ({_entries(d.spec)})` under `rules activations:`'
             )
         if (alias := reach.alias_of(d.scope) if reach is not None and d.scope else None) is not None:

@@ -248,16 +248,24 @@ def scope_pattern(scope: str) -> str:
     )
 
 
-def suggestion(scope: str, spec: PartitionSpec, aligned: Sequence[Any] = ()) -> str:
+def suggestion(
+    scope: str,
+    spec: PartitionSpec,
+    aligned: Sequence[Any] = (),
+    alias_of: Callable[[str], str | None] = lambda name: None,
+) -> str:
     """The rule line that would settle an operation in `scope` whose result
     would be laid out as `spec`: a rule for the innermost scope output the
     result is laid out like (`aligned`, see `_outputs`), written in that
     output's dimensions; for a result that is no such output, the scope to
     wrap it in first. Layers' indices in the scope are written `\\d+`
-    (`scope_pattern`); the number of one of several outputs is kept."""
+    (`scope_pattern`); the number of one of several outputs is kept. An
+    output with a parameter name (`alias_of`, `_reach.Reach.alias_of`: an
+    auto-named scope's weight) is written with that name, as the weight's
+    rules are."""
     if not scope:
         return (
-            "the operation is outside every named scope: wrap the code that makes it in "
+            "the operation is outside every named scope: wrap it alone in "
             f'`jax.named_scope(NAME)` and add `"NAME$" -> ({_entries(spec)})` under `rules activations:`'
         )
     inside = sorted(
@@ -267,14 +275,17 @@ def suggestion(scope: str, spec: PartitionSpec, aligned: Sequence[Any] = ()) -> 
     if not inside:
         return (
             f"its result is not an output of scope `{scope}` (it is used inside the scope, or reshaped or "
-            "reduced before it leaves it), so no rule for the scope gives its layout: wrap the code that "
-            f'makes it in `jax.named_scope(NAME)` and add `"{scope_pattern(scope)}/NAME$" -> ({_entries(spec)})` '
+            "reduced before it leaves it), so no rule for the scope gives its layout: wrap that operation "
+            f'alone in `jax.named_scope(NAME)` and add `"{scope_pattern(scope)}/NAME$" -> ({_entries(spec)})` '
             "under `rules activations:` (or pass strict=False to infer it)"
         )
     entry = inside[0]
-    pattern = scope_pattern(entry.scope) + re.escape(
-        entry.name[len(entry.scope) :]
-    )  # `/1`: its second output
+    alias = alias_of(entry.name)
+    pattern = (
+        scope_pattern(alias)
+        if alias is not None
+        else scope_pattern(entry.scope) + re.escape(entry.name[len(entry.scope) :])  # `/1`: its second output
+    )
     return (
         f'add `"{pattern}$" -> ({_entries(entry.output_spec(entries(spec)))})` under '
         "`rules activations:` (or pass strict=False to infer it)"

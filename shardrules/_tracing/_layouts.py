@@ -148,7 +148,7 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
             elif name == "dot_general" or (dropped and not backward):
                 record(spec_of(got[0]), "jax", dropped=dropped)
             if not backward and dropped:  # JAX drops what it must: said all the same
-                hint = suggestion(path, spec_of(got[0]), at.aligned[0])
+                hint = suggestion(path, spec_of(got[0]), at.aligned[0], c.reach.alias_of)
                 c.warn_dropped(eqn, name, path, operands, spec_of(got[0]), dropped, hint)
             if ambiguous is None:
                 return got
@@ -169,7 +169,7 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     elif rule is not None:
         hint = f"JAX refuses the layout rule `{rule.pattern}` ({rule.location}) gives it: change that rule's spec"
     else:
-        hint = suggestion(path, specs[0], at.aligned[0])
+        hint = suggestion(path, specs[0], at.aligned[0], c.reach.alias_of)
     if not backward and dropped:  # with `strict`, an error (before SR117: it says more)
         c.warn_dropped(eqn, name, path, operands, specs[0], dropped, hint)
     if c.strict and not backward and rule is None and ambiguous is not None:
