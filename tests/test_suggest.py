@@ -1062,15 +1062,24 @@ def test_fsdp_dim_largest_takes_the_last_of_equal_dimensions_and_gives_such_unkn
     )  # left to default: no dimension divides
 
 
-def test_fsdp_dim_is_checked() -> None:
+def test_fsdp_dim_is_checked(tmp_path: Path) -> None:
     tree = {"model.layers.0.mlp.up_proj.weight": S(512, 128)}
     with pytest.raises(ValueError, match="fsdp_dim must be"):
         sr.suggest(tree, {"fsdp": 4}, strategy="fsdp", fsdp_dim="widest")
-    with pytest.raises(ValueError, match="strategy='fsdp'"):
+    with pytest.raises(ValueError, match="pass strategy='fsdp' with it") as python:
         sr.suggest(tree, {"fsdp": 2, "model": 2}, strategy="fsdp+tp", fsdp_dim="largest")
+    assert "--" not in str(python.value)
     with pytest.raises(SystemExit) as exit, redirect_stderr(io.StringIO()) as err:
         main(["suggest", "--shapes", "x.json", "--mesh", "fsdp=2", "--fsdp-dim", "widest"])
     assert exit.value.code == 2 and "--fsdp-dim" in err.getvalue()
+    # from the command line, in its flags: the default strategy is auto
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(
+        json.dumps({"model.layers.0.mlp.up_proj.weight": [[512, 128], "float32"]}), encoding="utf-8"
+    )
+    status, out = cli("suggest", "--shapes", str(shapes), "--mesh", "fsdp=2", "--fsdp-dim", "largest")
+    assert status == 2 and "add --strategy fsdp" in out and "--strategy fsdp, not auto" in out, out
+    assert "strategy='fsdp'" not in out and "fsdp_dim=" not in out, out
 
 
 def test_cli_fsdp_dim_largest(tmp_path: Path) -> None:

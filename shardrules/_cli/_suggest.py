@@ -75,7 +75,7 @@ def add_parser(commands: Any) -> None:
         metavar="SIZE",
         default=None,
         help="leaves not recognised and smaller than this stay whole (default: 1MiB); with --fsdp-dim "
-        "largest, every array smaller than this",
+        "largest, every array smaller than this stays whole",
     )
     suggest.add_argument(
         "--fsdp-dim",
@@ -146,7 +146,9 @@ def run(args: argparse.Namespace) -> int:
             embedding=args.embedding,
             fsdp_dim=args.fsdp_dim,
         )
-    except (StrategyError, ValueError, TypeError) as err:
+    except StrategyError as err:  # said with the command's flags
+        raise UsageError(err.cli or str(err)) from None
+    except (ValueError, TypeError) as err:
         raise UsageError(str(err)) from None
     write_output(found.text, args.output)
     if args.output not in (None, "-"):

@@ -64,7 +64,16 @@ _OTHER_NAMES = {
 
 
 class StrategyError(ValueError):
-    """A strategy that cannot be used on this mesh or model, with what would work."""
+    """A strategy that cannot be used on this mesh or model, with what would work.
+
+    **Arguments:**
+    - `message`: the error, with its fix in Python's terms (`strategy='fsdp'`).
+    - `cli`: the same in the command line's terms (`--strategy fsdp`), where
+      they differ; `None` where the message says it in both."""
+
+    def __init__(self, message: str, cli: str | None = None) -> None:
+        super().__init__(message)
+        self.cli = cli
 
 
 Axes = tuple[str, ...]

@@ -188,7 +188,10 @@ def drafted(
         raise ValueError(f"fsdp_dim must be 'embed' or 'largest', not {fsdp_dim!r}")
     if fsdp_dim == "largest" and strategy != "fsdp":
         raise StrategyError(
-            f"fsdp_dim=largest lays weights out for strategy fsdp, not {strategy}; pass strategy='fsdp'"
+            f"fsdp_dim='largest' lays weights out for strategy 'fsdp', not {strategy!r}: pass "
+            "strategy='fsdp' with it (or leave fsdp_dim at 'embed')",
+            cli=f"--fsdp-dim largest lays weights out for --strategy fsdp, not {strategy}: add --strategy "
+            "fsdp (or leave out --fsdp-dim)",
         )
     min_bytes = byte_size(min_bytes)
     sizes = _sizes(mesh)
@@ -212,10 +215,12 @@ def drafted(
     best = _write(kinds, facts, first, sizes, *settings)
     if best.replicated:  # lint's SR116, which no line can acknowledge
         if fsdp_dim == "largest":
+            whole = "those no dimension of which the axes divide, are whole"
             raise StrategyError(
-                f"fsdp_dim=largest with min_bytes={min_bytes} would leave {best.replicated}: arrays under "
-                "min_bytes, and those no dimension of which the axes divide, are whole. Lower min_bytes, "
-                "or choose fsdp_dim=embed"
+                f"fsdp_dim='largest' with min_bytes={min_bytes} would leave {best.replicated}: arrays under "
+                f"min_bytes, and {whole}. Lower min_bytes, or pass fsdp_dim='embed'",
+                cli=f"--fsdp-dim largest with --min-bytes {min_bytes} would leave {best.replicated}: arrays "
+                f"under --min-bytes, and {whole}. Lower --min-bytes, or pass --fsdp-dim embed",
             )
         if strategy != "auto":
             raise StrategyError(
