@@ -1150,6 +1150,54 @@ class NoRulesConfig:
         return None
 
 
+def test_an_unsupported_regex_is_said_without_nested_parentheses() -> None:
+    """SR017 from both converters: the construct, what happens to the rule
+    (regex: a comment, its leaves to the rules below; easydel: refused, since
+    that would change the layout), and the fix, in one run of text."""
+    rules = (("x", P("tp")), (r"(a)\1", P("tp")))
+    with pytest.raises(ValueError) as refused:
+        sr.convert_easydel(rules)
+    said = str(refused.value)
+    assert "SR017 unsupported regular expression: a backreference" in said and "))" not in said, said
+    assert "leaving the rule out would hand its leaves to the rules below it and change the layout" in said
+    assert said.endswith("; see docs/language.md#patterns"), said
+    (note,) = sr.convert_regex(rules).notes
+    assert "SR017" in note and "written as a comment" in note and "))" not in note, note
+    assert note.endswith("; see docs/language.md#patterns"), note
+
+
+def test_easydel_that_does_not_import_says_how_to_install_it(tmp_path: Path, monkeypatch) -> None:
+    """A model type without EasyDeL points to its pinned install; a model
+    type EasyDeL does not have, or one whose imports fail, says which."""
+    import importlib.util
+
+    if importlib.util.find_spec("easydel") is None:
+        with pytest.raises(ValueError) as missing:
+            sr.convert_easydel("llama")
+        assert "EasyDeL is not installed here" in str(missing.value)
+        assert "docs/convert.md#easydel-easydel-model-configs" in str(missing.value)
+        assert (
+            "## easydel: EasyDeL model configs"
+            in (Path(__file__).resolve().parents[1] / "docs" / "convert.md").read_text()
+        )
+    fake = tmp_path / "easydel" / "modules"
+    fake.mkdir(parents=True)
+    (tmp_path / "easydel" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "llama.py").write_text("import no_such_dependency_of_easydel\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "easydel" or m.startswith("easydel.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(
+        ValueError, match=r"no_such_dependency_of_easydel.*pinned stack.*#easydel-easydel-model"
+    ):
+        sr.convert_easydel("llama")
+    with pytest.raises(ValueError, match="EasyDeL has no model type 'mistral'"):
+        sr.convert_easydel("mistral")
+    for name in [m for m in sys.modules if m == "easydel" or m.startswith("easydel.")]:
+        del sys.modules[name]
+
+
 def test_easydel_config_object_class_and_errors() -> None:
     from_object = sr.convert_easydel(EasyDeLConfig())
     assert from_object.source == "EasyDeLConfig"

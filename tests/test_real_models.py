@@ -640,7 +640,9 @@ def test_easydel_llama_rules_converted_lay_out_every_leaf_as_easydel(
     parameter the layout EasyDeL's own `_match_partition_rules` gives it: the
     same device -> block map on a mesh of all five EasyDeL axes."""
     monkeypatch.setenv("EASYDEL_AUTO", "0")  # else importing it adds GPU flags to XLA_FLAGS
-    pytest.importorskip("easydel", reason="EasyDeL is not installed (see docs/convert.md#easydel)")
+    pytest.importorskip(
+        "easydel", reason="EasyDeL is not installed (see docs/convert.md#easydel-easydel-model-configs)"
+    )
     from easydel.modules.llama import LlamaConfig, LlamaForCausalLM
     from flax import nnx
 
@@ -799,7 +801,9 @@ def _easydel_llama(monkeypatch: pytest.MonkeyPatch):
     from a fixed seed, its config, and its parameters (an `nnx.State`, on the
     host) split from the rest of its state."""
     monkeypatch.setenv("EASYDEL_AUTO", "0")  # else importing it adds GPU flags to XLA_FLAGS
-    pytest.importorskip("easydel", reason="EasyDeL is not installed (see docs/convert.md#easydel)")
+    pytest.importorskip(
+        "easydel", reason="EasyDeL is not installed (see docs/convert.md#easydel-easydel-model-configs)"
+    )
     import jax.numpy as jnp
     from easydel.modules.llama import LlamaConfig, LlamaForCausalLM
     from flax import nnx

@@ -270,14 +270,19 @@ def _check_size(text: str, source: str) -> None:
         )
 
 
-def refused_pattern(literal: str) -> str | None:
+def refused_pattern(literal: str) -> tuple[str, str] | None:
     """Why the rule file refuses the pattern `literal` (as `pattern_literal`
-    writes it: its text between the quotes is the pattern), on one line, or
-    `None`."""
+    writes it: its text between the quotes is the pattern), or `None`.
+
+    **Returns:** `(what, fix)`, each on one line: the code and what the
+    pattern uses (`SR017 unsupported regular expression: a backreference
+    ...`), and how to write it instead, ending with the page that says more
+    (`...; see docs/language.md#patterns`), not in parentheses."""
     _, problem = pattern_problem(literal[1:-1])
     if problem is None:
         return None
-    return shown(f"{problem.code} {problem.message}; {problem.hint}", 400)
+    fix = re.sub(r" \(see ([^()]*)\)$", r"; see \1", problem.hint)
+    return shown(f"{problem.code} {problem.message}", 300), shown(fix, 300)
 
 
 def spec_text(spec: Any, what: str, where: str, notes: list[str], axes: dict[str, None]) -> str:

@@ -13,8 +13,10 @@ leaf's rank is cut to the rank. The mesh axes are the config's
 
 Each rule becomes one rule of the file (two, guarded by `elements`, with
 `min_size`). What the file cannot say is reported, never dropped: a regex RE2
-cannot match (backreferences, lookarounds: SR017) is refused, since leaving
-its rule out would give its leaves to later rules. A spec longer than a
+cannot match (backreferences, lookarounds: SR017) is refused (the command
+exits 2), since leaving its rule out would give its leaves to later rules (a
+config's catch-all `.*`) and change the layout; `convert_regex` writes it as
+a comment instead, its output being a draft to finish by hand. A spec longer than a
 leaf's rank, which eformer cuts, is SR103 when the file is applied: an error
 naming the leaf, never a silent difference. Size-1 arrays, which eformer
 matches like any other, are replicated by a rule file without a rule.
@@ -108,9 +110,11 @@ def convert_easydel(
         literal = pattern_literal(regex)
         refused = refused_pattern(literal)
         if refused:  # left out, the leaves it takes would fall to later rules: refused
+            what, fix = refused
             raise SourceError(
-                f"{where}: rule {number} ({shown(repr(regex))}): the rule file's regular expressions "
-                f"cannot say this one ({refused}); rewrite the regex without it"
+                f"{where}: rule {number} ({shown(repr(regex))}): {what}, which a rule file's regular "
+                "expressions cannot say. Not converted: leaving the rule out would hand its leaves to the "
+                f"rules below it and change the layout. Rewrite the regex: {fix}"
             )
         unicode = unicode or _UNICODE_CLASSES.search(regex) is not None
         if min_size:
@@ -133,6 +137,10 @@ def convert_easydel(
     return finish("easydel", where, read, body, notes)
 
 
+_INSTALL = "docs/convert.md#easydel-easydel-model-configs"
+"""The page's section with the install lines of EasyDeL's stack."""
+
+
 def _config(config: Any) -> tuple[Any, str]:
     """The config or rules `config` names, and what to call it."""
     if not isinstance(config, str):
@@ -150,10 +158,21 @@ def _config(config: Any) -> tuple[Any, str]:
     try:
         module = importlib.import_module(f"easydel.modules.{config}")
     except ImportError as err:
-        raise SourceError(
-            f"easydel.modules.{config}: does not import ({type(err).__name__}: {shown(str(err))}); "
-            "is EasyDeL installed, and is this one of its model types?"
-        ) from None
+        missing = getattr(err, "name", None)
+        if missing == "easydel":
+            why = (
+                "EasyDeL is not installed here. Its models import only with their own pinned stack "
+                "(EasyDeL 0.2.0.2, eformer 0.0.85, JAX 0.8): install it in a virtualenv of its own as "
+                f"{_INSTALL} shows, and run the conversion there"
+            )
+        elif missing == f"easydel.modules.{config}":
+            why = f"EasyDeL has no model type {config!r} (no module easydel.modules.{config})"
+        else:
+            why = (
+                f"{type(err).__name__}: {shown(str(err))}. EasyDeL's models import only with their own "
+                f"pinned stack (EasyDeL 0.2.0.2, eformer 0.0.85, JAX 0.8): see {_INSTALL}"
+            )
+        raise SourceError(f"easydel.modules.{config}: does not import: {why}") from None
     except (Exception, SystemExit) as err:
         raise SourceError(f"easydel.modules.{config}: importing it raised {type(err).__name__}") from None
     classes = [

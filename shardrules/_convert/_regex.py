@@ -84,11 +84,13 @@ def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
         literal = pattern_literal(regex)
         refused = refused_pattern(literal)
         if refused:
+            what, fix = refused
             notes.append(
-                f"rule {number} ({shown(repr(regex))}): the rule file's regular expressions cannot say this "
-                f"one ({refused}); written as a comment, so the leaves it matched fall to the rules below"
+                f"rule {number} ({shown(repr(regex))}): {what}, which a rule file's regular expressions "
+                "cannot say: written as a comment, so the leaves it matched fall to the rules below. "
+                f"To convert it, rewrite the regex: {fix}"
             )
-            lines.append(f"# {literal} -> {text}  # not converted: {refused}")
+            lines.append(f"# {literal} -> {text}  # not converted: {what}: {fix}")
             continue
         lines.append(f"{literal} -> {text}")
     if not strict:
