@@ -157,6 +157,8 @@ def test_a_name_without_an_alias_is_unsharded_with_a_warning(haliax, mesh) -> No
     assert next(iter(plan)).spec == P(None, "fsdp")
     found = [d for d in plan.diagnostics if d.code == "SR206"]
     assert len(found) == 1 and "`layers`" in found[0].message
+    assert "haliax also leaves an axis its mapping does not name unsharded" in found[0].hint
+    assert "Flax" not in found[0].hint
 
 
 def test_specs_and_shardings_are_named_arrays_jax_can_place_by(haliax, mesh) -> None:

@@ -45,6 +45,11 @@ class MeshAxisNames(tuple):
     logical name that is not an alias must be an axis of the known mesh."""
 
 
+class NamedArrayNames(tuple):
+    """The axis names of a haliax `NamedArray` (its `axis_names`): logical
+    names, as a Flax box's are, told apart only to say where they came from."""
+
+
 def box_names(box: Any) -> Names | None:
     """The logical axis names a box carries, or `None`.
 
@@ -61,8 +66,10 @@ def box_names(box: Any) -> Names | None:
     ```
     """
     names = getattr(box, "names", None)
+    haliax = False
     if names is None:
         names = getattr(box, "axis_names", None)  # haliax
+        haliax = names is not None
     if names is None and hasattr(box, "get_metadata"):
         try:
             metadata = box.get_metadata()
@@ -78,6 +85,8 @@ def box_names(box: Any) -> Names | None:
         found = tuple(names)
     except TypeError:
         return None
+    if haliax:
+        return NamedArrayNames(found)
     spmd = sys.modules.get("flax.linen.spmd")
     logical = getattr(spmd, "LogicallyPartitioned", None)
     if hasattr(box, "names") and not (isinstance(logical, type) and isinstance(box, logical)):
@@ -126,6 +135,7 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
     diagnostics = [d for d in plan.diagnostics if d.code != "SR113"]
     nameless: dict[int, list[LeafPlan]] = {}
     unknown: dict[str, list[tuple[Rule, LeafPlan, int]]] = {}
+    haliax: dict[str, set[bool]] = {}  # for each unknown name: whether its boxes are `NamedArray`s
     memo: dict[Any, Any] = {}
     for i, lp in enumerate(leaves):
         rule = lp.rule
@@ -166,9 +176,10 @@ def resolve(plan: Plan, tree: Any, mesh: MeshLike | None) -> Plan:
         leaves[i] = LeafPlan(lp.path, lp.shape, lp.dtype, rule, spec, per_device, why)
         for name, dim in missing:
             unknown.setdefault(name, []).append((rule, lp, dim))
+            haliax.setdefault(name, set()).add(isinstance(leaf, NamedArrayNames))
     for found in nameless.values():
         diagnostics.append(_nameless(found))
-    diagnostics.extend(_unaliased(name, found) for name, found in unknown.items())
+    diagnostics.extend(_unaliased(name, found, haliax[name]) for name, found in unknown.items())
     return dataclasses.replace(plan, leaves=tuple(leaves), diagnostics=tuple(diagnostics))
 
 
@@ -284,7 +295,18 @@ def _nameless(found: list[LeafPlan]) -> Diagnostic:
     )
 
 
-def _unaliased(name: str, found: list[tuple[Rule, LeafPlan, int]]) -> Diagnostic:
+_ALSO = {
+    frozenset({False}): " (Flax also leaves names missing from its rules unsharded)",
+    frozenset({True}): " (haliax also leaves an axis its mapping does not name unsharded)",
+}
+"""What the library whose boxes carry the name does with it (Flax's boxes,
+haliax's `NamedArray`s); nothing where the tree holds both."""
+
+
+def _unaliased(name: str, found: list[tuple[Rule, LeafPlan, int]], haliax: set[bool]) -> Diagnostic:
+    """SR206 for the logical name `name` that no alias or mesh axis has, on
+    the leaves `found` (`haliax`: whether each kind of box carrying it is a
+    haliax `NamedArray`), its hint saying what that library does with it."""
     rule, first, dim = found[0]
     more = f" (and {plural(len(found) - 1, 'more leaf', 'more leaves')})" if len(found) > 1 else ""
     return Diagnostic(
@@ -295,5 +317,5 @@ def _unaliased(name: str, found: list[tuple[Rule, LeafPlan, int]]) -> Diagnostic
         rule.spec.span,
         first.path,
         f"add `alias {name} = AXES` to shard it, or `alias {name} = _` to keep it unsharded "
-        "without this warning (Flax also leaves names missing from its rules unsharded)",
+        f"without this warning{_ALSO.get(frozenset(haliax), '')}",
     )
