@@ -75,12 +75,11 @@ def _install() -> None:
 
 def _caller_value(aval: Any) -> Any:
     """The traced value of `with_sharding_constraint` (the caller's caller)
-    whose abstract value is `aval`, or `None`."""
-    frame = sys._getframe(2)
-    for value in frame.f_locals.values():
-        if isinstance(value, Tracer) and value.aval is aval:
-            return value
-    return None
+    whose abstract value is `aval` (one equal to it: JAX 0.8 makes a batched
+    value's anew each time it is read), or `None`."""
+    traced = [v for v in sys._getframe(2).f_locals.values() if isinstance(v, Tracer)]
+    same = [v for v in traced if v.aval is aval] or [v for v in traced if v.aval == aval]
+    return same[0] if same else None
 
 
 @functools.cache
@@ -88,8 +87,9 @@ def primitive() -> Any:
     """The `sharding_assert` primitive: its operand unchanged, with the
     constraint's `mesh` and `spec`. It differentiates to the tangent unchanged
     (the assert is on the primal value), is kept where its result is unused
-    (the gradient's partial evaluation of a loop, a remat region, an inner
-    `jax.jit` removes what nothing uses), and under `jax.vmap`, `mapped` lists
+    (the gradient's partial evaluation of a remat region, a `cond`'s
+    branches, an inner `jax.jit` removes what nothing uses; that of a
+    `scan`'s body drops it all the same), and under `jax.vmap`, `mapped` lists
     the batch dimensions, innermost `vmap`'s first."""
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir
@@ -111,7 +111,8 @@ def primitive() -> Any:
     ad.primitive_jvps[p] = jvp
     batching.primitive_batchers[p] = batched
     mlir.register_lowering(p, lambda ctx, x, **_: [x])
-    pe.dce_rules[p] = lambda used, eqn: ([True], eqn)  # kept, its result unused: it is an assert
+    # kept, its result unused: it is an assert (JAX 0.12 passes which operands are live too)
+    pe.dce_rules[p] = lambda *used_and_eqn: ([True], used_and_eqn[-1])
     return p
 
 
