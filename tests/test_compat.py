@@ -322,3 +322,35 @@ def test_mesh_context_lets_a_trace_compute_a_constant_on_the_meshs_devices(
         return x
 
     jax.jit(abstract_only)(1.0)
+
+
+# ---------------------------------------------------------------- with_sharding_constraint's assert
+def test_with_sharding_constraints_assert_is_recorded_in_the_replicated_trace_and_made_outside() -> None:
+    """JAX makes the assert by calling `jax._src.pjit.assert_shardings_equal`
+    from `with_sharding_constraint`, whose value `_asserts` reads: inside
+    `trace_replicated` the constraint is a `sharding_assert` equation (also
+    under `jax.vmap`, and in a remat region under `jax.grad`, where JAX's
+    `dce_rules` keep it), outside it JAX's assert as before."""
+    from jax._src import pjit
+
+    assert callable(pjit.assert_shardings_equal)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+
+    def step(w):
+        w = jax.lax.with_sharding_constraint(w, P("data", None))
+        rows = jax.vmap(lambda r: jax.lax.with_sharding_constraint(r, P(None)))(w)
+        # in a remat region, which the gradient's partial evaluation prunes of what nothing uses
+        remat = jax.checkpoint(lambda w: (jax.lax.with_sharding_constraint(w, P("data", None)) ** 2).sum())
+        return jax.grad(remat)(rows)
+
+    arg = jax.ShapeDtypeStruct((16, 4), jnp.float32)
+    with jax.set_mesh(mesh):
+        closed = _compat.trace_replicated(jax.make_jaxpr(step), [arg], mesh.abstract_mesh)
+        with pytest.raises(AssertionError, match="acts as an assert"):
+            jax.make_jaxpr(lambda w: step(w))(arg)  # outside it (a new function: JAX caches traces)
+    found = eqns_named(closed, "sharding_assert")
+    made = [(e.params["spec"], e.params["mapped"]) for e in found]
+    assert made[:2] == [(P("data", None), ()), (P(None), (0,))], made
+    assert made[2:] and set(made[2:]) == {(P("data", None), ())}, (
+        made
+    )  # the remat's (and its recomputation's)

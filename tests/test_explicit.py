@@ -7,6 +7,7 @@ words (SR117)."""
 from __future__ import annotations
 
 import re
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -718,3 +719,98 @@ def test_a_constant_computed_while_tracing_is_computed_on_the_meshs_devices(make
     np.testing.assert_allclose(float(loss), want[0], rtol=2e-5)  # inside another trace too
     if make_mesh is explicit_mesh:  # the rules still give the contractions their layouts
         assert [d.scope for d in step.decisions(params, batch) if d.by == "rule"]
+
+
+# ---------------------------------------------------------------- with_sharding_constraint
+# On Explicit axes JAX makes `jax.lax.with_sharding_constraint` an assert: the value must be
+# laid out so already. The step's first trace sees its values replicated; the assert is made
+# on the layouts they have when the step runs, as `jax.jit` makes it.
+
+DATA_ROWS = sr.loads("rules params:\n  default -> (data, _)\n", name="rows.shard")
+
+
+def test_a_constraint_an_argument_is_laid_out_as_already_passes() -> None:
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+
+    def step(w):
+        w = jax.lax.with_sharding_constraint(w, P("data", None))
+        return (w * 2).sum()
+
+    w = jax.device_put(jnp.arange(64.0).reshape(16, 4), NamedSharding(mesh, P("data", None)))
+    got = sr.jit(step, DATA_ROWS, mesh, in_groups=("params",))(w)
+    with jax.set_mesh(mesh):
+        expected = jax.jit(step)(w)  # plain `jax.jit` runs it: the layouts agree
+    assert float(got) == float(expected) == 2 * float(np.arange(64.0).sum())
+
+
+def constrained_forward(params: dict, x: jax.Array, where: str) -> jax.Array:
+    """`forward`, stating with `with_sharding_constraint` the layout the rule
+    `block_\\d+/up$ -> (data, model)` gives each block's `up` output."""
+    for i in range(2):
+        with jax.named_scope(f"block_{i}"):
+            with jax.named_scope("up"):
+                h = x @ params[f"b{i}"]["up"]
+            if where == "activation":
+                h = jax.lax.with_sharding_constraint(h, P("data", "model"))
+            elif where == "remat":
+                h = jax.checkpoint(lambda h: jax.lax.with_sharding_constraint(h, P("data", "model")))(h)
+            else:  # each row under `jax.vmap`: the batch dimension is not asserted
+                h = jax.vmap(lambda row: jax.lax.with_sharding_constraint(row, P("model")))(h)
+            h = jax.nn.gelu(h)
+            with jax.named_scope("down"):
+                x = x + h @ params[f"b{i}"]["down"]
+    return x
+
+
+@pytest.mark.parametrize("where", ["activation", "remat", "vmap"])
+def test_a_constraint_on_an_activation_the_rules_lay_out_so_passes(where: str) -> None:
+    """The activation's layout comes from the rule (its contraction's
+    `out_sharding`); the step trains with the numbers of one device."""
+    mesh = explicit_mesh()
+    params, batch = data()
+    params, batch = sr.apply(params, RULES, mesh), sr.apply(batch, RULES, mesh, group="inputs")
+
+    def sgd_constrained(params, batch):
+        def loss(params):
+            return jnp.mean((constrained_forward(params, batch["x"], where) - batch["y"]) ** 2)
+
+        value, grads = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    step = sr.jit(sgd_constrained, RULES, mesh, in_groups=("params", "inputs"), out_groups=("params", None))
+    losses = []
+    for _ in range(3):
+        params, loss = step(params, batch)
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, one_device(), rtol=2e-5)
+    assert jax.typeof(params["b0"]["up"]).sharding.spec == P(None, "model")
+
+
+@pytest.mark.parametrize("where", ["argument", "activation under jax.grad"])
+def test_a_constraint_that_disagrees_is_jaxs_assert_on_the_layout_the_value_has(where: str) -> None:
+    """JAX's `AssertionError`, naming the layout the value has when the step
+    runs (not the replicated one of the first trace) and the model's line."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    w = jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P("data", None)))
+
+    def step(w):
+        def loss(w):
+            h = jnp.tanh(w) if where != "argument" else w
+            h = jax.lax.with_sharding_constraint(h, P(None, "data"))  # the line named
+            return (h * 2).sum()
+
+        return loss(w) if where == "argument" else jax.grad(loss)(w)
+
+    with jax.set_mesh(mesh), pytest.raises(AssertionError):
+        jax.jit(step)(w)  # as plain `jax.jit` refuses it
+    f = sr.jit(step, DATA_ROWS, mesh, in_groups=("params",))
+    with pytest.raises(AssertionError) as caught:
+        f(w)
+    message = str(caught.value)
+    assert "acts as an assert when all axes of mesh are of type `Explicit`" in message
+    said = "The array sharding: P('data', None) did not match the sharding provided: P(None, 'data')"
+    assert said in message.replace("PartitionSpec(", "P("), message  # JAX 0.8 writes `PartitionSpec(...)`
+    assert "jax.sharding.reshard" in message  # the fix JAX suggests
+    cause = caught.value.__cause__  # where the model's code made the constraint
+    frames = [frame.name for frame in traceback.extract_tb(cause.__traceback__)] if cause else []
+    assert "loss" in frames, frames

@@ -833,9 +833,10 @@ def _easydel_llama(monkeypatch: pytest.MonkeyPatch):
                 raises=AssertionError,
                 strict=True,
                 reason="EasyDeL's layers state their activations' layouts with "
-                "`with_sharding_constraint`, which JAX makes an assert on Explicit axes (the step, "
-                "traced with its values replicated first, fails it); the layouts they state (query "
-                "and key sequences both over `sp`) are ones JAX refuses to contract on Explicit axes",
+                "`with_sharding_constraint`, which JAX makes an assert on Explicit axes, and the "
+                "layouts they state are not those their values have (the hidden states stated "
+                "`((fsdp, dp), sp, tp)` are laid out `((dp, fsdp), _, tp)`); the layouts they state "
+                "(query and key sequences both over `sp`) are ones JAX refuses to contract there",
             ),
         ),
     ],

@@ -162,14 +162,21 @@ def trace_replicated(trace: Callable[..., Any], args: Sequence[Any], mesh: Any) 
     A value traced without a layout is typed on no mesh. JAX 0.10 to 0.12
     lay out the gradient of a contraction between such a value and an array
     sharded on the mesh (an array the function closes over); JAX 0.8 refuses
-    it, but settles it when the value is typed replicated on the mesh."""
-    try:
-        return trace(*args)
-    except (ShardingTypeError, DuplicateSpecError) as err:
+    it, but settles it when the value is typed replicated on the mesh.
+
+    `with_sharding_constraint`'s assert on Explicit axes is recorded in the
+    trace, not made (`_asserts`): it is made on the layouts the values have
+    when the trace is evaluated with them."""
+    from ._asserts import deferred
+
+    with deferred():
         try:
-            return trace(*replicated_on(args, mesh))
-        except (ShardingTypeError, DuplicateSpecError):
-            raise err from None
+            return trace(*args)
+        except (ShardingTypeError, DuplicateSpecError) as err:
+            try:
+                return trace(*replicated_on(args, mesh))
+            except (ShardingTypeError, DuplicateSpecError):
+                raise err from None
 
 
 def replicated_on(args: Sequence[Any], mesh: Any) -> list[Any]:

@@ -14,6 +14,8 @@ import jax
 
 from .._errors import Diagnostic, ShardRulesError, error_for
 from .._pspec import entries
+from ._asserts import check
+from ._asserts import primitive as asserted
 from ._compat import jcore, rebind, scan_counts, while_counts
 from ._cotangents import as_primal, backward_rule, source_line
 from ._explicit import (
@@ -53,6 +55,8 @@ def evaluate(c: Any, eqn: Any, invals: list[Any], at: Where, interpret: Interpre
     layout only where theirs would be replicated (`_cotangents.backward_rule`).
     See `_explicit`'s docstring."""
     name, multiple = eqn.primitive.name, eqn.primitive.multiple_results
+    if eqn.primitive is asserted():  # `with_sharding_constraint`: JAX's assert, on the layout it has
+        return [invals[0] if elsewhere(invals[0], c.abstract_mesh) else check(invals[0], eqn.params)]
     path, backward = at.path, at.backward
     params, stated = _stated(_params(c, eqn, invals, at, interpret), c.abstract_mesh)
     shown = f"{path} (backward)".strip() if backward else path  # rules describe the forward pass

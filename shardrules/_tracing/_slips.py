@@ -257,7 +257,9 @@ def out_shardings(
     if out_shape is None:
         with mesh_context(mesh):  # shapes only, values replicated
             try:
-                shapes = functools.partial(jax.eval_shape, fn)
+                # a function of its own: JAX caches traces by function, and this one records
+                # `with_sharding_constraint`'s asserts rather than making them (`_asserts`)
+                shapes = functools.partial(jax.eval_shape, lambda *values: fn(*values))
                 out_shape = trace_replicated(shapes, jax.tree.map(untyped, args), mesh.abstract_mesh)
             except (ShardingTypeError, DuplicateSpecError) as err:
                 raise closed_over_error(fn, err, rules) from None
