@@ -42,6 +42,8 @@ SKIPS: dict[str, tuple[int, str]] = {
     # jax.distributed.initialize must run before JAX starts its backends, which the
     # test session has done (the single-process blocks of the page do run)
     "multihost.md": (3, "jax.distributed.initialize needs several processes and a fresh JAX"),
+    # three lines of a loss; tests/test_parameter_names.py runs them in a train step
+    "activations.md": (1, "lines of a loss, run in a train step by tests/test_parameter_names.py"),
 }
 # page -> the optional library (and its extra) its programs need: a page whose library is
 # not installed skips, saying which extra installs it (as the tests of that library do)

@@ -148,7 +148,7 @@ def test_python_hints_name_the_weight_of_an_auto_named_scope():
     assert down.by == "inferred"
     assert '`"params/mlp/linear$" -> (data, _, _)`' in down.hint and "Einsum_1" not in down.hint
     # strict: the MLP alone (the loss's gathers outside every scope are refused first otherwise)
-    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
     x = np.ones((8, 16, 16), np.float32)
     mlp = Mlp()
     rules = sr.loads(
@@ -324,3 +324,32 @@ def test_a_scanned_layers_weight_is_named_by_its_stack():
     gating = scopes["Stack/layers/mlp/Einsum_0"]
     assert gating.alias == "params/layers/mlp/gating_einsum" and gating.rule.pattern == "mlp/gating_einsum$"
     np.testing.assert_allclose(float(got), float(jax.jit(fn)(params, x)), rtol=1e-5)
+
+
+def sgd_picked(params, batch):
+    """`sgd` with the label gather alone in a named scope, as docs/activations.md
+    advises for an operation no scope reaches."""
+
+    def loss_fn(p):
+        logits = Lm().apply(p, batch["tokens"])
+        logp = jax.nn.log_softmax(jnp.where(batch["mask"][..., None], logits, -1e9))
+        with jax.named_scope("picked"):
+            picked = jnp.take_along_axis(logp, batch["labels"][..., None], axis=-1)
+        return -jnp.mean(picked)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def test_the_one_operation_wrapped_in_a_scope_is_reached_by_its_rule():
+    rules = _rules('"picked$" -> (data, _, _)\n')
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    step, args = sr.jit(sgd_picked, rules, mesh, in_groups=("params", "inputs")), _args()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sr.ShardRulesWarning)  # the rule matches: no SR211
+        traced = step.traced(*args)
+        _, loss = step(*args)
+    (picked,) = [s for s in traced.scopes if s.name == "picked"]
+    assert picked.rule is not None and picked.rule.pattern == "picked$"
+    assert "gather" not in {u.kind for u in traced.reach.unreached}  # listed by `sgd`'s test above
+    np.testing.assert_allclose(float(loss), float(jax.jit(sgd_picked)(*args)[1]), rtol=1e-5)
