@@ -12,6 +12,7 @@ import re
 import reprlib
 import stat
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -324,3 +325,29 @@ def spec_text(spec: Any, what: str, where: str, notes: list[str], axes: dict[str
         )
         out.append("_")
     return "(" + ", ".join([*out, "..."]) + ")"
+
+
+def regex_pair(
+    rule: Any, number: int, where: str, notes: list[str], axes: dict[str, None]
+) -> tuple[str, str, str, tuple[str, str] | None]:
+    """One `(regex, PartitionSpec)` rule of a Python rule list, checked:
+    `(regex, literal, spec, refused)`, the regex as a rule file's pattern
+    literal, the spec as rule-file text (its axes added to `axes`, its notes
+    to `notes`), and `refused_pattern`'s `(what, fix)` where a rule file's
+    regular expressions cannot say the regex (else `None`). A rule that is not
+    such a pair, or whose regex Python does not compile, is a `SourceError`
+    naming rule `number` of `where`."""
+    if isinstance(rule, (str, bytes)) or not isinstance(rule, Sequence) or len(rule) != 2:
+        raise SourceError(f"{where}: rule {number} is {shown(rule)}, not a (regex, PartitionSpec) pair")
+    regex, spec = rule
+    if not isinstance(regex, str):
+        raise SourceError(f"{where}: rule {number}: {shown(regex)} is not a regular expression")
+    try:
+        re.compile(regex)
+    except (re.error, OverflowError, ValueError, RecursionError) as err:
+        raise SourceError(
+            f"{where}: rule {number}: {shown(repr(regex))} is not a regular expression: {shown(str(err))}"
+        ) from None
+    text = spec_text(spec, f"rule {number} ({shown(repr(regex))})", where, notes, axes)
+    literal = pattern_literal(regex)
+    return regex, literal, text, refused_pattern(literal)

@@ -36,10 +36,8 @@ from ._common import (
     finish,
     import_object,
     is_name,
-    pattern_literal,
-    refused_pattern,
+    regex_pair,
     shown,
-    spec_text,
 )
 
 EASYDEL_AXES = ("dp", "fsdp", "ep", "tp", "sp")
@@ -95,20 +93,7 @@ def convert_easydel(
     lines: list[str] = []
     unicode = False
     for number, rule in enumerate(rules, start=1):
-        if isinstance(rule, (str, bytes)) or not isinstance(rule, Sequence) or len(rule) != 2:
-            raise SourceError(f"{where}: rule {number} is {shown(rule)}, not a (regex, PartitionSpec) pair")
-        regex, spec = rule
-        if not isinstance(regex, str):
-            raise SourceError(f"{where}: rule {number}: {shown(regex)} is not a regular expression")
-        try:
-            re.compile(regex)
-        except (re.error, OverflowError, ValueError, RecursionError) as err:
-            raise SourceError(
-                f"{where}: rule {number}: {shown(repr(regex))} is not a regular expression: {shown(str(err))}"
-            ) from None
-        text = spec_text(spec, f"rule {number} ({shown(repr(regex))})", where, notes, named)
-        literal = pattern_literal(regex)
-        refused = refused_pattern(literal)
+        regex, literal, text, refused = regex_pair(rule, number, where, notes, named)
         if refused:  # left out, the leaves it takes would fall to later rules: refused
             what, fix = refused
             raise SourceError(

@@ -14,7 +14,6 @@ SR017) cannot be converted: its rule is written as a comment and reported.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,10 +24,8 @@ from ._common import (
     check_count,
     finish,
     import_object,
-    pattern_literal,
-    refused_pattern,
+    regex_pair,
     shown,
-    spec_text,
 )
 
 
@@ -69,20 +66,7 @@ def convert_regex(rules: Any, *, source: str | None = None) -> Conversion:
     axes: dict[str, None] = {}  # the mesh axes named, in order
     lines: list[str] = []
     for number, rule in enumerate(rules, start=1):
-        if isinstance(rule, (str, bytes)) or not isinstance(rule, Sequence) or len(rule) != 2:
-            raise SourceError(f"{where}: rule {number} is {shown(rule)}, not a (regex, PartitionSpec) pair")
-        regex, spec = rule
-        if not isinstance(regex, str):
-            raise SourceError(f"{where}: rule {number}: {shown(regex)} is not a regular expression")
-        try:
-            re.compile(regex)
-        except (re.error, OverflowError, ValueError, RecursionError) as err:
-            raise SourceError(
-                f"{where}: rule {number}: {shown(repr(regex))} is not a regular expression: {shown(str(err))}"
-            ) from None
-        text = spec_text(spec, f"rule {number} ({shown(repr(regex))})", where, notes, axes)
-        literal = pattern_literal(regex)
-        refused = refused_pattern(literal)
+        regex, literal, text, refused = regex_pair(rule, number, where, notes, axes)
         if refused:
             what, fix = refused
             notes.append(
