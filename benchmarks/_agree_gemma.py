@@ -212,9 +212,7 @@ def rows() -> list[list[str]]:
                     f"{LIBRARY} ({expert}; {source})",
                     name,
                     f"{strategy}{said} on {mesh}",
-                    f"{found.same_leaves} / {found.leaves} ({100 * found.leaf_share:.1f}%)",
-                    _bytes(found),
-                    "; ".join(sorted(found.differ)) or "nothing differs",
+                    *found.cells(),
                 ]
             )
         found = measure_rule_file(tree)
@@ -223,19 +221,10 @@ def rows() -> list[list[str]]:
                 f"{LIBRARY} (kauldron FSDPSharding; {source})",
                 name,
                 "`default -> auto(devices, min_bytes=4MiB + 1)` on devices=8 (no `suggest`)",
-                f"{found.same_leaves} / {found.leaves} ({100 * found.leaf_share:.1f}%)",
-                _bytes(found),
-                "; ".join(sorted(found.differ)) or "nothing differs",
+                *found.cells(),
             ]
         )
     return out
-
-
-def _bytes(found: Any) -> str:
-    """Bytes agreeing / total, and the share."""
-    from shardrules._planning._plan import format_bytes
-
-    return f"{format_bytes(found.same_bytes)} / {format_bytes(found.bytes)} ({100 * found.byte_share:.1f}%)"
 
 
 if __name__ == "__main__":

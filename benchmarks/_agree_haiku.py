@@ -122,9 +122,7 @@ def rows() -> list[list[str]]:
                     f"{LIBRARY} {_version('dm-haiku')} (Megatron hand layout)",
                     name,
                     f"{strategy} on " + ",".join(f"{a}={n}" for a, n in MESHES[strategy].items()),
-                    f"{found.same_leaves} / {found.leaves} ({100 * found.leaf_share:.1f}%)",
-                    _bytes(found),
-                    "; ".join(sorted(found.differ)) or "nothing differs",
+                    *found.cells(),
                 ]
             )
     return out
@@ -134,13 +132,6 @@ def _version(distribution: str) -> str:
     from importlib.metadata import version
 
     return version(distribution)
-
-
-def _bytes(found: Any) -> str:
-    """Bytes agreeing / total, and the share."""
-    from shardrules._planning._plan import format_bytes
-
-    return f"{format_bytes(found.same_bytes)} / {format_bytes(found.bytes)} ({100 * found.byte_share:.1f}%)"
 
 
 if __name__ == "__main__":

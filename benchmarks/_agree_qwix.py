@@ -65,17 +65,8 @@ def rows() -> list[list[str]]:
     out = []
     for options in ({}, {"weight_qtype": "int4", "tile_size": 16}):
         name, found = measure(options)
-        differ = "; ".join(f"{k}: {len(v)} leaves" for k, v in found.differ.items()) or "nothing"
-        out.append(
-            [
-                "qwix PTQ",
-                name,
-                f"{STRATEGY}, " + ", ".join(f"{a}={n}" for a, n in SIZES.items()),
-                f"{found.same_leaves} / {found.leaves} ({found.leaf_share:.2%})",
-                f"{found.same_bytes:,} / {found.bytes:,} ({found.byte_share:.2%})",
-                differ,
-            ]
-        )
+        mesh = ", ".join(f"{a}={n}" for a, n in SIZES.items())
+        out.append(["qwix PTQ", name, f"{STRATEGY}, {mesh}", *found.cells()])
     return out
 
 

@@ -379,6 +379,18 @@ class Agreement:
     def byte_share(self) -> float:
         return self.same_bytes / self.bytes
 
+    def cells(self) -> list[str]:
+        """Table cells: leaves agreeing / total, bytes agreeing / total (each
+        with its share), and what differs (`ours vs theirs: N leaves`)."""
+        from shardrules._planning._plan import format_bytes
+
+        differ = "; ".join(f"{k}: {len(v)} leaves" for k, v in sorted(self.differ.items()))
+        return [
+            f"{self.same_leaves} / {self.leaves} ({100 * self.leaf_share:.1f}%)",
+            f"{format_bytes(self.same_bytes)} / {format_bytes(self.bytes)} ({100 * self.byte_share:.1f}%)",
+            differ or "nothing differs",
+        ]
+
 
 def agreement(
     tree: Mapping[str, Any],

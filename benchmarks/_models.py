@@ -224,6 +224,48 @@ def _nnx_sgd(nnx: Any, model: Any) -> tuple[Any, Callable[[Any, dict], tuple[Any
     return jax.device_get(state), step
 
 
+def _swiglu_decoder(nnx: Any, attention: Any, *, d: int, ffn: int, vocab: int, layers: int, init: Any) -> Any:
+    """A pre-norm decoder class: an embedding, `layers` blocks (`attention`,
+    then a SwiGLU MLP of `ffn`, each on a residual, RMSNorm before each), a
+    final RMSNorm and an untied output head; no biases."""
+    import jax
+
+    class Mlp(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.gate = nnx.Linear(d, ffn, use_bias=False, kernel_init=init, rngs=rngs)
+            self.up = nnx.Linear(d, ffn, use_bias=False, kernel_init=init, rngs=rngs)
+            self.down = nnx.Linear(ffn, d, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+    class Block(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
+            self.attn = attention(rngs)
+            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
+            self.mlp = Mlp(rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+
+    class Decoder(nnx.Module):
+        def __init__(self, rngs: Any):
+            self.embed = nnx.Embed(vocab, d, rngs=rngs)
+            self.layers = nnx.List([Block(rngs) for _ in range(layers)])
+            self.norm = nnx.RMSNorm(d, rngs=rngs)
+            self.head = nnx.Linear(d, vocab, use_bias=False, kernel_init=init, rngs=rngs)
+
+        def __call__(self, ids: Any) -> Any:
+            x = self.embed(ids)
+            for block in self.layers:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    return Decoder
+
+
 def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
     """A decoder of `layers` blocks, each GQA (4 query heads sharing 2 key/value
     heads) and an 8-expert top-2 MoE, on a `data=4, model=2` mesh."""
@@ -715,38 +757,9 @@ def nnx_decoder_1b(layers: int = 22, batch: int = 32, seq: int = 512) -> Model:
             out = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, axis=-1), v)
             return self.o(out.reshape(b, t, heads * head_dim))
 
-    class Mlp(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.gate = nnx.Linear(d, ffn, use_bias=False, rngs=rngs)
-            self.up = nnx.Linear(d, ffn, use_bias=False, rngs=rngs)
-            self.down = nnx.Linear(ffn, d, use_bias=False, rngs=rngs)
-
-        def __call__(self, x: Any) -> Any:
-            return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
-
-    class Block(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
-            self.attn = Attention(rngs)
-            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
-            self.mlp = Mlp(rngs)
-
-        def __call__(self, x: Any) -> Any:
-            x = x + self.attn(self.norm1(x))
-            return x + self.mlp(self.norm2(x))
-
-    class Decoder(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.embed = nnx.Embed(vocab, d, rngs=rngs)
-            self.blocks = nnx.List([Block(rngs) for _ in range(layers)])
-            self.norm = nnx.RMSNorm(d, rngs=rngs)
-            self.head = nnx.Linear(d, vocab, use_bias=False, rngs=rngs)
-
-        def __call__(self, ids: Any) -> Any:
-            x = self.embed(ids)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(self.norm(x))
+    Decoder = _swiglu_decoder(
+        nnx, Attention, d=d, ffn=ffn, vocab=vocab, layers=layers, init=nnx.initializers.lecun_normal()
+    )
 
     abstract = nnx.eval_shape(lambda: Decoder(nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -799,38 +812,7 @@ def nnx_qwix_decoder(
     d, ffn, init = _D, 128, nnx.initializers.lecun_normal()
     Attention = _gqa_attention(nnx, init)
 
-    class Mlp(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.gate = nnx.Linear(d, ffn, use_bias=False, kernel_init=init, rngs=rngs)
-            self.up = nnx.Linear(d, ffn, use_bias=False, kernel_init=init, rngs=rngs)
-            self.down = nnx.Linear(ffn, d, use_bias=False, kernel_init=init, rngs=rngs)
-
-        def __call__(self, x: Any) -> Any:
-            return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
-
-    class Block(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.norm1 = nnx.RMSNorm(d, rngs=rngs)
-            self.attn = Attention(rngs)
-            self.norm2 = nnx.RMSNorm(d, rngs=rngs)
-            self.mlp = Mlp(rngs)
-
-        def __call__(self, x: Any) -> Any:
-            x = x + self.attn(self.norm1(x))
-            return x + self.mlp(self.norm2(x))
-
-    class Decoder(nnx.Module):
-        def __init__(self, rngs: Any):
-            self.embed = nnx.Embed(VOCAB, d, rngs=rngs)
-            self.layers = nnx.List([Block(rngs) for _ in range(2)])
-            self.norm = nnx.RMSNorm(d, rngs=rngs)
-            self.head = nnx.Linear(d, VOCAB, use_bias=False, kernel_init=init, rngs=rngs)
-
-        def __call__(self, ids: Any) -> Any:
-            x = self.embed(ids)
-            for block in self.layers:
-                x = block(x)
-            return self.head(self.norm(x))
+    Decoder = _swiglu_decoder(nnx, Attention, d=d, ffn=ffn, vocab=VOCAB, layers=2, init=init)
 
     seq = tokens(3)
     batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}
