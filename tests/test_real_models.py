@@ -37,6 +37,21 @@ _spec.loader.exec_module(models)
 FLOPS_VS_AUTO = 1.10  # loose: the exact ratios are recorded by the benchmark
 
 
+def _bench_module(name: str):
+    """A module of benchmarks/ (an agreement module: `_agree_haiku`, ...),
+    loaded once."""
+    if name not in sys.modules:
+        here = Path(__file__).resolve().parent.parent / "benchmarks"
+        if str(here) not in sys.path:
+            sys.path.insert(0, str(here))  # the agreement modules import `_expert_layouts`
+        spec = importlib.util.spec_from_file_location(name, here / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def _flops(compiled) -> float:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
@@ -247,16 +262,7 @@ def test_maxtext_base_and_model_configs_convert_as_maxtext_merges_them() -> None
 def _haliax():
     """benchmarks/_agree_haliax.py, loaded once haliax is there."""
     pytest.importorskip("haliax", reason="haliax is not installed (`pip install marin-haliax`)")
-    name = "_agree_haliax"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parent.parent / "benchmarks" / "_agree_haliax.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return _bench_module("_agree_haliax")
 
 
 def test_haliax_arrays_are_planned_by_path_and_axis_names_as_haliax_lays_them_out() -> None:
@@ -463,17 +469,6 @@ def test_aqt_qtensors_take_the_float_rules_and_compute_as_on_one_device(kind) ->
 
 
 # ---------------------------------------------------------------- dm-haiku: suggest's rules
-
-
-def _bench_module(name: str):
-    here = Path(__file__).resolve().parent.parent / "benchmarks"
-    sys.path.insert(0, str(here))  # the agreement modules import `_expert_layouts`
-    spec = importlib.util.spec_from_file_location(name, here / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _auto_step_is_the_one_device_step(model) -> None:
