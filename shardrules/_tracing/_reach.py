@@ -21,8 +21,8 @@ that is unambiguous:
   with several outputs, as the scope's own name has;
 - a scope with several weights, or whose weight an operation outside it
   uses too (a tied embedding), has no such name, and `refused` says why;
-  one with none (a norm) has none either. Inside a `lax.scan` over stacked layers, a weight sliced from
-  the stack is named by the stack's path.
+  one with none (a norm) has none either. Inside a `lax.scan` over stacked
+  layers, a weight sliced from the stack is named by the stack's path.
 
 A scope output's own name is matched first; the parameter's only where no
 activation rule matches the scope's.
