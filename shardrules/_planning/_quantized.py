@@ -164,6 +164,10 @@ def plan(
             parts.append(part)
         return kind
 
+    def none_matched(i: int, path: str, shape: tuple[int, ...], dtype: Any) -> None:
+        unmatched.append(LeafInfo(path, shape, dtype))
+        kinds[i] = kind_for(("none", shape, dtype), (shape, dtype, None, None, 0, "unmatched"))
+
     for i, part in found.items():
         path = paths[i]
         shape, dtype = signatures[i]
@@ -174,8 +178,7 @@ def plan(
                 # a rule written for the companion's own path: planned as any array
                 done = plan_one(own, path, shape, dtype)
                 if done is None:
-                    unmatched.append(LeafInfo(path, shape, dtype))
-                    kinds[i] = kind_for(("none", shape, dtype), (shape, dtype, None, None, 0, "unmatched"))
+                    none_matched(i, path, shape, dtype)
                 else:
                     kinds[i] = kind_for(("own", id(own), shape, dtype), (shape, dtype, own, *done))
                 continue
@@ -205,8 +208,7 @@ def plan(
             continue
         done = plan_one(rule, path, shape, dtype)
         if done is None:
-            unmatched.append(LeafInfo(path, shape, dtype))
-            kinds[i] = kind_for(("none", shape, dtype), (shape, dtype, None, None, 0, "unmatched"))
+            none_matched(i, path, shape, dtype)
         else:
             kinds[i] = kind_for(("values", id(rule), shape, dtype), (shape, dtype, rule, *done))
     return unmatched, [kept_whole(rule, leaves) for rule, leaves in kept.values()]
