@@ -159,3 +159,58 @@ def test_a_closed_over_layout_is_still_named_with_out_groups() -> None:
     with pytest.raises(sr.PlanError) as info:
         step.traced(jax.ShapeDtypeStruct((128, 64), jnp.float32))
     assert info.value.code == "SR117" and "closes over" in str(info.value)
+
+
+class _Compiles:
+    """Counts XLA compilations (JAX's `backend_compile_duration` events)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+@pytest.fixture
+def compiles() -> Iterator[_Compiles]:
+    counter = _Compiles()
+    jax.monitoring.register_event_duration_secs_listener(counter)
+    yield counter
+    jax.monitoring.unregister_event_duration_listener(counter)
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+def test_a_first_call_traces_the_step_once_with_out_groups(steps, kind: AxisType) -> None:
+    """The output's shapes `out_groups` are planned for come from the trace the
+    call evaluates with its layouts: one run of the step's body, and the
+    step's `traced` afterwards reads what that trace found."""
+    _, module = steps
+    step, shapes = module.with_out_groups(sr.loads(RULES, name="tp.shard"), _mesh(kind))
+    arrays = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), shapes)
+    params, loss = step(*arrays)
+    assert module.CALLS == 1
+    assert loss.shape == () and params["up"].sharding.spec == jax.sharding.PartitionSpec(None, "model")
+    assert {s.name for s in step.traced(*arrays).scopes} >= {"up", "down"}
+    step(*arrays)
+    assert module.CALLS == 1
+
+
+@pytest.mark.parametrize("kind", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+def test_cost_traces_once_per_mesh_and_compiles_once_per_signature(steps, compiles, kind: AxisType) -> None:
+    """`step.cost` traces the step once for its mesh and once for one device,
+    compiles it once for each, and a second call with the same signature
+    reuses both; another signature is traced and compiled anew."""
+    _, module = steps
+    step, args = module.with_out_groups(sr.loads(RULES, name="tp.shard"), _mesh(kind))
+    first = step.cost(*args)
+    assert (module.CALLS, compiles.count) == (2, 2)
+    again = step.cost(*args)
+    assert (module.CALLS, compiles.count) == (2, 2)
+    assert again.flops_per_device == first.flops_per_device and again.ratio == first.ratio
+    assert step.cost(*args, ideal=False).ideal_flops_per_device is None
+    assert (module.CALLS, compiles.count) == (2, 2)
+    params, batch = args
+    bigger = jax.tree.map(lambda s: jax.ShapeDtypeStruct((64, *s.shape[1:]), s.dtype), batch)
+    step.cost(params, bigger)
+    assert (module.CALLS, compiles.count) == (4, 4)

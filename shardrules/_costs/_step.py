@@ -52,32 +52,44 @@ def _first_line(err: BaseException) -> str:
 @dataclasses.dataclass
 class _Compiled:
     """A step compiled on a mesh: the program, its text before XLA's
-    optimisations (the dtypes the model's own code asks for), and the
-    one-device program (`None`: not asked for, or not compiled: `notes` say why)."""
+    optimisations (the dtypes the model's own code asks for), the one-device
+    program (`None`: not asked for, or not compiled: `notes` say why), the
+    arrays' owners, the lowered program, and whether the one-device program
+    was tried."""
 
     compiled: Any
     before: str
     one_device: Any = None
     notes: tuple[str, ...] = ()
     owners: Owners | None = None
+    lowered: Any = None
+    ideal_tried: bool = False
 
 
 def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: bool) -> _Compiled:
     """`step` (a `RuleJit`) compiled on `mesh` (`own`: the mesh it runs on)
-    for arguments shaped like `args`, and (with `ideal`) on one device of it."""
+    for arguments shaped like `args`, and (with `ideal`) on one device of it;
+    each compiled once per argument signature and mesh (kept by the step)."""
     shapes = shapes_only(args)
     tpu = mesh.devices.flat[0].platform == "tpu"
+    key = (step._key(shapes), mesh)
+    out = step._programs.get(key)
     with quiet():  # told once already, when the step was traced for its mesh
-        on_mesh = step if own else step._like(mesh)
-        lowered = on_mesh.lower(*shapes)
-        out = _Compiled(_compile(lowered, tpu), lowered.as_text(dialect="hlo"))
-        out.owners = owners_of(on_mesh, shapes, mesh, on_mesh._traced(shapes))
-        if ideal:
+        if out is None:
+            on_mesh = step if own else step._like(mesh)
+            lowered = on_mesh.lower(*shapes)
+            out = _Compiled(_compile(lowered, tpu), lowered.as_text(dialect="hlo"), lowered=lowered)
+            out.owners = owners_of(on_mesh, shapes, mesh, on_mesh._traced(shapes))
+            step._programs[key] = out
+        if ideal and not out.ideal_tried:
             one = _cpu_device_mesh(mesh) if tpu else one_device_mesh(mesh)
             try:
                 out.one_device = on_one_device(step._like(one).lower, shapes, one).compile()
             except Exception as err:  # the ideal is a reference: the step's own figures stand without it
-                out.one_device, out.notes = _before_partitioning(lowered, err)
+                out.one_device, out.notes = _before_partitioning(out.lowered, err)
+            out.ideal_tried = True
+    if not ideal:
+        return dataclasses.replace(out, one_device=None, notes=())
     return out
 
 

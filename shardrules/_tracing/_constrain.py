@@ -20,6 +20,7 @@ from .._planning._api import RulesLike, as_rules
 from .._planning._compile import compile_flat
 from ._compat import DuplicateSpecError, ShardingTypeError, mesh_context, trace_replicated
 from ._explicit import Decision, closed_over_error, is_explicit, untyped
+from ._memo import Found, TraceMemo
 from ._seen import ScopeOutput
 
 
@@ -283,18 +284,23 @@ def constrained(
     record: Traced | None,
     origins: Origins | None = None,
     in_groups: Callable[[int], Sequence[Any] | None] | None = None,
+    memo: TraceMemo | None = None,
 ) -> Callable[..., Any]:
     """`auto_constrain`'s wrapper (`group=None`: no rules, for explicit axes'
     result layouts alone); what each call's trace finds is added to `record`
     when given; `origins` says what each leaf of the positional arguments is
     (`sr.jit`: the argument, the leaf and its rule) where a message names one;
     `in_groups(n)`, the group of each of `n` positional arguments (`sr.jit`'s:
-    an `inputs` argument holds no parameters, see `_reach`)."""
+    an `inputs` argument holds no parameters, see `_reach`); `memo` keeps
+    the replicated trace of each signature (`_memo`), which the wrapper's
+    `trace_shapes(*args)` makes without evaluating it (the output's shapes).
+    Each call's findings replace what `record` held."""
     if group is not None:
         ruleset.group(group)
 
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
+    def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The leaves of `(args, kwargs)`, their structure, which are traced,
+        `fn` of those alone, and their values."""
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         dynamic = [i for i, leaf in enumerate(leaves) if _is_dynamic(leaf)]
 
@@ -306,29 +312,47 @@ def constrained(
             with module_scopes((a, kw)):
                 return fn(*a, **kw)
 
-        values = [leaves[i] for i in dynamic]
-        resolved = _resolved(mesh, ruleset, "auto_constrain")
-        sizes, sharding = _target(resolved if isinstance(resolved, Mesh) else None, ruleset, "auto_constrain")
+        return leaves, treedef, dynamic, flat_fn, [leaves[i] for i in dynamic]
+
+    def replicated(
+        args: tuple[Any, ...], kwargs: dict[str, Any], resolved: Any
+    ) -> tuple[Found, list[Any], list[int]]:
+        """The trace of `fn` for `(args, kwargs)` without layouts (on Explicit
+        axes, every value replicated, so JAX cannot refuse what the rules
+        will settle; under the mesh's abstract form, so that layouts the
+        model's code states work), from `memo` where it holds one; the
+        traced values and their positions among the leaves."""
+        leaves, treedef, dynamic, flat_fn, values = prepare(args, kwargs)
         explicit = is_explicit(resolved)
+        shapes = [untyped(v) for v in values] if explicit else values
+        key = TraceMemo.key(treedef, leaves, dynamic, shapes) if memo is not None else None
+        found = memo.get(key) if memo is not None else None
+        if found is not None:
+            return found, values, dynamic
         if explicit:
-            # traced with every value replicated, so JAX cannot refuse what the rules will settle,
-            # under the mesh's abstract form, so that layouts the model's code states work
             with mesh_context(resolved):
-                traced = [untyped(v) for v in values]
                 try:
                     trace = jax.make_jaxpr(flat_fn, return_shape=True)
-                    closed, out_shape = trace_replicated(trace, traced, resolved.abstract_mesh)
+                    closed, out_shape = trace_replicated(trace, shapes, resolved.abstract_mesh)
                 except (ShardingTypeError, DuplicateSpecError) as err:
                     raise closed_over_error(fn, err, ruleset) from None
         else:
             closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*values)
-        # The jaxpr's interpreter (and `_outputs`, which imports `jax.extend`)
-        # loads with the first trace, not with shardrules.
+        # The jaxpr's reader (and `_outputs`, which imports `jax.extend`) loads with the first trace.
         from ._reach import find
-        from ._scopes import Constrainer, interpret
 
         groups = in_groups(len(args)) if in_groups is not None else None
-        reach = find(closed.jaxpr, _leaf_paths(fn, args, kwargs, dynamic, groups))
+        found = Found(closed, out_shape, find(closed.jaxpr, _leaf_paths(fn, args, kwargs, dynamic, groups)))
+        return (memo.put(key, found) if memo is not None else found), values, dynamic
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        resolved = _resolved(mesh, ruleset, "auto_constrain")
+        sizes, sharding = _target(resolved if isinstance(resolved, Mesh) else None, ruleset, "auto_constrain")
+        explicit = is_explicit(resolved)
+        (closed, out_shape, reach), values, dynamic = replicated(args, kwargs, resolved)
+        from ._scopes import Constrainer, interpret
+
         abstract = resolved.abstract_mesh if isinstance(resolved, Mesh) else resolved
         constrainer = Constrainer(
             ruleset, group, sizes, sharding, explicit=explicit, strict=strict,
@@ -340,10 +364,16 @@ def constrained(
         if group is not None:
             constrainer.seen.warn_unmatched()
         if record is not None:
-            record.decisions.extend(constrainer.decisions)
-            record.scopes.extend(constrainer.seen.scope_outputs(constrainer.output_rule))
-            record.unmatched.extend(constrainer.seen.unmatched() if group is not None else ())
+            record.decisions[:] = constrainer.decisions
+            record.scopes[:] = constrainer.seen.scope_outputs(constrainer.output_rule)
+            record.unmatched[:] = constrainer.seen.unmatched() if group is not None else ()
             record.reach = reach
+            record.out_shape = out_shape
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), results)
 
+    def trace_shapes(*args: Any, **kwargs: Any) -> Any:
+        """The output's shapes, from the replicated trace alone (kept in `memo`)."""
+        return replicated(args, kwargs, _resolved(mesh, ruleset, "auto_constrain"))[0].out_shape
+
+    wrapped.trace_shapes = trace_shapes  # type: ignore[attr-defined]
     return wrapped

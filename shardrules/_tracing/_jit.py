@@ -23,6 +23,7 @@ from ._compat import mesh_context
 from ._constrain import Traced, constrained
 from ._explicit import Decision, is_explicit
 from ._groups import for_groups, moved, param_names, signature, typed
+from ._memo import TraceMemo
 from ._seen import ScopeOutput
 
 if TYPE_CHECKING:
@@ -120,6 +121,10 @@ class _Entry(NamedTuple):
     in_shardings: tuple[Any, ...] | None
     mesh: Mesh
     out_shardings: Any = None
+    # The step's replicated trace for this signature, and what evaluating it
+    # with the layouts found (filled by `jitted`'s trace), where it has them.
+    memo: TraceMemo | None = None
+    record: Traced | None = None
 
 
 class RuleJit:
@@ -145,6 +150,8 @@ class RuleJit:
         self.strict = strict
         self._compiled: dict[Any, _Entry] = {}  # per argument signature and ambient mesh (`_key`)
         self._agreed: set[Any] = set()  # the keys every process has planned alike
+        # `cost`'s programs, per argument signature and mesh compiled for (`_costs._step`)
+        self._programs: dict[Any, Any] = {}
         functools.update_wrapper(self, fn)
 
     def _mesh(self) -> Mesh:
@@ -167,16 +174,32 @@ class RuleJit:
         ambient = _mesh.ambient_mesh()
         return signature(args), ambient if isinstance(ambient, Mesh) else None
 
-    def _body(self, mesh: Mesh, record: Traced | None = None) -> Callable[..., Any]:
+    def _constrains(self, mesh: Mesh) -> bool:
+        """Whether the step's body evaluates its trace with the rules (on
+        Explicit axes, or with activation rules), rather than being `fn`."""
+        return is_explicit(mesh) or self.activations is not None
+
+    def _body(
+        self, mesh: Mesh, record: Traced | None = None, memo: TraceMemo | None = None
+    ) -> Callable[..., Any]:
         """`fn` with its activation constraints (and, on explicit axes, its
-        result layouts) from the rules; what the trace finds goes to `record`."""
-        if is_explicit(mesh) or self.activations is not None or record is not None:
+        result layouts) from the rules; what the trace finds goes to `record`;
+        the replicated trace is kept in `memo`."""
+        if self._constrains(mesh) or record is not None:
 
             def origins(args: tuple[Any, ...]) -> list[tuple[str, Any]]:
                 return _slips.leaf_origins(self.fn, args, self._in_groups(len(args)), self.rules, mesh)
 
             return constrained(
-                self.fn, self.rules, mesh, self.activations, self.strict, record, origins, self._in_groups
+                self.fn,
+                self.rules,
+                mesh,
+                self.activations,
+                self.strict,
+                record,
+                origins,
+                self._in_groups,
+                memo,
             )
         return self.fn
 
@@ -227,35 +250,39 @@ class RuleJit:
 
     def _traced(self, args: tuple[Any, ...]) -> Traced:
         """`traced`, `decisions` and `scopes`' trace, warnings shown where they are called."""
-        found = Traced()
         key = self._key(args)
         entry = self._compiled.get(key)
         if entry is not None or self.out_groups is None:
             entry = entry or self._entry(args, stacklevel=4)
-            mesh = entry.mesh
-            self._trace(mesh, entry.in_shardings, args, found)
-        else:  # as `_entry`, with this trace where it traces for the output's shapes
+            found = self._record(entry, args)
+        else:  # as `_entry`, with what it warns about after this trace's own warnings
             mesh, in_shardings, groups = self._inputs(args, stacklevel=3)
+            entry = self._store(key, args, mesh, in_shardings, None)
             try:
-                out_shape = self._trace(mesh, in_shardings, args, found)
-            except Exception:  # what `_entry` says first (SR105 naming an output), then this
-                self._store(key, args, mesh, in_shardings, None)
+                found = self._record(entry, args)
+            finally:
                 _slips.warn_about_groups(self.fn, args, groups, self.rules, mesh, stacklevel=3)
-                raise
-            self._store(key, args, mesh, in_shardings, out_shape)
-            _slips.warn_about_groups(self.fn, args, groups, self.rules, mesh, stacklevel=3)
-        if not is_explicit(mesh):
+        if not is_explicit(entry.mesh):
             found.decisions.clear()
         return found
 
-    def _trace(self, mesh: Mesh, in_shardings: Any, args: tuple[Any, ...], found: Traced) -> Any:
-        """Trace the step into `found` (on Explicit axes, its arguments typed
-        with the layouts it runs with); the output's shapes."""
-        if in_shardings is not None and is_explicit(mesh):
-            args = tuple(typed(a, s) for a, s in zip(args, in_shardings, strict=True))
-        with self._context(mesh):
-            found.out_shape = jax.make_jaxpr(self._body(mesh, found), return_shape=True)(*args)[1]
-        return found.out_shape
+    def _record(self, entry: _Entry, args: tuple[Any, ...]) -> Traced:
+        """What evaluating the step's trace with its layouts finds: recorded
+        when `jitted` was traced (lowered, or first called), else evaluated
+        here from the replicated trace (traced again only where no memo holds it)."""
+        done = entry.record
+        if done is not None and done.out_shape is not None:
+            return Traced(
+                list(done.decisions), list(done.scopes), list(done.unmatched), done.out_shape, done.reach
+            )
+        found = Traced()
+        args_typed = args
+        if entry.in_shardings is not None and is_explicit(entry.mesh):
+            args_typed = tuple(typed(a, s) for a, s in zip(args, entry.in_shardings, strict=True))
+        with self._context(entry.mesh):
+            body = self._body(entry.mesh, found, entry.memo)
+            found.out_shape = jax.make_jaxpr(body, return_shape=True)(*args_typed)[1]
+        return found
 
     def jitted(self, *args: Any) -> Any:
         """The `jax.jit`-wrapped function for arguments shaped like `args`."""
@@ -296,10 +323,20 @@ class RuleJit:
 
     def _store(self, key: Any, args: tuple[Any, ...], mesh: Mesh, ins: Any, out_shape: Any) -> _Entry:
         """The entry for `key`: the arguments' shardings `ins`, the output's from
-        `out_groups` for the shapes `out_shape` (`None`: `jax.eval_shape`'s)."""
+        `out_groups` for the shapes `out_shape` (`None`: the step's replicated
+        trace's, kept for `jitted` to evaluate, or `jax.eval_shape`'s where
+        the body is `fn` itself)."""
+        memo = record = None
+        body = self.fn
+        if self._constrains(mesh):
+            memo, record = TraceMemo(), Traced()
+            body = self._body(mesh, record, memo)
+            if out_shape is None and self.out_groups is not None:
+                with self._context(mesh):  # as `jitted`'s trace makes it
+                    out_shape = body.trace_shapes(*args)  # type: ignore[attr-defined]
         out = _slips.out_shardings(self.fn, args, self.out_groups, self.rules, mesh, out_shape)
-        jitted = jax.jit(self._body(mesh), in_shardings=ins, out_shardings=out, donate_argnums=self.donate)
-        found = self._compiled[key] = _Entry(jitted, ins, mesh, out)
+        jitted = jax.jit(body, in_shardings=ins, out_shardings=out, donate_argnums=self.donate)
+        found = self._compiled[key] = _Entry(jitted, ins, mesh, out, memo, record)
         return found
 
     def _entry(self, args: tuple[Any, ...], stacklevel: int = 3) -> _Entry:
