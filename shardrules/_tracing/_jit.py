@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
-from .._interop._paths import path_str
 from .._language._rules import RuleSet
 from .._planning import _mesh
 from .._planning._api import RulesLike, as_rules, placement_shardings
 from .._quiet import quiet
-from . import _slips
+from . import _recorded, _slips
 from ._compare import Comparison, compare_outputs, on_one_device, one_device_mesh, shapes_only
 from ._compat import mesh_context
 from ._constrain import Traced, constrained
@@ -250,39 +248,7 @@ class RuleJit:
 
     def _traced(self, args: tuple[Any, ...]) -> Traced:
         """`traced`, `decisions` and `scopes`' trace, warnings shown where they are called."""
-        key = self._key(args)
-        entry = self._compiled.get(key)
-        if entry is not None or self.out_groups is None:
-            entry = entry or self._entry(args, stacklevel=4)
-            found = self._record(entry, args)
-        else:  # as `_entry`, with what it warns about after this trace's own warnings
-            mesh, in_shardings, groups = self._inputs(args, stacklevel=3)
-            entry = self._store(key, args, mesh, in_shardings, None)
-            try:
-                found = self._record(entry, args)
-            finally:
-                _slips.warn_about_groups(self.fn, args, groups, self.rules, mesh, stacklevel=3)
-        if not is_explicit(entry.mesh):
-            found.decisions.clear()
-        return found
-
-    def _record(self, entry: _Entry, args: tuple[Any, ...]) -> Traced:
-        """What evaluating the step's trace with its layouts finds: recorded
-        when `jitted` was traced (lowered, or first called), else evaluated
-        here from the replicated trace (traced again only where no memo holds it)."""
-        done = entry.record
-        if done is not None and done.out_shape is not None:
-            return Traced(
-                list(done.decisions), list(done.scopes), list(done.unmatched), done.out_shape, done.reach
-            )
-        found = Traced()
-        args_typed = args
-        if entry.in_shardings is not None and is_explicit(entry.mesh):
-            args_typed = tuple(typed(a, s) for a, s in zip(args, entry.in_shardings, strict=True))
-        with self._context(entry.mesh):
-            body = self._body(entry.mesh, found, entry.memo)
-            found.out_shape = jax.make_jaxpr(body, return_shape=True)(*args_typed)[1]
-        return found
+        return _recorded.traced_of(self, args)
 
     def jitted(self, *args: Any) -> Any:
         """The `jax.jit`-wrapped function for arguments shaped like `args`."""
@@ -353,19 +319,8 @@ class RuleJit:
         return found
 
     def _layouts(self, args: tuple[Any, ...]) -> tuple[Mesh, list[tuple[str, Any, Any, Any]]]:
-        """The mesh and what the processes compare before the step first runs
-        with arguments like `args`: each planned in and out sharding's spec,
-        and the activation rules (a digest of what they say)."""
-        entry = self._entry(args)
-        planned = {"in": entry.in_shardings, "out": entry.out_shardings}
-        keyed = jax.tree_util.tree_flatten_with_path(planned, is_leaf=lambda x: x is None)[0]
-        layouts = [(path_str(k), None, None, s.spec) for k, s in keyed if isinstance(s, NamedSharding)]
-        group = self.activations or ""
-        found = [*self.rules.groups.get(group, ()), *filter(None, [self.rules.defaults.get(group)])]
-        said = repr([(r.pattern, r.spec, str(r.guard)) for r in found]).encode()
-        digest = hashlib.blake2b(said, digest_size=4).hexdigest()
-        rules = f"{len(found)} rule{'s' * (len(found) != 1)} #{digest}"
-        return entry.mesh, [*layouts, (f"rules {group}" if group else "activation rules", None, None, rules)]
+        """What the processes compare before the step first runs with `args` (`_recorded.layouts_of`)."""
+        return _recorded.layouts_of(self, args)
 
     def __call__(self, *args: Any) -> Any:
         if _agreement is not None and jax.process_count() > 1 and self._key(args) not in self._agreed:
