@@ -373,3 +373,21 @@ def test_a_malformed_entry_after_good_ones_is_refused_naming_it(tmp_path: Path, 
     write_safetensors(path, {}, header)
     with pytest.raises(ShapeSourceError, match="tensor 'bad'"):
         sr.load_shapes(path)
+
+
+def test_an_index_naming_a_tensor_its_file_lacks_or_a_missing_file_is_refused(tmp_path: Path) -> None:
+    header = _many_tensors(30)
+    write_safetensors(tmp_path / "a.safetensors", {}, header)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(
+        json.dumps({"weight_map": dict.fromkeys(header, "a.safetensors") | {"extra": "a.safetensors"}})
+    )
+    with pytest.raises(
+        ShapeSourceError, match="puts 'extra' in a.safetensors, but that file has no such tensor"
+    ):
+        sr.load_shapes(index)
+    index.write_text(
+        json.dumps({"weight_map": dict.fromkeys(header, "a.safetensors") | {"extra": "b.safetensors"}})
+    )
+    with pytest.raises(FileNotFoundError, match="names b.safetensors, which is not in"):
+        sr.load_shapes(index)
