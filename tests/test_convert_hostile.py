@@ -450,14 +450,12 @@ def _anchored_config(n: int) -> tuple[str, str]:
     written out."""
     axes = [["fsdp", "sequence"], "tensor", ["data", "fsdp"], "expert", ["fsdp", "tensor"]]
     lines = ["base: &base", "  mesh_axes: [data, fsdp, sequence, tensor, expert]", "  logical_axis_rules:"]
-    lines += [f"    - &r{i} [n{i}, {json.dumps(axis)}]" for i, axis in enumerate(axes)]
-    lines += [f"    - [m{i}, *r{i % len(axes)}]" for i in range(n - len(axes))]
+    lines += [f"    - [n{i}, &x{i} {json.dumps(axis)}]" for i, axis in enumerate(axes)]
+    lines += [f"    - [m{i}, *x{i % len(axes)}]" for i in range(n - len(axes))]
     lines += ["<<: *base", "scan_layers: true", ""]
     plain = ["mesh_axes: [data, fsdp, sequence, tensor, expert]", "logical_axis_rules:"]
     plain += [f"  - [n{i}, {json.dumps(axis)}]" for i, axis in enumerate(axes)]
-    plain += [
-        f"  - [m{i}, [n{i % len(axes)}, {json.dumps(axes[i % len(axes)])}]]" for i in range(n - len(axes))
-    ]
+    plain += [f"  - [m{i}, {json.dumps(axes[i % len(axes)])}]" for i in range(n - len(axes))]
     plain += ["scan_layers: true", ""]
     return "\n".join(lines), "\n".join(plain)
 
@@ -475,3 +473,4 @@ def test_a_4000_rule_config_of_anchors_and_merge_keys_reads_as_its_expanded_form
     assert len(data["logical_axis_rules"]) == 4000
     one = sr.convert_maxtext(data, source="x.yml")
     assert one.text == sr.convert_maxtext(parse_yaml(plain, "plain.yml"), source="x.yml").text
+    assert not one.notes and "\nalias m3994 = (fsdp, tensor) | _\n" in one.text
