@@ -28,7 +28,8 @@ PyYAML has no libyaml):
 Then the commands as fresh processes, in CPU time (user + sys): `shardrules
 convert maxtext` of the config and of the bomb, against a Python that starts
 and imports the command line (floor). Target: each bomb refused and the
-config read in under 1 s (in the process). Exits 1 if a target is missed.
+config read (`parse_yaml`) in under 1 s, in the process; the conversion after
+it is shown, not a target. Exits 1 if a target is missed.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def main() -> int:
                 (kind, "floor: `yaml.load` of the config, no bounds", floor, floor, False),
                 (kind, "`parse_yaml` of the config written out", best["parse_yaml plain"], floor, False),
                 (kind, "`parse_yaml` of the config", best["parse_yaml"], floor, True),
-                (kind, "`sr.convert_maxtext` of the config file", best["convert"], floor, True),
+                (kind, "`sr.convert_maxtext` of the config file", best["convert"], floor, False),
             ]
         python = [sys.executable]
         commands = best_of(

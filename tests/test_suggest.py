@@ -1156,7 +1156,7 @@ def test_fsdp_dim_largest_gives_every_leaf_kauldrons_spec(
 
 
 _PATH_TEXT = st.lists(
-    st.sampled_from(list("0123456789./_*\\") + ["layers", "Block", "experts", "fc", "h", "é", "٣", "w"]),
+    st.sampled_from([*"0123456789./_*\\", "layers", "Block", "experts", "fc", "h", "é", "٣", "w"]),
     max_size=14,
 ).map("".join)
 

@@ -115,7 +115,7 @@ class Normaliser:
             key = _cut(escaped, cuts)
             found = self._forms[form] = cuts if _DIGIT.search(key) else key
             return key
-        return found if type(found) is str else _cut(escaped, found)
+        return found if isinstance(found, str) else _cut(escaped, found)
 
 
 def _cut(escaped: str, cuts: list[tuple[int, int]]) -> str:
