@@ -364,3 +364,113 @@ def test_a_recursion_or_memory_error_anywhere_is_exit_2(
         monkeypatch.setattr(_convert, "_convert", fail)
         status, out, err = run(["convert", "hf", "x.json"], capsys)
         assert (status, out) == (2, "") and message in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------- YAML read once, refused at the bound
+
+
+@pytest.fixture(params=["libyaml", "python"])
+def yaml_loader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """PyYAML with libyaml (its C parser and loader), and without: PyYAML's own."""
+    yaml = pytest.importorskip("yaml", reason="the YAML reader needs PyYAML")
+    if request.param == "libyaml" and not hasattr(yaml, "CSafeLoader"):
+        pytest.skip("this PyYAML has no libyaml")
+    if request.param == "python":
+        monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    return request.param
+
+
+def _counting_events(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
+    """How many events the parsers hand out (the C parser's through
+    `yaml.parse`, PyYAML's own through `Parser.get_event`), and how many
+    objects are constructed."""
+    import yaml
+
+    events, built = [0], [0]
+    real_parse, real_get = yaml.parse, yaml.parser.Parser.get_event
+    real_construct = yaml.constructor.BaseConstructor.construct_object
+
+    def parse(*args, **kwargs):
+        for event in real_parse(*args, **kwargs):
+            events[0] += 1
+            yield event
+
+    def get_event(self):
+        events[0] += 1
+        return real_get(self)
+
+    def construct_object(self, node, deep=False):
+        built[0] += 1
+        return real_construct(self, node, deep)
+
+    monkeypatch.setattr(yaml, "parse", parse)
+    monkeypatch.setattr(yaml.parser.Parser, "get_event", get_event)
+    monkeypatch.setattr(yaml.constructor.BaseConstructor, "construct_object", construct_object)
+    return events, built
+
+
+def test_a_bomb_is_refused_at_its_event_with_nothing_after_it_parsed_or_built(
+    yaml_loader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The billion laughs, then 20,000 lines of ordinary config: refused at
+    the alias that crosses the bound, having taken about as many events as
+    the bomb has (not the 100,000 after it), constructing nothing."""
+    tail = "".join(f"k{i}: [a, b]\n" for i in range(20_000))
+    events, built = _counting_events(monkeypatch)
+    start = time.perf_counter()
+    with pytest.raises(SourceError, match=f"bomb.yml:6: holds more than {MAX_NODES:,} values"):
+        parse_yaml(BILLION_LAUGHS + tail, "bomb.yml")
+    assert time.perf_counter() - start < 5  # a hang guard: milliseconds
+    bomb_events = 4 + 2 * 9 + 10 + 8 * (2 + 9 + 2) + 2 + 4  # stream, document, keys, lists, aliases
+    assert 0 < events[0] <= bomb_events + 10, events
+    assert built == [0]
+    deep = "a: " + "[" * 10_000 + "]" * 10_000 + "\n"
+    with pytest.raises(SourceError, match=r"nested more than 64 deep|maximum nesting depth"):
+        parse_yaml(deep, "deep.yml")
+    assert events[0] <= bomb_events + 10 + 100 and built == [0]
+
+
+def test_yaml_is_parsed_once_without_libyaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyYAML's own loader is checked as it composes: each event is parsed
+    once (the C parser's events are checked in a pass of their own, as its
+    composer cannot be watched)."""
+    yaml = pytest.importorskip("yaml", reason="the YAML reader needs PyYAML")
+    monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    text = "".join(f"k{i}: &a{i} [a, {{b: c}}]\nv{i}: *a{i}\n" for i in range(100))
+    in_text = len(list(yaml.parse(text, Loader=yaml.SafeLoader)))
+    events, _ = _counting_events(monkeypatch)
+    data = parse_yaml(text, "x.yml")
+    assert events == [in_text]
+    assert data == yaml.load(text, Loader=yaml.SafeLoader)
+
+
+def _anchored_config(n: int) -> tuple[str, str]:
+    """A MaxText config of `n` logical axis rules written with anchors,
+    aliases and a merge key (`<<: *base` at the top), and the same config
+    written out."""
+    axes = [["fsdp", "sequence"], "tensor", ["data", "fsdp"], "expert", ["fsdp", "tensor"]]
+    lines = ["base: &base", "  mesh_axes: [data, fsdp, sequence, tensor, expert]", "  logical_axis_rules:"]
+    lines += [f"    - [n{i}, &x{i} {json.dumps(axis)}]" for i, axis in enumerate(axes)]
+    lines += [f"    - [m{i}, *x{i % len(axes)}]" for i in range(n - len(axes))]
+    lines += ["<<: *base", "scan_layers: true", ""]
+    plain = ["mesh_axes: [data, fsdp, sequence, tensor, expert]", "logical_axis_rules:"]
+    plain += [f"  - [n{i}, {json.dumps(axis)}]" for i, axis in enumerate(axes)]
+    plain += [f"  - [m{i}, {json.dumps(axes[i % len(axes)])}]" for i in range(n - len(axes))]
+    plain += ["scan_layers: true", ""]
+    return "\n".join(lines), "\n".join(plain)
+
+
+def test_a_4000_rule_config_of_anchors_and_merge_keys_reads_as_its_expanded_form(yaml_loader: str) -> None:
+    """Aliases and a merge key read as the data they stand for: the same
+    rules, converted, as the config written out; within the bounds (the
+    merge counted as the nodes it copies)."""
+    anchored, plain = _anchored_config(4000)
+    start = time.perf_counter()
+    data = parse_yaml(anchored, "anchored.yml")
+    assert time.perf_counter() - start < 20  # a hang guard: a fraction of a second with libyaml
+    data.pop("base")
+    assert data == parse_yaml(plain, "plain.yml")
+    assert len(data["logical_axis_rules"]) == 4000
+    one = sr.convert_maxtext(data, source="x.yml")
+    assert one.text == sr.convert_maxtext(parse_yaml(plain, "plain.yml"), source="x.yml").text
+    assert not one.notes and "\nalias m3994 = (fsdp, tensor) | _\n" in one.text

@@ -151,3 +151,41 @@ def test_the_parser_is_built_once_for_threads_asking_together(monkeypatch: pytes
     assert len(built) == 1
     assert len(got) == 8 and all(p is built[0] for p in got)
     assert _grammar.parser() is built[0]
+
+
+def test_reading_a_checkpoint_header_imports_nothing_more(tmp_path: Path) -> None:
+    """`shardrules suggest --shapes` and `lint --shapes` of a `.safetensors`
+    header import no module of JAX, NumPy, PyYAML, torch or safetensors
+    beyond what starting the command line imported: the header is read as
+    JSON and checked by shardrules' own code."""
+    import struct
+
+    header = {
+        f"model.layers.{i}.mlp.experts.{e}.up_proj.weight": {
+            "dtype": "BF16",
+            "shape": [64, 32],
+            "data_offsets": [0, 0],
+        }
+        for i in range(2)
+        for e in range(8)
+    }
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    found = _fresh(
+        f"""
+import contextlib, io, json, sys
+from shardrules._cli._main import main
+started = set(sys.modules)
+shapes = {str(tmp_path / "model.safetensors")!r}
+drafted = {str(tmp_path / "drafted.shard")!r}
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    codes = [
+        main(["suggest", "--shapes", shapes, "--mesh", "fsdp=4,model=2", "-o", drafted]),
+        main(["lint", drafted, "--shapes", shapes]),
+    ]
+print(json.dumps({{"codes": codes, "new": sorted(set(sys.modules) - started)}}))
+"""
+    )
+    assert found["codes"] == [0, 0]
+    heavy = ("jax", "jaxlib", "numpy", "ml_dtypes", "yaml", "torch", "safetensors")
+    assert [m for m in found["new"] if m.split(".")[0] in heavy] == []

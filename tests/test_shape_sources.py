@@ -274,3 +274,120 @@ def test_the_memory_limit_of_a_mesh_with_none_of_this_processs_devices() -> None
     assert _mesh.memory_limit(types.SimpleNamespace(devices=np.array([other, other]))) is None  # type: ignore[arg-type]
     mine = types.SimpleNamespace(process_index=jax.process_index(), memory_stats=lambda: {"bytes_limit": 7})
     assert _mesh.memory_limit(types.SimpleNamespace(devices=np.array([other, mine]))) == 7  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- a big header read once per shape
+
+
+def _many_tensors(n: int) -> dict:
+    """`n` header entries of three shapes and two dtypes, as a MoE's experts have."""
+    kinds = [("BF16", [2048, 7168]), ("BF16", [7168, 2048]), ("F32", [384])]
+    return {
+        f"model.layers.{i // 3}.mlp.experts.{i}.w": {
+            "dtype": kinds[i % 3][0],
+            "shape": kinds[i % 3][1],
+            "data_offsets": [0, 0],
+        }
+        for i in range(n)
+    }
+
+
+def test_a_header_of_many_tensors_builds_one_shape_dtype_struct_per_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3,000 tensors of three shapes and dtypes: three `ShapeDtypeStruct`s made
+    and three shapes checked, shared by every tensor of that shape and dtype,
+    in the header's order, through the file and through an index."""
+    from shardrules._planning import _shapes
+
+    built: list[tuple] = []
+    checked: list[object] = []
+
+    class Counted(jax.ShapeDtypeStruct):
+        def __init__(self, shape, dtype, **kwargs) -> None:
+            built.append((shape, dtype))
+            super().__init__(shape, dtype, **kwargs)
+
+    def counted_problem(shape, itemsize):
+        checked.append(shape)
+        return real_problem(shape, itemsize)
+
+    real_problem = _shapes.shape_problem
+    monkeypatch.setattr(_shapes.jax, "ShapeDtypeStruct", Counted)
+    monkeypatch.setattr(_shapes, "shape_problem", counted_problem)
+    header = _many_tensors(3000)
+    write_safetensors(tmp_path / "model.safetensors", {}, header)
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": dict.fromkeys(header, "model.safetensors")})
+    )
+    for source in ("model.safetensors", "model.safetensors.index.json"):
+        built.clear()
+        checked.clear()
+        shapes = sr.load_shapes(tmp_path / source)
+        assert list(shapes) == list(header)
+        for name, entry in header.items():
+            assert shapes[name].shape == tuple(entry["shape"])
+            assert shapes[name].dtype == {"BF16": jax.numpy.bfloat16, "F32": np.float32}[entry["dtype"]]
+        assert len(built) == 3 and len(checked) == 3, source
+        assert len({id(s) for s in shapes.values()}) == 3
+
+
+@pytest.mark.parametrize(
+    ("twin", "says"),
+    [
+        ([2048, True], "a shape is a list of whole numbers"),
+        ([2048.0, 1], "a shape is a list of whole numbers"),
+        ([2048, 1e0], "a shape is a list of whole numbers"),
+        ([2048, -1], "is negative"),
+    ],
+)
+def test_a_bad_shape_equal_to_a_good_one_read_before_is_refused(
+    tmp_path: Path, twin: list, says: str
+) -> None:
+    """`[2048, true]` and `[2048.0, 1]` equal `[2048, 1]` in Python: a header
+    holding them is checked entry by entry, so the bad twin of a shape read
+    before is refused all the same, naming it."""
+    header = {"good": {"dtype": "F32", "shape": [2048, 1], "data_offsets": [0, 0]}} | _many_tensors(30)
+    header["bad"] = {"dtype": "F32", "shape": twin, "data_offsets": [0, 0]}
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, {}, header)
+    with pytest.raises(ShapeSourceError, match="tensor 'bad'") as info:
+        sr.load_shapes(path)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"dtype": "F32"},
+        {"shape": [4]},
+        {"dtype": ["F32"], "shape": [4]},
+        {"dtype": "F32", "shape": "4"},
+        [4],
+        "x",
+    ],
+)
+def test_a_malformed_entry_after_good_ones_is_refused_naming_it(tmp_path: Path, entry: object) -> None:
+    header = _many_tensors(30) | {"bad": entry}
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path, {}, header)
+    with pytest.raises(ShapeSourceError, match="tensor 'bad'"):
+        sr.load_shapes(path)
+
+
+def test_an_index_naming_a_tensor_its_file_lacks_or_a_missing_file_is_refused(tmp_path: Path) -> None:
+    header = _many_tensors(30)
+    write_safetensors(tmp_path / "a.safetensors", {}, header)
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(
+        json.dumps({"weight_map": dict.fromkeys(header, "a.safetensors") | {"extra": "a.safetensors"}})
+    )
+    with pytest.raises(
+        ShapeSourceError, match=re.escape("puts 'extra' in a.safetensors, but that file has no such tensor")
+    ):
+        sr.load_shapes(index)
+    index.write_text(
+        json.dumps({"weight_map": dict.fromkeys(header, "a.safetensors") | {"extra": "b.safetensors"}})
+    )
+    with pytest.raises(FileNotFoundError, match=re.escape("names b.safetensors, which is not in")):
+        sr.load_shapes(index)

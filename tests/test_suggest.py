@@ -1150,3 +1150,64 @@ def test_fsdp_dim_largest_gives_every_leaf_kauldrons_spec(
     for path, leaf in tree.items():
         want = kauldron_spec(leaf.shape, np.dtype(leaf.dtype).itemsize, devices, at_most, axis)
         assert _padded(specs[path], len(leaf.shape)) == want, (path, leaf.shape, specs[path], want, text)
+
+
+# ---------------------------------------------------------------- one regular expression per form of path
+
+
+_PATH_TEXT = st.lists(
+    st.sampled_from([*"0123456789./_*\\", "layers", "Block", "experts", "fc", "h", "é", "٣", "w"]),
+    max_size=14,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PATH_TEXT, min_size=1, max_size=8), st.randoms(use_true_random=False))
+def test_the_normaliser_gives_normalised_for_every_path_and_its_renumberings(
+    paths: list[str], rnd: Any
+) -> None:
+    """Paths of any text, each also with its ASCII digits changed (the same
+    form, other numbers), through one `Normaliser`: each key is `normalised`'s."""
+    from shardrules._suggest._leaves import Normaliser, normalised
+
+    renumbered = ["".join(str(rnd.randrange(10)) if c in "0123456789" else c for c in p) for p in paths]
+    normalise = Normaliser()
+    for path in paths + renumbered + paths:
+        assert normalise(path) == normalised(path), path
+
+
+def test_kinds_of_a_moe_search_paths_once_per_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """6,000 expert weights of 4 layers: `_NUMBERS` runs once per form of path
+    (layer and expert numbers of 1, 2 or 3 digits; `fc1` and `fc2` kept), not once
+    per leaf; the kinds are those `normalised` gives leaf by leaf."""
+    from shardrules._suggest import _leaves
+
+    runs: list[str] = []
+
+    class Counted:
+        def finditer(self, text: str):
+            runs.append(text)
+            return real.finditer(text)
+
+        def sub(self, repl, text: str):
+            runs.append(text)
+            return real.sub(repl, text)
+
+    tree = {
+        f"model.layers.{layer}.mlp.experts.{e}.{name}.weight": S(8, 16)
+        for layer in (1, 2, 30, 31)
+        for e in range(500)
+        for name in ("fc1", "fc2", "up_proj")
+    }
+    want: dict[str, int] = {}
+    for path in tree:
+        want[_leaves.normalised(path)] = want.get(_leaves.normalised(path), 0) + 1
+    real = _leaves._NUMBERS
+    monkeypatch.setattr(_leaves, "_NUMBERS", Counted())
+    kinds = _leaves.kinds_of(tree)
+    assert {k.key: k.count for k in kinds} == want
+    assert {k.key for k in kinds} == {
+        f"model.layers.*.mlp.experts.*.{n}.weight" for n in ("fc1", "fc2", "up_proj")
+    }
+    # layer numbers of 1 or 2 digits, expert numbers of 1, 2 or 3; `fc1` and `fc2` one form, `up_proj` another
+    assert len(runs) == 2 * 3 * 2

@@ -5,15 +5,17 @@ one must not hang or exhaust memory whatever it holds:
 
 - JSON nested deeper than Python's recursion limit is a `SourceError`, not a
   `RecursionError`; so is a number too long to convert (`ValueError`).
-- YAML is read in two passes. The first walks the parser's events (no data is
-  built) and refuses, before anything is constructed, a document nested more
-  than `MAX_DEPTH` deep, an alias inside the node it names (a recursive
-  structure), or one whose nodes, each alias counted as the nodes it stands
-  for, are more than `MAX_NODES`: a 482-byte "billion laughs" document (nine
-  levels of nine aliases) stands for 387 million nodes. Only a document
-  within the bounds is then loaded (PyYAML's safe loader: no Python objects,
+- YAML is read with its parser's events watched (`_Bounds`), and a document
+  is refused at the event that takes it over a bound, before anything is
+  constructed: nested more than `MAX_DEPTH` deep, an alias inside the node it
+  names (a recursive structure), or more than `MAX_NODES` nodes, each alias
+  counted as the nodes it stands for: a 482-byte "billion laughs" document
+  (nine levels of nine aliases) stands for 387 million nodes. Only a document
+  within the bounds is constructed (PyYAML's safe loader: no Python objects,
   no tags beyond YAML's own), so whatever walks the data afterwards
   (converters, messages) sees at most `MAX_NODES` nodes, aliases expanded.
+  With libyaml the C parser's events are checked before the C loader reads
+  the text; without it, PyYAML's loader is checked as it composes (one parse).
 """
 
 from __future__ import annotations
@@ -63,13 +65,29 @@ def parse_yaml(text: str, where: str) -> Any:
     its nesting and its size with aliases expanded are known to be within
     `MAX_DEPTH` and `MAX_NODES`.
 
+    With libyaml (`yaml.CSafeLoader`), the C parser's events are checked
+    first and the C loader reads the text only if they are within the bounds
+    (its composer cannot be watched). Without it, PyYAML's own loader is
+    watched as it composes: each event is checked as the composer takes it,
+    so the text is parsed once, and a document over the bounds is refused at
+    the event that crosses them, its nodes composed (each alias one node) but
+    nothing constructed.
+
     **Raises:** `ImportError` naming the extra to install when PyYAML is
     missing; `SourceError` for text that is not YAML or is over the bounds."""
     yaml = yaml_module()
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when PyYAML has it
+    c_loader = getattr(yaml, "CSafeLoader", None)  # libyaml's parser when PyYAML has it
     try:
-        _check_events(yaml, yaml.parse(text, Loader=loader), where)
-        return yaml.load(text, Loader=loader)
+        if c_loader is not None:
+            bounds = _Bounds(yaml, where)
+            for event in yaml.parse(text, Loader=c_loader):
+                bounds.see(event)
+            return yaml.load(text, Loader=c_loader)
+        loader = _watched(yaml)(text, where)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except SourceError:
         raise
     except yaml.YAMLError as err:
@@ -80,31 +98,53 @@ def parse_yaml(text: str, where: str) -> Any:
         raise SourceError(f"{where}: not YAML this reads: {err}") from None
 
 
-def _check_events(yaml: Any, events: Any, where: str) -> None:
-    """Walk a YAML event stream and refuse (`SourceError`) what is over the
-    bounds, before any node is built: each event is looked at once, and an
-    alias adds the size its anchor was found to have."""
-    sizes: dict[str, int] = {}  # anchor -> nodes it stands for (closed nodes only)
-    opened: list[tuple[str | None, int]] = []  # open collections: (anchor, nodes before it)
-    nodes = 0
-    for event in events:
+def _watched(yaml: Any) -> Any:
+    """PyYAML's `SafeLoader`, each event it composes seen by `_Bounds` first."""
+
+    class Watched(yaml.SafeLoader):
+        def __init__(self, text: str, where: str) -> None:
+            super().__init__(text)
+            self.bounds = _Bounds(yaml, where)
+
+        def get_event(self) -> Any:  # the composer takes every event through here, once
+            event = super().get_event()
+            self.bounds.see(event)
+            return event
+
+    return Watched
+
+
+class _Bounds:
+    """A YAML event stream, looked at event by event: `see` refuses
+    (`SourceError`) the event that takes the document over the bounds, before
+    any node is built from it; an alias adds the size its anchor was found to
+    have."""
+
+    def __init__(self, yaml: Any, where: str) -> None:
+        self.yaml, self.where = yaml, where
+        self.sizes: dict[str, int] = {}  # anchor -> nodes it stands for (closed nodes only)
+        self.opened: list[tuple[str | None, int]] = []  # open collections: (anchor, nodes before it)
+        self.nodes = 0
+
+    def see(self, event: Any) -> None:
+        yaml, where, opened = self.yaml, self.where, self.opened
         if isinstance(event, yaml.AliasEvent):
-            size = sizes.get(event.anchor)
+            size = self.sizes.get(event.anchor)
             if size is None:
                 if any(anchor == event.anchor for anchor, _ in opened):
                     raise SourceError(
                         f"{where}:{_line(event)}: the alias *{shown(event.anchor)} is inside the node it names "
                         "(a structure that contains itself); write the data out"
                     )
-                continue  # undefined: the loader says so
-            nodes += size
+                return  # undefined: the loader says so
+            self.nodes += size
         elif isinstance(event, yaml.ScalarEvent):
-            nodes += 1
+            self.nodes += 1
             if event.anchor is not None:
-                sizes[event.anchor] = 1
+                self.sizes[event.anchor] = 1
         elif isinstance(event, yaml.CollectionStartEvent):
-            nodes += 1
-            opened.append((event.anchor, nodes - 1))
+            self.nodes += 1
+            opened.append((event.anchor, self.nodes - 1))
             if len(opened) > MAX_DEPTH:
                 raise SourceError(
                     f"{where}:{_line(event)}: nested more than {MAX_DEPTH} deep; configs nest a few levels"
@@ -112,10 +152,10 @@ def _check_events(yaml: Any, events: Any, where: str) -> None:
         elif isinstance(event, yaml.CollectionEndEvent):
             anchor, before = opened.pop()
             if anchor is not None:
-                sizes[anchor] = nodes - before
+                self.sizes[anchor] = self.nodes - before
         elif isinstance(event, yaml.DocumentEndEvent):
-            sizes.clear()  # anchors belong to their document
-        if nodes > MAX_NODES:
+            self.sizes.clear()  # anchors belong to their document
+        if self.nodes > MAX_NODES:
             raise SourceError(
                 f"{where}:{_line(event)}: holds more than {MAX_NODES:,} values (each alias counted as the "
                 "values it stands for); a config holds a few thousand: check that this is the file you meant"

@@ -105,8 +105,8 @@ def load_shapes(source: str | os.PathLike[str]) -> Any:
       `[shape, dtype]`.
 
     **Returns:** a pytree of `jax.ShapeDtypeStruct`; for files, a flat dict keyed
-    by tensor name (from a `.json` file, entries of one shape and dtype share
-    one `ShapeDtypeStruct`, which cannot be changed).
+    by tensor name, whose entries of one shape and dtype share one
+    `ShapeDtypeStruct` (which cannot be changed).
 
     **Raises:** `ValueError` for a malformed source or one of an unknown kind,
     `FileNotFoundError` for a missing file, each saying what was expected.
@@ -171,12 +171,15 @@ def _regular(path: Path) -> None:
 
 def safetensors_shapes(path: str | os.PathLike[str]) -> dict[str, jax.ShapeDtypeStruct]:
     """Tensor name → shape and dtype, from a `.safetensors` file's header alone."""
-    return read_header(Path(path))[0]
+    with paused():  # the raw header is freed before the collector is back, which would walk it
+        return read_header(Path(path))[0]
 
 
 def read_header(path: Path) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, Any], int]:
     """A `.safetensors` file's shapes, its raw header entries (with
-    `data_offsets`), and where its data region starts; reads the header only."""
+    `data_offsets`), and where its data region starts; reads the header only.
+    Tensors of one shape and dtype share one `ShapeDtypeStruct`, checked once
+    (70,000 experts' tensors have a dozen), as in `_json_shapes`."""
     _regular(path)
     with _open(path) as f:
         head = f.read(8)
@@ -190,23 +193,39 @@ def read_header(path: Path) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, 
         raw = f.read(size)
     if len(raw) < size:
         raise ShapeSourceError(f"{path}: the header is cut short ({len(raw)} of {size} bytes)")
-    header = _read_json(path, raw, "the header")
-    if not isinstance(header, dict):
-        raise ShapeSourceError(f"{path}: the header is not a JSON object")
-    out: dict[str, jax.ShapeDtypeStruct] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        name_of = info.get("dtype") if isinstance(info, dict) else None
-        dtype = _SAFETENSORS_DTYPES.get(name_of) if isinstance(name_of, str) else None
-        if dtype is None or "shape" not in info:
-            raise ShapeSourceError(f"{path}: tensor {name!r} has no valid dtype and shape: {shown(info)}")
-        problem = shape_problem(info["shape"], jnp.dtype(dtype).itemsize)
-        if problem:
-            raise ShapeSourceError(f"{path}: tensor {name!r}: {problem}")
-        out[name] = jax.ShapeDtypeStruct(tuple(info["shape"]), jnp.dtype(dtype))
-    header.pop("__metadata__", None)
+    fractions: list[str] = []  # numbers with a fraction or an exponent, as they are read
+    with paused():  # 70,000 small dicts and lists, none in a cycle: the collector would walk them all
+        header = _read_json(
+            path, raw, "the header", parse_float=lambda text: fractions.append(text) or float(text)
+        )
+        if not isinstance(header, dict):
+            raise ShapeSourceError(f"{path}: the header is not a JSON object")
+        header.pop("__metadata__", None)
+        made: dict[Any, jax.ShapeDtypeStruct] = {}
+        seen = {} if fractions or b"true" in raw or b"false" in raw else made  # {}: check every entry
+        out: dict[str, jax.ShapeDtypeStruct] = {}
+        for name, info in header.items():
+            try:  # only ever a shape and dtype checked before
+                out[name] = seen[tuple(info["shape"]), info["dtype"]]
+            except (TypeError, KeyError):
+                out[name] = _tensor(path, name, info, made)
     return out, header, 8 + size
+
+
+def _tensor(path: Path, name: str, info: Any, made: dict[Any, jax.ShapeDtypeStruct]) -> jax.ShapeDtypeStruct:
+    """One tensor of a header, checked; its `ShapeDtypeStruct` is made once, kept in `made`."""
+    name_of = info.get("dtype") if isinstance(info, dict) else None
+    dtype = _SAFETENSORS_DTYPES.get(name_of) if isinstance(name_of, str) else None
+    if dtype is None or "shape" not in info:
+        raise ShapeSourceError(f"{path}: tensor {name!r} has no valid dtype and shape: {shown(info)}")
+    problem = shape_problem(info["shape"], jnp.dtype(dtype).itemsize)
+    if problem:
+        raise ShapeSourceError(f"{path}: tensor {name!r}: {problem}")
+    key = (tuple(info["shape"]), name_of)
+    found = made.get(key)
+    if found is None:
+        found = made[key] = jax.ShapeDtypeStruct(key[0], jnp.dtype(dtype))
+    return found
 
 
 def index_files(path: Path) -> dict[str, tuple[str, Path]]:
@@ -236,13 +255,14 @@ def index_files(path: Path) -> dict[str, tuple[str, Path]]:
         )
     folders = {path.parent.resolve(), path.resolve().parent}
     out: dict[str, tuple[str, Path]] = {}
-    checked: dict[str, Path] = {}
+    checked: dict[str, tuple[str, Path]] = {}  # one pair per file, shared by its tensors
     for name, file in weight_map.items():
-        if not isinstance(file, str) or not file:
+        pair = checked.get(file) if type(file) is str else None
+        if pair is None and (not isinstance(file, str) or not file):
             raise ShapeSourceError(f"{path}: tensor {name!r} is in {shown(file)}, which is not a file name")
-        if file not in checked:
-            checked[file] = _inside(path, name, file, folders)
-        out[name] = (file, checked[file])
+        if pair is None:
+            pair = checked[file] = (file, _inside(path, name, file, folders))
+        out[name] = pair
     return out
 
 
@@ -267,20 +287,27 @@ def _inside(index: Path, name: str, file: str, folders: set[Path]) -> Path:
 def _index(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
     files: dict[str, list[str]] = {}
     shards: dict[str, Path] = {}
-    for name, (file, shard) in index_files(path).items():
-        files.setdefault(file, []).append(name)
-        shards[file] = shard
-    out: dict[str, jax.ShapeDtypeStruct] = {}
-    for file, names in sorted(files.items()):
-        shard = shards[file]
-        if not shard.exists():
-            raise FileNotFoundError(f"{path} names {file}, which is not in {path.parent}")
-        header = safetensors_shapes(shard)
-        for name in names:
-            if name not in header:
-                raise ShapeSourceError(f"{path} puts {name!r} in {file}, but that file has no such tensor")
-            out[name] = header[name]
-    return out
+    with paused():  # as in `read_header`
+        for name, (file, shard) in index_files(path).items():
+            names = files.get(file)
+            if names is None:
+                names = files[file] = []
+                shards[file] = shard
+            names.append(name)
+        out: dict[str, jax.ShapeDtypeStruct] = {}
+        for file, names in sorted(files.items()):
+            shard = shards[file]
+            if not shard.exists():
+                raise FileNotFoundError(f"{path} names {file}, which is not in {path.parent}")
+            header = safetensors_shapes(shard)
+            try:
+                out.update({name: header[name] for name in names})
+            except KeyError as err:
+                missing = err.args[0]
+                raise ShapeSourceError(
+                    f"{path} puts {missing!r} in {file}, but that file has no such tensor"
+                ) from None
+        return out
 
 
 def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
@@ -291,12 +318,7 @@ def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
     `[1, 4]`, `[4.0]` equals `[4]`), so in a file with any `true`, `false` or
     number with a fraction or an exponent every entry is checked."""
     _regular(path)
-    fractions: list[str] = []
-
-    def fraction(text: str) -> float:
-        fractions.append(text)
-        return float(text)
-
+    fractions: list[str] = []  # numbers with a fraction or an exponent, as they are read
     with paused():  # a million small lists, none in a cycle: the collector would walk them all
         try:
             text = path.read_text()
@@ -306,7 +328,9 @@ def _json_shapes(path: Path) -> dict[str, jax.ShapeDtypeStruct]:
             raise ShapeSourceError(f"{path}: not a JSON file: not UTF-8 text ({err})") from None
         except OSError as err:
             raise ShapeSourceError(f"{path}: cannot read it ({err})") from None
-        data = _read_json(path, text, "the shapes file", parse_float=fraction)
+        data = _read_json(
+            path, text, "the shapes file", parse_float=lambda text: fractions.append(text) or float(text)
+        )
         if not isinstance(data, dict):
             raise ShapeSourceError(
                 f'{path}: expected an object such as {{"layers/0/w": [[512, 512], "float32"]}}'

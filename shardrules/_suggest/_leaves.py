@@ -85,6 +85,49 @@ def normalised(path: str) -> str:
     return _NUMBERS.sub(lambda m: (m.group(1) or "") + INDEX, escaped)
 
 
+_DIGITS = bytes.maketrans(b"0123456789", b"0000000000")
+_DIGIT = re.compile("[0-9]")
+
+
+class Normaliser:
+    """`normalised`, with one regular-expression search per form of path.
+    Paths that differ only in the values of their ASCII digits
+    (`layers.3.experts.17.w`, `layers.58.experts.201.w`) have their numbers
+    at the same places, and which of them are indices `_NUMBERS` decides from
+    those places and the text around them alone: the first path of a form
+    finds them, every other one is cut at the same places (a form all of
+    whose numbers are indices has one key, returned as it is)."""
+
+    def __init__(self) -> None:
+        # form → its key when it holds no number, else where its indices are (digits' start, end)
+        self._forms: dict[bytes, str | list[tuple[int, int]]] = {}
+
+    def __call__(self, path: str) -> str:
+        escaped = path.replace("\\", "\\\\").replace(INDEX, "\\" + INDEX)
+        form = escaped.encode("utf-8", "surrogatepass").translate(
+            _DIGITS
+        )  # ASCII digits never inside a character
+        found = self._forms.get(form)
+        if found is None:
+            cuts = [
+                (m.start() if m.group(1) is None else m.end(1), m.end()) for m in _NUMBERS.finditer(escaped)
+            ]
+            key = _cut(escaped, cuts)
+            found = self._forms[form] = cuts if _DIGIT.search(key) else key
+            return key
+        return found if isinstance(found, str) else _cut(escaped, found)
+
+
+def _cut(escaped: str, cuts: list[tuple[int, int]]) -> str:
+    """`escaped` with the digits between each of `cuts` written `*`."""
+    pieces, at = [], 0
+    for start, end in cuts:
+        pieces += (escaped[at:start], INDEX)
+        at = end
+    pieces.append(escaped[at:])
+    return "".join(pieces)
+
+
 def parts(token: str) -> list[str | None]:
     """A token of a key as its literal text and its indices (`None`):
     `layers_*` → `["layers_", None]`, `a\\*b` → `["a*b"]`."""
@@ -148,6 +191,7 @@ def kinds_of(tree: Any) -> list[Kind]:
     sigs = signatures(leaves)
     quantized = containers(paths, sigs)
     found: dict[tuple[str, tuple[int, ...], Any], list[Any]] = {}
+    normalise = Normaliser()
     for i, (path, sig) in enumerate(zip(paths, sigs, strict=True)):
         if type(sig) is not tuple:
             continue
@@ -159,7 +203,7 @@ def kinds_of(tree: Any) -> list[Kind]:
         shape, dtype = sig
         if not isinstance(dtype, np.dtype) or math.prod(shape) <= 1:
             continue  # a PRNG key (key dtype), a scalar or a size-1 array
-        key = (normalised(path), shape, dtype)
+        key = (normalise(path), shape, dtype)
         entry = found.get(key)
         if entry is None:
             found[key] = [1, path]
