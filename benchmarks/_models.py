@@ -206,11 +206,16 @@ def _moe_block(nnx: Any, attention: Any, moe: Any) -> Any:
 
 
 def _nnx_sgd(nnx: Any, model: Any) -> tuple[Any, Callable[[Any, dict], tuple[Any, Any]]]:
-    """The model's state (on the host) and an SGD step on it: `(state, batch)
-    -> (new state, loss)`, the loss the cross-entropy of next tokens."""
+    """The model's state (on the host; `jax.ShapeDtypeStruct`s for a model
+    made by `nnx.eval_shape`) and an SGD step on it: `(state, batch) -> (new
+    state, loss)`, the loss the cross-entropy of next tokens."""
     import jax
 
     graphdef, state = nnx.split(model)
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state)):
+        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    else:
+        state = jax.device_get(state)
 
     def step(state: Any, batch: dict) -> tuple[Any, Any]:
         model = nnx.merge(graphdef, state)
@@ -221,7 +226,7 @@ def _nnx_sgd(nnx: Any, model: Any) -> tuple[Any, Callable[[Any, dict], tuple[Any
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         return jax.tree.map(lambda p, g: p - LEARNING_RATE * g, state, grads), loss
 
-    return jax.device_get(state), step
+    return state, step
 
 
 def _swiglu_decoder(nnx: Any, attention: Any, *, d: int, ffn: int, vocab: int, layers: int, init: Any) -> Any:
@@ -266,9 +271,10 @@ def _swiglu_decoder(nnx: Any, attention: Any, *, d: int, ffn: int, vocab: int, l
     return Decoder
 
 
-def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
+def nnx_moe(data_parallel: bool = False, layers: int = 2, abstract: bool = False) -> Model:
     """A decoder of `layers` blocks, each GQA (4 query heads sharing 2 key/value
-    heads) and an 8-expert top-2 MoE, on a `data=4, model=2` mesh."""
+    heads) and an 8-expert top-2 MoE, on a `data=4, model=2` mesh
+    (`abstract`: its parameters are `jax.ShapeDtypeStruct`s, nothing initialised)."""
     nnx = _require("flax.nnx", "flax")
     import jax
     import jax.numpy as jnp
@@ -316,7 +322,8 @@ def nnx_moe(data_parallel: bool = False, layers: int = 2) -> Model:
                 x = block(x)
             return self.embed.attend(self.norm(x))
 
-    params, step = _nnx_sgd(nnx, Decoder(nnx.Rngs(0)))
+    made = nnx.eval_shape(lambda: Decoder(nnx.Rngs(0))) if abstract else Decoder(nnx.Rngs(0))
+    params, step = _nnx_sgd(nnx, made)
 
     seq = tokens(2)
     batch = {"tokens": seq[:, :-1], "targets": seq[:, 1:]}

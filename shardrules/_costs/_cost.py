@@ -304,8 +304,9 @@ def cost_of(
     found = owned(hlo, calls, owners) if owners is not None else []
     by_rule, by_array = by_owner(found, products(hlo, owners)) if owners is not None else ((), ())
     ideal_flops = None
+    ideal_hlo = "" if ideal is None else ideal.as_text() or ""
     if ideal is not None:
-        ideal_flops = _number(ideal.cost_analysis(), "flops") + loop_extra(ideal.as_text() or "")[0]
+        ideal_flops = _number(ideal.cost_analysis(), "flops") + loop_extra(ideal_hlo)[0]
     cost = compiled.cost_analysis()
     memory = compiled.memory_analysis()
 
@@ -333,6 +334,6 @@ def cost_of(
         findings=()
         if owners is None
         else waste(program(hlo), found, owners, arguments + outputs + temps - aliased),
-        repeated=() if ideal is None else tuple(repeated(hlo, ideal.as_text() or "", devices)),
+        repeated=() if ideal is None else tuple(repeated(hlo, ideal_hlo, devices)),
         calls=calls,
     )

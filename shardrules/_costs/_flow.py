@@ -105,6 +105,15 @@ def computes(p: Program, i: Instruction) -> bool:
         return "AsyncCollective" not in i.args
     if i.op != "fusion":
         return i.op in COMPUTES
+    key = ("computes", i.computation, i.name)
+    known = p.facts.get(key)
+    if known is None:
+        known = p.facts[key] = _fusion_computes(p, i)
+    return known
+
+
+def _fusion_computes(p: Program, i: Instruction) -> bool:
+    """`computes` for a fusion."""
     inner = _fused(p, i)
     moving = any(j.op == "custom-call" and "AsyncCollective" in j.args for j in inner)
     return any(j.op in COMPUTES and j.op not in ("constant", "iota", "custom-call") for j in inner) or (

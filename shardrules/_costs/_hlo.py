@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import math
 import re
+from typing import Any
 
 from ._groups import nested_groups, parse_groups
 from ._opnames import scope_of
@@ -84,6 +85,8 @@ class Program:
     callers: dict[str, tuple[tuple[Instruction, int], ...]]
     entry: str = ""
     _memo: dict[tuple[str, bool], int] = dataclasses.field(default_factory=dict, repr=False)
+    # what the readers of a program work out once per instruction (`_flow.computes`)
+    facts: dict[tuple[str, ...], Any] = dataclasses.field(default_factory=dict, repr=False)
 
     @functools.cached_property
     def computations(self) -> dict[str, list[Instruction]]:

@@ -4,6 +4,7 @@ the segments its loops and calls add dropped, a fused operation's several."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 from .._tracing._outputs import is_subscripts
@@ -11,6 +12,8 @@ from .._tracing._outputs import is_subscripts
 
 def _split(text: str, sep: str) -> list[str]:
     """`text` split at `sep` outside parentheses."""
+    if "(" not in text:
+        return text.split(sep)
     out, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         depth += (ch == "(") - (ch == ")")
@@ -79,6 +82,12 @@ def scope_of(op_name: str) -> list[str]:
     """The named scopes an HLO `op_name` names (several for a fused one,
     `(a/op:b/op)`), `SCOPE (backward)` under a `transpose`; `""` outside
     every scope."""
+    return list(_scopes(op_name))
+
+
+@functools.lru_cache(maxsize=65536)
+def _scopes(op_name: str) -> tuple[str, ...]:
+    """`scope_of`, read once per `op_name` (a program repeats each many times)."""
     parts = _split(op_name, "/")
     while (
         parts
@@ -94,4 +103,4 @@ def scope_of(op_name: str) -> list[str]:
         names, backward = _segments("/".join(pieces[:-1]))  # the last is the primitive
         scope = "/".join(_own(names))
         out.append(f"{scope} (backward)" if backward and scope else scope)
-    return out
+    return tuple(out)

@@ -51,19 +51,22 @@ def _first_line(err: BaseException) -> str:
 
 @dataclasses.dataclass
 class _Compiled:
-    """A step compiled on a mesh: the program, its text before XLA's
-    optimisations (the dtypes the model's own code asks for), the one-device
-    program (`None`: not asked for, or not compiled: `notes` say why), the
-    arrays' owners, the lowered program, and whether the one-device program
-    was tried."""
+    """A step compiled on a mesh: the program, the lowered program (its text
+    before XLA's optimisations has the dtypes the model's own code asks for),
+    the one-device program (`None`: not asked for, or not compiled: `notes`
+    say why), the arrays' owners, and whether the one-device program was tried."""
 
     compiled: Any
-    before: str
+    lowered: Any
     one_device: Any = None
     notes: tuple[str, ...] = ()
     owners: Owners | None = None
-    lowered: Any = None
     ideal_tried: bool = False
+
+    @property
+    def before(self) -> str:
+        """The program's text before XLA's optimisations (read where a GPU target needs it)."""
+        return self.lowered.as_text(dialect="hlo")
 
 
 def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: bool) -> _Compiled:
@@ -78,7 +81,7 @@ def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: 
         if out is None:
             on_mesh = step if own else step._like(mesh)
             lowered = on_mesh.lower(*shapes)
-            out = _Compiled(_compile(lowered, tpu), lowered.as_text(dialect="hlo"), lowered=lowered)
+            out = _Compiled(_compile(lowered, tpu), lowered)
             out.owners = owners_of(on_mesh, shapes, mesh, on_mesh._traced(shapes))
             step._programs[key] = out
         if ideal and not out.ideal_tried:
