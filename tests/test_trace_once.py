@@ -214,3 +214,17 @@ def test_cost_traces_once_per_mesh_and_compiles_once_per_signature(steps, compil
     bigger = jax.tree.map(lambda s: jax.ShapeDtypeStruct((64, *s.shape[1:]), s.dtype), batch)
     step.cost(params, bigger)
     assert (module.CALLS, compiles.count) == (4, 4)
+
+
+def test_a_first_call_without_activation_rules_on_auto_axes_traces_once(steps) -> None:
+    """With nothing to evaluate (Auto axes, no activation rules) the step is
+    `jax.jit` of the function itself, and the shapes `out_groups` are planned
+    for come from the trace that `jax.jit` then finds in JAX's own cache."""
+    _, module = steps
+    text = RULES.replace('rules activations:\n  "up$" -> (data, model)\n\n', "")
+    assert "activations" not in text
+    step, shapes = module.with_out_groups(sr.loads(text, name="tp.shard"), _mesh(AxisType.Auto))
+    arrays = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), shapes)
+    params, _ = step(*arrays)
+    assert module.CALLS == 1
+    assert params["down"].sharding.spec == jax.sharding.PartitionSpec("model", None)

@@ -37,7 +37,7 @@ from .._planning._compile import compile_plan
 from .._pspec import entries
 from .._quiet import warn
 from ._compat import DuplicateSpecError, ShardingTypeError, mesh_context, trace_replicated
-from ._explicit import closed_over_error, untyped
+from ._explicit import closed_over_error, is_explicit, untyped
 from ._groups import for_groups, param_names
 
 
@@ -246,7 +246,8 @@ def out_shardings(
 ) -> Any:
     """The shardings `groups` (`out_groups`; `None`: none) give the output of
     `fn(*args)`, whose shapes are `out_shape` (the step's trace gives them)
-    or, by default, `jax.eval_shape`'s (its arguments replicated); a group
+    or, by default, `jax.eval_shape`'s (on Explicit axes, its arguments
+    replicated; on Auto axes, the trace `jax.jit` reuses); a group
     whose rules do not match an output's leaves is SR105 naming that output."""
     if groups is None:
         return None
@@ -254,7 +255,10 @@ def out_shardings(
     def plan(tree: Any, group: str) -> Any:
         return placement_shardings(tree, rules, mesh, group=group)
 
-    if out_shape is None:
+    if out_shape is None and not is_explicit(mesh):
+        # traced as `jax.jit` traces the step on Auto axes, which finds this trace in JAX's cache
+        out_shape = jax.eval_shape(fn, *args)
+    elif out_shape is None:
         with mesh_context(mesh):  # shapes only, values replicated
             try:
                 # a function of its own: JAX caches traces by function, and this one records
