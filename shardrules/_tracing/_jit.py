@@ -342,7 +342,8 @@ class RuleJit:
         With `target`, for the chips it names: a TPU topology (`"v5p:8x8x4"`,
         by the TPU compiler with no TPU: `pip install "shardrules[tpu]"`) or
         a GPU (`"h100"`); the cost says whether it `fits` and estimates its
-        time (`time_estimate_s`). **Raises:** `TargetError` (SR126).
+        time (`time_estimate_s`). Compiled once per argument shapes, mesh and
+        target: a second call compiles nothing. **Raises:** `TargetError` (SR126).
 
         ```python
         cost = step.cost(params, batch, target="v5e:2x4")
