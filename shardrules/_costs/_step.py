@@ -62,6 +62,8 @@ class _Compiled:
     notes: tuple[str, ...] = ()
     owners: Owners | None = None
     ideal_tried: bool = False
+    # the `StepCost`s read off these programs, by (ideal, target): a cost asked again is not read again
+    costs: dict[tuple[bool, str | None], StepCost] = dataclasses.field(default_factory=dict)
 
     @property
     def before(self) -> str:
@@ -87,13 +89,28 @@ def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: 
         if ideal and not out.ideal_tried:
             one = _cpu_device_mesh(mesh) if tpu else one_device_mesh(mesh)
             try:
-                out.one_device = on_one_device(step._like(one).lower, shapes, one).compile()
+                out.one_device = _one_device(step, shapes, one)
             except Exception as err:  # the ideal is a reference: the step's own figures stand without it
                 out.one_device, out.notes = _before_partitioning(out.lowered, err)
             out.ideal_tried = True
     if not ideal:
         return dataclasses.replace(out, one_device=None, notes=())
     return out
+
+
+def _one_device(step: Any, shapes: tuple[Any, ...], one: Any) -> Any:
+    """`step` (a `RuleJit`) compiled for the one device of `one`: `jax.jit`
+    of its function, with `one` as JAX's mesh. On one device no layout
+    changes the arithmetic, so the rules need not be evaluated (a trace
+    fewer than `sr.jit` on that mesh); where plain `jax.jit` refuses the
+    step there (a `with_sharding_constraint` on an axis the values do not
+    carry, say), it is the step as `sr.jit` makes it on that mesh."""
+    import jax
+
+    try:
+        return on_one_device(lambda *a: jax.jit(step.fn).lower(*a), shapes, one).compile()
+    except Exception:
+        return on_one_device(step._like(one).lower, shapes, one).compile()
 
 
 def _before_partitioning(lowered: Any, err: Exception) -> tuple[Any, tuple[str, ...]]:
@@ -151,15 +168,25 @@ def step_cost(
     if target is None:
         entry = step._entry(args, stacklevel=4)
         made = _compiled(step, entry.mesh, args, ideal, own=True)
-        cost = cost_of(made.compiled, int(entry.mesh.devices.size), made.one_device, owners=made.owners)
-        return dataclasses.replace(cost, notes=made.notes)
+        if (ideal, None) not in made.costs:
+            cost = cost_of(made.compiled, int(entry.mesh.devices.size), made.one_device, owners=made.owners)
+            made.costs[ideal, None] = dataclasses.replace(cost, notes=made.notes)
+        return made.costs[ideal, None]
     chosen = target if isinstance(target, Target) else parse_target(target)
     mesh, own = _target_mesh(step, args, chosen)
     made = _compiled(step, mesh, args, ideal, own=own)
-    cost = cost_of(
-        made.compiled, int(mesh.devices.size), made.one_device, compiler=chosen.compiler, owners=made.owners
-    )
-    return on_target(dataclasses.replace(cost, notes=made.notes), chosen, mesh, made)
+    if (ideal, chosen.name) not in made.costs:
+        cost = cost_of(
+            made.compiled,
+            int(mesh.devices.size),
+            made.one_device,
+            compiler=chosen.compiler,
+            owners=made.owners,
+        )
+        made.costs[ideal, chosen.name] = on_target(
+            dataclasses.replace(cost, notes=made.notes), chosen, mesh, made
+        )
+    return made.costs[ideal, chosen.name]
 
 
 def on_target(cost: StepCost, target: Target, mesh: Any, made: _Compiled) -> StepCost:
