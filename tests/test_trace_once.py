@@ -228,6 +228,13 @@ def test_a_first_call_without_activation_rules_on_auto_axes_traces_once(steps) -
     params, _ = step(*arrays)
     assert module.CALLS == 1
     assert params["down"].sharding.spec == jax.sharding.PartitionSpec("model", None)
+    # and its cost: the mesh's trace is the one JAX already has (the same function and
+    # shapes), and the owners of its arrays need no other; one trace for one device
+    costed, _ = module.with_out_groups(sr.loads(text, name="tp.shard"), _mesh(AxisType.Auto))
+    cost = costed.cost(*shapes)
+    assert module.CALLS == 2
+    named = {a.array for a in cost.by_array}
+    assert "params/down" in named and "output 1" in named, named  # attributed all the same
 
 
 def test_the_ideal_of_a_step_plain_jax_jit_refuses_on_one_device(compiles) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .._quiet import quiet
 from .._tracing._compare import on_one_device, one_device_mesh, shapes_only
+from .._tracing._constrain import Traced
 from ._attribute import Owners
 from ._cost import StepCost, cost_of
 from ._estimate import estimate
@@ -84,7 +85,7 @@ def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: 
             on_mesh = step if own else step._like(mesh)
             lowered = on_mesh.lower(*shapes)
             out = _Compiled(_compile(lowered, tpu), lowered)
-            out.owners = owners_of(on_mesh, shapes, mesh, on_mesh._traced(shapes))
+            out.owners = owners_of(on_mesh, shapes, mesh, _traced(on_mesh, shapes, mesh, lowered))
             step._programs[key] = out
         if ideal and not out.ideal_tried:
             one = _cpu_device_mesh(mesh) if tpu else one_device_mesh(mesh)
@@ -96,6 +97,16 @@ def _compiled(step: Any, mesh: Any, args: tuple[Any, ...], ideal: bool, *, own: 
     if not ideal:
         return dataclasses.replace(out, one_device=None, notes=())
     return out
+
+
+def _traced(step: Any, shapes: tuple[Any, ...], mesh: Any, lowered: Any) -> Traced:
+    """What the owners of `step`'s arrays need of its trace: the one its
+    lowering recorded; where the step is its function itself (Auto axes, no
+    activation rules: no scope has a rule, no layout is decided), only the
+    output's shapes, which the lowered program has."""
+    if step._constrains(mesh):
+        return step._traced(shapes)
+    return Traced(out_shape=lowered.out_info)
 
 
 def _one_device(step: Any, shapes: tuple[Any, ...], one: Any) -> Any:
