@@ -256,3 +256,25 @@ def test_the_ideal_of_a_step_plain_jax_jit_refuses_on_one_device(compiles) -> No
     assert cost.notes == () and cost.ideal_flops_per_device is not None
     assert cost.ratio == pytest.approx(1.0, abs=0.05)
     assert compiles.count == 2
+
+
+def test_the_ideal_is_compiled_for_its_figures_only(steps, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-device program is compiled once, without LLVM's optimisations
+    (it never runs), and its FLOPs are those of the same program compiled
+    with XLA's defaults."""
+    from shardrules._costs import _cost, _step
+
+    _, module = steps
+    seen: list[Any] = []
+    real = _step._for_its_figures
+
+    def spy(lowered: Any) -> Any:
+        seen.append(lowered)
+        return real(lowered)
+
+    monkeypatch.setattr(_step, "_for_its_figures", spy)
+    step, args = module.with_out_groups(sr.loads(RULES, name="tp.shard"), _mesh(AxisType.Explicit))
+    cost = step.cost(*args)
+    assert len(seen) == 1
+    by_default = _cost._number(seen[0].compile().cost_analysis(), "flops")
+    assert cost.ideal_flops_per_device == pytest.approx(by_default / 8)
