@@ -5,7 +5,7 @@ suite in one process. Not a test module: pytest does not collect it.
     python -m pytest -n 0 -p no:cacheprovider --durations=0 -vv > durations.txt
     python tests/_slow_tests.py durations.txt [SECONDS [WHERE]]
 
-A test is slow when its setup, call and teardown together took SECONDS (0.3 by
+A test is slow when its setup, call and teardown together took SECONDS (0.2 by
 default) or more; in a test file whose every test is that slow, the fastest one
 stays in the quick subset, so that every test file keeps a test there
 (tests/test_quick_subset.py checks it); so do the tests in KEEP, each the quickest
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
     if not 1 <= len(argv) <= 3:
         print(__doc__, file=sys.stderr)
         return 2
-    threshold = float(argv[1]) if len(argv) >= 2 else 0.3
+    threshold = float(argv[1]) if len(argv) >= 2 else 0.2
     seconds = durations(Path(argv[0]).read_text(encoding="utf-8"))
     if not seconds:
         print(f"no test durations in {argv[0]}: run pytest with --durations=0 -vv", file=sys.stderr)
