@@ -6,7 +6,8 @@ Not a test module: pytest does not collect it (its name does not start with `tes
 
 `Pool` writes the runs to FOLDER/jobs.json and starts the workers; each worker
 starts JAX once on 8 simulated CPU devices (what every example sets up for
-itself), then takes the next run nobody has claimed (FOLDER/N.claim, made with
+itself; XLA's CPU code built with LLVM's cheap passes, as in the test session),
+then takes the next run nobody has claimed (FOLDER/N.claim, made with
 O_EXCL) until none is left, and writes its result to FOLDER/N.json. A run is
 the script as `python script.py FLAGS` would run it: `runpy.run_path` as
 `__main__`, `sys.argv` = [script, *FLAGS], the script's folder first on
@@ -46,6 +47,9 @@ from typing import Any
 
 DEVICES = 8
 DEVICE_FLAG = f"--xla_force_host_platform_device_count={DEVICES}"
+# XLA's CPU code built with LLVM's cheap passes only, as in the test session (tests/conftest.py):
+# the runs' results are the same, compiling them is quicker
+CHEAP_CODE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 TIMEOUT = 120  # seconds for one run, as for one subprocess before
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -181,7 +185,7 @@ def _captured(folder: Path, index: int, run: Any) -> dict[str, Any]:
 def worker(folder: Path, number: int) -> int:
     jobs = json.loads((folder / "jobs.json").read_text())
     env = clean_env()
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DEVICE_FLAG}".strip()
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DEVICE_FLAG} {CHEAP_CODE}".strip()
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 

@@ -20,8 +20,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # two processes
-
 WORKER = Path(__file__).with_name("transfer_worker.py")
 TIMEOUT = 120
 
