@@ -162,7 +162,9 @@ def test_a_closed_over_layout_is_still_named_with_out_groups() -> None:
 
 
 class _Compiles:
-    """Counts XLA compilations (JAX's `backend_compile_duration` events)."""
+    """Counts the programs JAX asks XLA for: its `backend_compile_duration`
+    event, recorded for each program compiled or loaded from the compilation
+    cache the test run keeps."""
 
     def __init__(self) -> None:
         self.count = 0
