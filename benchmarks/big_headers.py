@@ -33,9 +33,7 @@ import json
 import math
 import os
 import platform
-import resource
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import _expert_layouts as E  # noqa: E402
+from _timing import best_of, cpu_of  # noqa: E402
 
 import shardrules as sr  # noqa: E402
 
@@ -102,29 +101,6 @@ def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
-
-
-def cpu_of(argv: list[str], cwd: Path) -> float:
-    """User + system CPU seconds of `argv` run as a fresh process (start-up included)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(
-        argv, cwd=cwd, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True
-    )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(
-            f"{argv[3:]} exited with {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
-def best_of(variants: dict[str, Callable[[], float]], repeat: int) -> dict[str, float]:
-    """Each variant's best; the variants take turns, round after round."""
-    best: dict[str, float] = {}
-    for _ in range(repeat):
-        for name, fn in variants.items():
-            best[name] = min(best.get(name, float("inf")), fn())
-    return best
 
 
 def main() -> int:

@@ -40,8 +40,6 @@ import gc
 import json
 import os
 import platform
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +51,9 @@ import yaml
 import shardrules as sr
 from shardrules._convert._common import SourceError
 from shardrules._convert._documents import parse_yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import best_of, cpu_of
 
 BOMB = "\n".join(
     ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
@@ -110,24 +111,6 @@ def refused(text: str) -> None:
     except SourceError:
         return
     raise AssertionError("the bomb was read")
-
-
-def cpu_of(argv: list[str], cwd: Path) -> float:
-    """User + system CPU seconds of `argv` as a fresh process (start-up included)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(
-        argv, cwd=cwd, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, check=False
-    )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
-def best_of(variants: dict[str, Callable[[], float]], repeat: int) -> dict[str, float]:
-    best: dict[str, float] = {}
-    for _ in range(repeat):
-        for name, fn in variants.items():
-            best[name] = min(best.get(name, float("inf")), fn())
-    return best
 
 
 def main() -> int:
@@ -195,7 +178,7 @@ def main() -> int:
                     folder,
                 ),
                 "shardrules convert maxtext bomb.yml": lambda: cpu_of(
-                    [*python, "-m", "shardrules", "convert", "maxtext", "bomb.yml"], folder
+                    [*python, "-m", "shardrules", "convert", "maxtext", "bomb.yml"], folder, check=False
                 ),
             },
             args.repeat,

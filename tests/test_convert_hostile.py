@@ -6,6 +6,7 @@ notes grow linearly with the rules. (Random inputs: tests/test_convert_campaign.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -447,17 +448,13 @@ def test_yaml_is_parsed_once_without_libyaml(monkeypatch: pytest.MonkeyPatch) ->
 def _anchored_config(n: int) -> tuple[str, str]:
     """A MaxText config of `n` logical axis rules written with anchors,
     aliases and a merge key (`<<: *base` at the top), and the same config
-    written out."""
-    axes = [["fsdp", "sequence"], "tensor", ["data", "fsdp"], "expert", ["fsdp", "tensor"]]
-    lines = ["base: &base", "  mesh_axes: [data, fsdp, sequence, tensor, expert]", "  logical_axis_rules:"]
-    lines += [f"    - [n{i}, &x{i} {json.dumps(axis)}]" for i, axis in enumerate(axes)]
-    lines += [f"    - [m{i}, *x{i % len(axes)}]" for i in range(n - len(axes))]
-    lines += ["<<: *base", "scan_layers: true", ""]
-    plain = ["mesh_axes: [data, fsdp, sequence, tensor, expert]", "logical_axis_rules:"]
-    plain += [f"  - [n{i}, {json.dumps(axis)}]" for i, axis in enumerate(axes)]
-    plain += [f"  - [m{i}, {json.dumps(axes[i % len(axes)])}]" for i in range(n - len(axes))]
-    plain += ["scan_layers: true", ""]
-    return "\n".join(lines), "\n".join(plain)
+    written out: `benchmarks/yaml_configs.py`'s, which times reading it."""
+    here = Path(__file__).resolve().parent.parent / "benchmarks" / "yaml_configs.py"
+    spec = importlib.util.spec_from_file_location("_benchmark_yaml_configs", here)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.configs(n)
 
 
 def test_a_4000_rule_config_of_anchors_and_merge_keys_reads_as_its_expanded_form(yaml_loader: str) -> None:
