@@ -15,6 +15,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "jax")  # before anything imports keras
 
@@ -627,6 +628,23 @@ def test_gemma_mlp_reached_by_its_weights_name_and_the_loss_listed() -> None:
 # ---------------------------------------------------------------- EasyDeL
 
 
+def _easydel_tiny_llama(monkeypatch: pytest.MonkeyPatch, **fields: Any) -> tuple[Any, Any]:
+    """A tiny EasyDeL Llama's config (2 layers of width 64, 4 query heads
+    sharing 2 key/value heads; `fields`: more of its fields) and its
+    `LlamaForCausalLM`; EasyDeL imported without the GPU flags it would add."""
+    monkeypatch.setenv("EASYDEL_AUTO", "0")  # else importing it adds GPU flags to XLA_FLAGS
+    pytest.importorskip(
+        "easydel", reason="EasyDeL is not installed (see docs/convert.md#easydel-easydel-model-configs)"
+    )
+    from easydel.modules.llama import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **fields,
+    )  # fmt: skip
+    return config, LlamaForCausalLM
+
+
 def test_easydel_llama_rules_converted_lay_out_every_leaf_as_easydel(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -634,19 +652,11 @@ def test_easydel_llama_rules_converted_lay_out_every_leaf_as_easydel(
     (by the function and by `shardrules convert easydel llama`), give every
     parameter the layout EasyDeL's own `_match_partition_rules` gives it: the
     same device -> block map on a mesh of all five EasyDeL axes."""
-    monkeypatch.setenv("EASYDEL_AUTO", "0")  # else importing it adds GPU flags to XLA_FLAGS
-    pytest.importorskip(
-        "easydel", reason="EasyDeL is not installed (see docs/convert.md#easydel-easydel-model-configs)"
-    )
-    from easydel.modules.llama import LlamaConfig, LlamaForCausalLM
+    config, LlamaForCausalLM = _easydel_tiny_llama(monkeypatch)
     from flax import nnx
 
     from shardrules._cli._main import main
 
-    config = LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
     model = nnx.eval_shape(lambda: LlamaForCausalLM(config=config, rngs=nnx.Rngs(0)))
     tree = model.graphtree_params_shape
     theirs = model._match_partition_rules()  # eformer's match_partition_rules on the config's rules
@@ -795,19 +805,10 @@ def _easydel_llama(monkeypatch: pytest.MonkeyPatch):
     """A tiny EasyDeL Llama (float32 throughout, attention too) with weights
     from a fixed seed, its config, and its parameters (an `nnx.State`, on the
     host) split from the rest of its state."""
-    monkeypatch.setenv("EASYDEL_AUTO", "0")  # else importing it adds GPU flags to XLA_FLAGS
-    pytest.importorskip(
-        "easydel", reason="EasyDeL is not installed (see docs/convert.md#easydel-easydel-model-configs)"
-    )
     import jax.numpy as jnp
-    from easydel.modules.llama import LlamaConfig, LlamaForCausalLM
     from flax import nnx
 
-    config = LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        attn_dtype=jnp.float32, kvdtype=jnp.float32,
-    )  # fmt: skip
+    config, LlamaForCausalLM = _easydel_tiny_llama(monkeypatch, attn_dtype=jnp.float32, kvdtype=jnp.float32)
     model = LlamaForCausalLM(config=config, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
