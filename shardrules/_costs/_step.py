@@ -193,28 +193,21 @@ def step_cost(
     (a TPU topology or a GPU model), and, with `ideal`, for one device of it.
 
     **Raises:** `TargetError` (SR126) for a target that cannot be compiled for."""
-    if target is None:
-        entry = step._entry(args, stacklevel=4)
-        made = _compiled(step, entry.mesh, args, ideal, own=True)
-        if (ideal, None) not in made.costs:
-            cost = cost_of(made.compiled, int(entry.mesh.devices.size), made.one_device, owners=made.owners)
-            made.costs[ideal, None] = dataclasses.replace(cost, notes=made.notes)
-        return made.costs[ideal, None]
-    chosen = target if isinstance(target, Target) else parse_target(target)
-    mesh, own = _target_mesh(step, args, chosen)
+    chosen = None if target is None else target if isinstance(target, Target) else parse_target(target)
+    if chosen is None:
+        mesh, own = step._entry(args, stacklevel=4).mesh, True
+    else:
+        mesh, own = _target_mesh(step, args, chosen)
     made = _compiled(step, mesh, args, ideal, own=own)
-    if (ideal, chosen.name) not in made.costs:
+    key = (ideal, None if chosen is None else chosen.name)
+    if key not in made.costs:
+        compiler = "cpu" if chosen is None else chosen.compiler
         cost = cost_of(
-            made.compiled,
-            int(mesh.devices.size),
-            made.one_device,
-            compiler=chosen.compiler,
-            owners=made.owners,
+            made.compiled, int(mesh.devices.size), made.one_device, compiler=compiler, owners=made.owners
         )
-        made.costs[ideal, chosen.name] = on_target(
-            dataclasses.replace(cost, notes=made.notes), chosen, mesh, made
-        )
-    return made.costs[ideal, chosen.name]
+        cost = dataclasses.replace(cost, notes=made.notes)
+        made.costs[key] = cost if chosen is None else on_target(cost, chosen, mesh, made)
+    return made.costs[key]
 
 
 def on_target(cost: StepCost, target: Target, mesh: Any, made: _Compiled) -> StepCost:
