@@ -22,7 +22,7 @@ from .._suggest._largest import DIMS
 from .._suggest._strategy import STRATEGIES, StrategyError
 from .._suggest._suggest import DEFAULT_MIN_BYTES, drafted
 from .._suggest._text import counted
-from . import _options
+from . import _options, _search
 from ._lint import UsageError, parse_mesh, read_shapes, sizes_for, write_output
 
 
@@ -39,7 +39,6 @@ def add_parser(commands: Any) -> None:
     suggest.add_argument(
         "--shapes",
         metavar="SOURCE",
-        required=True,
         help=_options.SHAPES_HELP,
     )
     suggest.add_argument(
@@ -94,6 +93,7 @@ def add_parser(commands: Any) -> None:
         "transformers' tp plans do, its rule acknowledging SR204 where it is large, unless most of the "
         "weights would then be whole (SR116) or a budget missed; else vocab)",
     )
+    _search.add_arguments(suggest)
     suggest.set_defaults(run=run)
 
 
@@ -127,7 +127,12 @@ def _mesh(args: argparse.Namespace) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Draft, write, report; the exit status."""
+    """Draft (or search), write, report; the exit status."""
+    _search.check(args)
+    if args.search:
+        min_bytes = _size(args.min_bytes, "--min-bytes", DEFAULT_MIN_BYTES)
+        assert min_bytes is not None
+        return _search.run(args, min_bytes)
     sizes = _mesh(args)
     budget = _size(args.max_bytes_per_device, "--max-bytes-per-device", None)
     min_bytes = _size(args.min_bytes, "--min-bytes", DEFAULT_MIN_BYTES)

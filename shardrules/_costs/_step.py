@@ -210,16 +210,20 @@ def step_cost(
     return made.costs[key]
 
 
-def on_target(cost: StepCost, target: Target, mesh: Any, made: _Compiled) -> StepCost:
+def on_target(
+    cost: StepCost, target: Target, mesh: Any, made: _Compiled, compiler: str | None = None
+) -> StepCost:
     """`cost` with what `target`'s chip says of it: its memory, and the
     estimated step time (the matrix multiplications' dtypes from the
     compiled program on a TPU; on a GPU target, from the program before the
-    CPU compiler, which runs bfloat16 arithmetic in float32)."""
+    CPU compiler, which runs bfloat16 arithmetic in float32). `compiler`:
+    the one that compiled `made` (default: the target's)."""
     chip = target.chip
+    compiler = compiler or target.compiler
     compiled = made.compiled.as_text() or ""
-    by_dtype = matmul_flops_by_dtype(compiled) if target.compiler == "tpu" else products_by_dtype(made.before)
+    by_dtype = matmul_flops_by_dtype(compiled) if compiler == "tpu" else products_by_dtype(made.before)
     notes = cost.notes
-    if target.compiler != "tpu" and _narrow(by_dtype):
+    if compiler != "tpu" and _narrow(by_dtype):
         notes += (
             "the model computes in bfloat16 (or narrower), and the CPU compiler runs much of that in float32 "
             "(its collectives too): bytes accessed, temporaries and collective bytes can be up to twice a "

@@ -1,0 +1,1 @@
+"""Searching meshes and drafted rule files by what each costs: `suggest(search=True)`."""

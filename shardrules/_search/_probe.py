@@ -1,0 +1,147 @@
+"""What a search learns of a step before it drafts anything: the step's
+groups, which of them holds the weights, which the batch, and how many rows
+the batch has.
+
+A step is a factory `FUNCTION(rules, mesh) -> (step, args)`, as
+`--step MODULE:FUNCTION` takes it: a `shardrules.jit` step and example
+arguments (arrays or `jax.ShapeDtypeStruct`s). It is called once with rules
+that lay nothing out (`probe`), and once per candidate with that candidate's
+rules and mesh (`made`); its arguments must not change with the mesh, or the
+candidates' costs would not compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+Factory = Callable[[Any, Any], Any]
+
+
+class StepError(ValueError):
+    """A step factory that cannot be searched (it fails, returns something
+    else than a step and its arguments, or changes its arguments with the mesh)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A step's groups and arguments, as the search drafts and compares them.
+
+    - `groups`: each group the step's arguments name, with its trees (one
+      per argument, or element of a tuple argument, in that group).
+    - `params`: the group holding the most bytes (the weights, and the
+      optimizer state that mirrors them where it shares their group).
+    - `weights`: the other groups that are not batches (an optimizer
+      state of its own group, say): each gets the weights' rules.
+    - `batches`: groups whose arrays share their leading dimension.
+    - `rows`: that dimension (the global batch), `None` without a batch.
+    - `named`: every group the step names, its outputs' included.
+    - `signature`: the arguments' tree and shapes.
+    """
+
+    groups: dict[str, list[Any]]
+    params: str
+    weights: tuple[str, ...]
+    batches: tuple[str, ...]
+    rows: int | None
+    named: tuple[str, ...]
+    signature: Any
+
+
+def made(factory: Factory, rules: Any, mesh: Any, name: str) -> tuple[Any, tuple[Any, ...]]:
+    """`factory(rules, mesh)`, checked to be a `shardrules.jit` step and its arguments."""
+    from .._tracing._jit import RuleJit
+
+    result = factory(rules, mesh)
+    if not (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], RuleJit)
+        and isinstance(result[1], (tuple, list))
+    ):
+        got = type(result).__name__ if not isinstance(result, tuple) else f"a tuple of {len(result)}"
+        raise StepError(
+            f"the step {name} returned {got}; return the step and its example arguments, e.g. "
+            "`return sr.jit(train_step, rules, mesh, in_groups=(...)), (params, opt_state, batch)`"
+        )
+    return result[0], tuple(result[1])
+
+
+def signature(args: tuple[Any, ...]) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    return treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+
+
+def probe(step: Any, args: tuple[Any, ...]) -> Probe:
+    """The groups of `step` (a `RuleJit`) called with `args`."""
+    groups: dict[str, list[Any]] = {}
+    for arg, group in zip(args, step._in_groups(len(args)) or (None,) * len(args), strict=True):
+        _collect(arg, group, groups)
+    if not groups:
+        raise StepError(
+            "the step lays out none of its arguments (`in_groups` names no group): give the weights' "
+            'argument a group, e.g. `sr.jit(step, rules, mesh, in_groups=("params", "inputs"))`'
+        )
+    sizes = {g: sum(_nbytes(t) for t in trees) for g, trees in groups.items()}
+    params = max(groups, key=lambda g: (sizes[g], g == "params"))
+    batches, weights, rows = [], [], []
+    for g, trees in groups.items():
+        if g == params:
+            continue
+        leading = {np.shape(x)[0] for t in trees for x in _arrays(t) if np.ndim(x) >= 1}
+        if len(leading) == 1:
+            batches.append(g)
+            rows.append(leading.pop())
+        else:
+            weights.append(g)
+    named = list(groups)
+    _names(step.out_groups, named)
+    return Probe(
+        groups,
+        params,
+        tuple(weights),
+        tuple(batches),
+        math.gcd(*rows) if rows else None,
+        tuple(named),
+        signature(args),
+    )
+
+
+def _collect(tree: Any, group: Any, out: dict[str, list[Any]]) -> None:
+    if group is None:
+        return
+    if isinstance(group, str):
+        out.setdefault(group, []).append(tree)
+        return
+    if isinstance(group, Sequence) and isinstance(tree, (tuple, list)):
+        for sub, g in zip(tree, group, strict=False):
+            _collect(sub, g, out)
+
+
+def _names(groups: Any, out: list[str]) -> None:
+    if isinstance(groups, str):
+        if groups not in out:
+            out.append(groups)
+    elif isinstance(groups, Sequence):
+        for g in groups:
+            _names(g, out)
+
+
+def _arrays(tree: Any) -> list[Any]:
+    return [x for x in jax.tree.leaves(tree) if hasattr(x, "shape") and hasattr(x, "dtype")]
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(math.prod(np.shape(x)) * np.dtype(x.dtype).itemsize for x in _arrays(tree))
+
+
+def params_tree(found: Probe) -> Any:
+    """The weights' trees as one tree to draft from: the group's one tree,
+    or its trees by position (`0/...`, `1/...`)."""
+    trees = found.groups[found.params]
+    return trees[0] if len(trees) == 1 else {str(i): t for i, t in enumerate(trees)}

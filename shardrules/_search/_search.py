@@ -1,0 +1,303 @@
+"""`suggest(search=True)`: the mesh and the rules chosen by what they cost.
+
+The space is every mesh of the devices over each strategy's axes (`_space`),
+each drafted by `suggest` with the step's groups (`_candidates`). Before
+anything is compiled, a candidate is set aside when its batch does not
+divide, its draft is refused (most of the weights whole), its plan has an
+error, its arguments alone do not fit the chip's memory, or its layout is
+another candidate's. The rest are compiled with `step.cost`, in the order of
+their arguments' bytes per device: on the target (a TPU topology: after a
+screen of every candidate on simulated CPU devices, with the chip's figures,
+only the best few are compiled by the TPU compiler), or on simulated CPU
+devices. Of those whose peak fits, the one with the lowest estimated step
+time wins (without a target: the fewest FLOPs per device, then the fewest
+collective bytes, then the lowest peak). `_report` writes the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .._costs._cost import StepCost
+from .._costs._screen import screened
+from .._costs._step import step_cost
+from .._costs._targets import Target, parse_target, target_mesh
+from .._planning._plan import format_bytes
+from .._quiet import quiet
+from .._suggest._facts import facts_of
+from .._suggest._leaves import kinds_of
+from .._suggest._suggest import DEFAULT_MIN_BYTES
+from . import _probe as P
+from ._candidates import Candidate, draft
+from ._space import shapes
+
+HEADROOM = 0.1
+"""The share of the chip's memory a search keeps free by default."""
+CONFIRM = 3
+"""How many of the screened candidates (the best by the screen's estimate)
+the TPU compiler compiles, with any within `CLOSE` of the best."""
+CLOSE = 0.1
+SAME_FLOPS = 0.05
+"""Without a target, FLOPs per device within this share of the fewest count as equal."""
+
+
+@dataclasses.dataclass
+class Row:
+    """One candidate in the search's table."""
+
+    candidate: Candidate
+    cost: StepCost | None = None  # compiled for the target (or the mesh, without one)
+    screen: StepCost | None = None  # screened on CPU devices with the target's figures
+    status: str = ""  # "chosen", "costed", "screened", "rejected", "not costed"
+    why: str = ""
+
+    @property
+    def shape(self) -> Any:
+        return self.candidate.shape
+
+
+@dataclasses.dataclass
+class Search:
+    """A search's outcome: every row, the chosen one (`None`: none fits),
+    and what it was asked for."""
+
+    rows: list[Row]
+    chosen: Row | None
+    devices: int
+    target: Target | None
+    usable: int | None  # bytes per device a peak may take
+    headroom: float
+    ideal_flops: float | None  # the one-device step's FLOPs per device
+    seconds: float
+    stopped: str = ""  # why it stopped early, or ""
+
+
+def search(
+    factory: P.Factory,
+    devices: int,
+    *,
+    name: str = "step",
+    target: str | Target | None = None,
+    hbm: int | None = None,
+    headroom: float = HEADROOM,
+    budget: float | None = None,
+    progress: Callable[[str], None] | None = None,
+    exhaustive: bool = False,
+    strategy: str | None = None,
+    head_dim: int | None = None,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+    embedding: str | None = None,
+) -> Search:
+    """Search the meshes of `devices` devices and their drafted rules for the
+    step `factory` makes, by what each costs. `exhaustive`: compile every
+    candidate that can run for the target itself (no screen), to measure
+    what the screen gives up; `strategy`: that strategy's meshes only."""
+    start = time.monotonic()
+    say = progress or (lambda _text: None)
+    chosen_target = None if target is None else target if isinstance(target, Target) else parse_target(target)
+    memory = hbm if hbm is not None else chosen_target.chip.hbm_bytes if chosen_target else None
+    usable = None if memory is None else int(memory * (1 - headroom))
+    tpu = chosen_target is not None and chosen_target.compiler == "tpu"
+    cpu = _cpu_devices() >= devices
+    if not cpu and not tpu:
+        raise P.StepError(
+            f"a search over {devices} devices needs {devices} CPU devices and JAX has {_cpu_devices()}: set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} (or jax_num_cpu_devices) before "
+            "JAX starts, or give a TPU target"
+        )
+    mesh_of = _meshes(chosen_target if not cpu else None)
+    from .._language._load import loads
+
+    nothing = loads("rules params:\n  default -> replicated\n", name="<search probe>")
+    with quiet():
+        step, args = P.made(factory, nothing, mesh_of({"data": devices}), name)
+    found = P.probe(step, args)
+    tree = P.params_tree(found)
+    kinds = kinds_of(tree)
+    experts = facts_of(kinds, head_dim).experts is not None if kinds else False
+    options = {"head_dim": head_dim, "min_bytes": min_bytes, "embedding": embedding}
+    rows = [
+        Row(draft(shape, found, tree, options)) for shape in shapes(devices, experts=experts, only=strategy)
+    ]
+    seen: dict[Any, Row] = {}
+    for row in rows:
+        c = row.candidate
+        if not c.rejected and usable is not None and c.argument_bytes > usable:
+            c.rejected = (
+                f"its arguments alone take {format_bytes(c.argument_bytes)} per device, over "
+                f"{format_bytes(usable)}"
+            )
+        if not c.rejected and c.key in seen:
+            c.rejected = f"the same layout as {seen[c.key].shape.text} ({seen[c.key].shape.strategy})"
+        if c.rejected:
+            row.status, row.why = "rejected", c.rejected
+        else:
+            seen[c.key] = row
+    live = sorted((r for r in rows if not r.status), key=lambda r: r.candidate.argument_bytes)
+    say(
+        f"search: {len(rows)} candidates for {devices} devices, {len(live)} to compile "
+        f"({len(rows) - len(live)} set aside before compiling)"
+    )
+    clock = _Clock(start, budget)
+    ideal: list[float | None] = [None]
+
+    def cost(row: Row, how: str) -> None:
+        c = row.candidate
+        with quiet():
+            step, args = P.made(factory, c.rules, mesh_of(c.shape.mesh), name)
+            if P.signature(args) != found.signature:
+                raise P.StepError(
+                    f"the step {name} made other arguments for mesh {c.shape.text} than for the first: a "
+                    "search compares one step's layouts, so its arguments (the global batch too) must not "
+                    "change with the mesh"
+                )
+            if how == "screen":
+                row.screen = screened(step, args, chosen_target)  # type: ignore[arg-type]
+            else:
+                first = ideal[0] is None
+                row.cost = step_cost(step, args, ideal=first, target=chosen_target)
+                if first and row.cost.ideal_flops_per_device is not None:
+                    ideal[0] = row.cost.ideal_flops_per_device
+
+    stopped = ""
+    if tpu and cpu and not exhaustive and len(live) > CONFIRM:
+        stopped = _run(live, "screen", cost, clock, say)
+        screened_rows = [r for r in live if r.screen is not None]
+        ranked = sorted(screened_rows, key=lambda r: _time(r.screen))
+        best = _time(ranked[0].screen) if ranked else 0.0
+        confirm = [r for i, r in enumerate(ranked) if i < CONFIRM or _time(r.screen) <= best * (1 + CLOSE)]
+        for r in ranked:
+            if r not in confirm:
+                r.status = "screened"
+        if not stopped:
+            stopped = _run(confirm, "target", cost, clock, say)
+    else:
+        stopped = _run(live, "target" if chosen_target else "mesh", cost, clock, say)
+    for r in live:
+        if r.cost is not None and ideal[0] is not None and r.cost.ideal_flops_per_device is None:
+            r.cost = dataclasses.replace(r.cost, ideal_flops_per_device=ideal[0])
+    chosen = _choose([r for r in live if r.cost is not None], usable, chosen_target is not None)
+    if chosen is None and not any(r.cost for r in live):  # the budget ran out while screening
+        chosen = min((r for r in live if r.screen is not None), key=lambda r: _time(r.screen), default=None)
+    for r in live:
+        if r is chosen:
+            r.status = "chosen"
+        elif r.cost is not None:
+            r.status = "costed"
+            if usable is not None and r.cost.peak_bytes_per_device > usable:
+                r.why = f"its peak is over {format_bytes(usable)}"
+        elif not r.status:
+            r.status = "not costed" if r.screen is None else "screened"
+    return Search(rows, chosen, devices, chosen_target, usable, headroom, ideal[0], clock.elapsed(), stopped)
+
+
+@dataclasses.dataclass
+class _Clock:
+    start: float
+    budget: float | None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def out(self) -> bool:
+        return self.budget is not None and self.elapsed() >= self.budget
+
+
+def _run(rows: list[Row], how: str, cost: Callable[[Row, str], None], clock: _Clock, say: Any) -> str:
+    """Cost `rows` in order until the budget runs out; why it stopped, or ""."""
+    for i, row in enumerate(rows):
+        if clock.out():
+            return (
+                f"the budget of {clock.budget:g} s ran out after {clock.elapsed():.0f} s, with {len(rows) - i} "
+                f"of {len(rows)} candidates not {'screened' if how == 'screen' else 'compiled'}"
+            )
+        try:
+            cost(row, "screen" if how == "screen" else "cost")
+        except P.StepError:
+            raise
+        except Exception as err:  # a layout the compiler refuses is a rejected candidate, not a failed search
+            row.status, row.why = "rejected", f"{how} failed: {type(err).__name__}: {_first_line(err)}"
+        found = row.screen if how == "screen" else row.cost
+        said = _said(found) if found is not None else row.why
+        say(
+            f"  [{how} {i + 1}/{len(rows)}] {row.shape.text} ({row.shape.strategy}): {said} ({clock.elapsed():.0f} s)"
+        )
+    return ""
+
+
+def _said(cost: StepCost) -> str:
+    time_s = f"{cost.time_estimate_s:.3g} s, " if cost.time_estimate_s is not None else ""
+    moved = sum(c.bytes_per_device for c in cost.collectives)
+    return (
+        f"{time_s}peak {format_bytes(cost.peak_bytes_per_device)}, {cost.flops_per_device:.3g} FLOPs, "
+        f"{format_bytes(moved)} collective"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    line = str(err).strip().split("\n", 1)[0]
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+def _time(cost: StepCost | None) -> float:
+    return float("inf") if cost is None or cost.time_estimate_s is None else cost.time_estimate_s
+
+
+def collective_bytes(cost: StepCost) -> int:
+    return sum(c.bytes_per_device for c in cost.collectives)
+
+
+def _choose(rows: list[Row], usable: int | None, timed: bool) -> Row | None:
+    """The row whose cost wins (see the module's docstring); `None` when none fits."""
+    fits = [r for r in rows if usable is None or r.cost.peak_bytes_per_device <= usable]  # type: ignore[union-attr]
+    if not fits:
+        return None
+    if timed:
+        return min(fits, key=lambda r: (_time(r.cost), r.cost.peak_bytes_per_device))  # type: ignore[union-attr]
+    fewest = min(r.cost.flops_per_device for r in fits)  # type: ignore[union-attr]
+    close = [r for r in fits if r.cost.flops_per_device <= fewest * (1 + SAME_FLOPS)]  # type: ignore[union-attr]
+    return min(close, key=lambda r: (collective_bytes(r.cost), r.cost.peak_bytes_per_device))  # type: ignore[arg-type, union-attr]
+
+
+def _cpu_devices() -> int:
+    import jax
+
+    try:
+        return len(jax.devices("cpu"))
+    except RuntimeError:
+        return 0
+
+
+def _meshes(tpu: Target | None) -> Callable[[dict[str, int]], Any]:
+    """How a candidate's mesh is made: Explicit axes (as `jax.make_mesh`
+    makes them) over simulated CPU devices, or over `tpu`'s chips where
+    there are too few CPU devices."""
+    import jax
+    from jax.sharding import AxisType
+
+    def make(sizes: dict[str, int]) -> Any:
+        types = (AxisType.Explicit,) * len(sizes)
+        if tpu is not None:
+            return target_mesh(tpu, _Sizes(sizes, types))
+        devices = jax.devices("cpu")[: _product(sizes)]
+        return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
+
+    return make
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    """A mesh's axis sizes and types without devices (what `target_mesh` lays out)."""
+
+    shape: dict[str, int]
+    axis_types: tuple[Any, ...]
+
+
+def _product(sizes: dict[str, int]) -> int:
+    out = 1
+    for n in sizes.values():
+        out *= n
+    return out
