@@ -34,8 +34,9 @@ class Probe:
 
     - `groups`: each group the step's arguments name, with its trees (one
       per argument, or element of a tuple argument, in that group).
-    - `params`: the group holding the most bytes (the weights, and the
-      optimizer state that mirrors them where it shares their group).
+    - `params`: the group named `params` (the weights, and the optimizer
+      state that mirrors them where it shares their group), or else the
+      group holding the most bytes.
     - `weights`: the other groups that are not batches (an optimizer
       state of its own group, say): each gets the weights' rules.
     - `batches`: groups whose arrays share their leading dimension.
@@ -88,7 +89,7 @@ def probe(step: Any, args: tuple[Any, ...]) -> Probe:
             'argument a group, e.g. `sr.jit(step, rules, mesh, in_groups=("params", "inputs"))`'
         )
     sizes = {g: sum(_nbytes(t) for t in trees) for g, trees in groups.items()}
-    params = max(groups, key=lambda g: (sizes[g], g == "params"))
+    params = "params" if "params" in groups else max(groups, key=lambda g: sizes[g])
     batches, weights, rows = [], [], []
     for g, trees in groups.items():
         if g == params:

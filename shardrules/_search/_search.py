@@ -130,6 +130,8 @@ def search(
                 f"its arguments alone take {format_bytes(c.argument_bytes)} per device, over "
                 f"{format_bytes(usable)}"
             )
+        if not c.rejected and tpu:
+            c.rejected = _unplaced(chosen_target, c.shape.mesh)  # type: ignore[arg-type]
         if not c.rejected and c.key in seen:
             c.rejected = f"the same layout as {seen[c.key].shape.text} ({seen[c.key].shape.strategy})"
         if c.rejected:
@@ -165,15 +167,18 @@ def search(
     stopped = ""
     if tpu and cpu and not exhaustive and len(live) > CONFIRM:
         stopped = _run(live, "screen", cost, clock, say)
-        screened_rows = [r for r in live if r.screen is not None]
-        ranked = sorted(screened_rows, key=lambda r: _time(r.screen))
+        ranked = sorted((r for r in live if r.screen is not None), key=lambda r: _time(r.screen))
         best = _time(ranked[0].screen) if ranked else 0.0
-        confirm = [r for i, r in enumerate(ranked) if i < CONFIRM or _time(r.screen) <= best * (1 + CLOSE)]
+        compiled = 0
+        for i, r in enumerate(ranked):  # the best few by the screen, past any the TPU compiler refuses
+            if stopped or (compiled >= CONFIRM and _time(r.screen) > best * (1 + CLOSE)):
+                break
+            stopped = _run([r], "target", cost, clock, say, (i + 1, len(ranked)))
+            compiled += r.cost is not None
         for r in ranked:
-            if r not in confirm:
+            if r.cost is None and not r.status:
                 r.status = "screened"
-        if not stopped:
-            stopped = _run(confirm, "target", cost, clock, say)
+                r.why = f"{_time(r.screen) / best:.2f}x the best screened time" if best else ""
     else:
         stopped = _run(live, "target" if chosen_target else "mesh", cost, clock, say)
     for r in live:
@@ -206,13 +211,23 @@ class _Clock:
         return self.budget is not None and self.elapsed() >= self.budget
 
 
-def _run(rows: list[Row], how: str, cost: Callable[[Row, str], None], clock: _Clock, say: Any) -> str:
-    """Cost `rows` in order until the budget runs out; why it stopped, or ""."""
+def _run(
+    rows: list[Row],
+    how: str,
+    cost: Callable[[Row, str], None],
+    clock: _Clock,
+    say: Any,
+    place: tuple[int, int] | None = None,
+) -> str:
+    """Cost `rows` in order until the budget runs out; why it stopped, or ""
+    (`place`: the first row's number and the count, for the progress lines)."""
+    first, count = place or (1, len(rows))
     for i, row in enumerate(rows):
         if clock.out():
+            left = count - (first + i) + 1
             return (
-                f"the budget of {clock.budget:g} s ran out after {clock.elapsed():.0f} s, with {len(rows) - i} "
-                f"of {len(rows)} candidates not {'screened' if how == 'screen' else 'compiled'}"
+                f"the budget of {clock.budget:g} s ran out after {clock.elapsed():.0f} s, with {left} "
+                f"of {count} candidates not {'screened' if how == 'screen' else 'compiled'}"
             )
         try:
             cost(row, "screen" if how == "screen" else "cost")
@@ -260,6 +275,23 @@ def _choose(rows: list[Row], usable: int | None, timed: bool) -> Row | None:
     fewest = min(r.cost.flops_per_device for r in fits)  # type: ignore[union-attr]
     close = [r for r in fits if r.cost.flops_per_device <= fewest * (1 + SAME_FLOPS)]  # type: ignore[union-attr]
     return min(close, key=lambda r: (collective_bytes(r.cost), r.cost.peak_bytes_per_device))  # type: ignore[arg-type, union-attr]
+
+
+def _unplaced(target: Target, sizes: dict[str, int]) -> str:
+    """Why a mesh of `sizes` cannot be laid out on `target`'s chips, or "".
+    `jax.make_mesh` maps each axis to whole dimensions of the topology (an
+    axis of 2 on a 4x4x4 slice would split a ring of 4)."""
+    from jax.sharding import AxisType
+
+    try:
+        target_mesh(target, _Sizes(sizes, (AxisType.Explicit,) * len(sizes)))
+    except Exception as err:
+        chips = "x".join(map(str, target.shape))
+        return (
+            f"jax.make_mesh cannot lay it out on {target.name}'s {chips} chips: each axis must be whole "
+            f"dimensions of the topology ({_first_line(err)[:80]})"
+        )
+    return ""
 
 
 def _cpu_devices() -> int:

@@ -145,7 +145,7 @@ def suggest(
     - `step`: a function `(rules, mesh) -> (sr.jit step, example arguments)`,
       or its `"module:function"` name (as `--step` takes it); its arguments
       (arrays or `jax.ShapeDtypeStruct`s) must not change with the mesh.
-      The group holding the most bytes is drafted as the weights; a group
+      The group `params` (else the one holding the most bytes) is drafted as the weights; a group
       whose arrays share their leading dimension is a batch, split over the
       batch axes; every group the step names gets rules.
     - `devices`: how many devices (default: the TPU target's chips). On
