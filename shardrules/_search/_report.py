@@ -74,7 +74,7 @@ def table_lines(found: Search) -> list[str]:
     """The candidates as comment lines, the chosen first, then by estimate."""
     timed = found.target is not None
     rows = sorted(found.rows, key=lambda r: (_ORDER[r.status], _sort(r, timed)))
-    header = ["mesh", "strategy", "peak/device", "time (s)" if timed else "FLOPs x", "collectives", "outcome"]
+    header = ["mesh", "strategy", "peak/device", "time" if timed else "FLOPs x", "collectives", "outcome"]
     cells = [header] + [_cells(r, found, timed) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header) - 1)]
     out = [
@@ -85,6 +85,11 @@ def table_lines(found: Search) -> list[str]:
         line = "#   " + "  ".join(v.ljust(w) for v, w in zip(c, widths, strict=False)) + "  " + c[-1]
         out.append(line.rstrip())
     return out
+
+
+def seconds(value: float) -> str:
+    """`0.408 s`, `1.91 ms`, `0.173 ms`: three significant figures."""
+    return f"{value:.3g} s" if value >= 1e-3 else f"{value * 1e3:.3g} ms"
 
 
 def _sort(row: Row, timed: bool) -> float:
@@ -104,7 +109,7 @@ def _cells(row: Row, found: Search, timed: bool) -> list[str]:
     if cost is None:
         return [row.shape.text, row.shape.strategy, "-", "-", "-", outcome]
     if timed and cost.time_estimate_s is not None:
-        figure = f"{cost.time_estimate_s:.4g}"
+        figure = seconds(cost.time_estimate_s)
     elif found.ideal_flops:
         figure = f"{cost.flops_per_device / found.ideal_flops:.3f}"
     else:

@@ -192,8 +192,7 @@ def search(
             r.status = "chosen"
         elif r.cost is not None:
             r.status = "costed"
-            if usable is not None and r.cost.peak_bytes_per_device > usable:
-                r.why = f"its peak is over {format_bytes(usable)}"
+            r.why = _lost(r.cost, chosen, usable, chosen_target is not None)
         elif not r.status:
             r.status = "not costed" if r.screen is None else "screened"
     return Search(rows, chosen, devices, chosen_target, usable, headroom, ideal[0], clock.elapsed(), stopped)
@@ -292,6 +291,23 @@ def _unplaced(target: Target, sizes: dict[str, int]) -> str:
             f"dimensions of the topology ({_first_line(err)[:80]})"
         )
     return ""
+
+
+def _lost(cost: StepCost, chosen: Row | None, usable: int | None, timed: bool) -> str:
+    """Why a compiled candidate was not chosen."""
+    if usable is not None and cost.peak_bytes_per_device > usable:
+        return f"its peak is over {format_bytes(usable)}"
+    won = chosen.cost if chosen is not None else None
+    if won is None:
+        return ""
+    if timed:
+        return f"{_time(cost) / _time(won):.2f}x the chosen time" if _time(won) else ""
+    if cost.flops_per_device > won.flops_per_device * (1 + SAME_FLOPS):
+        return f"{cost.flops_per_device / won.flops_per_device:.2f}x the chosen FLOPs"
+    mine, theirs = collective_bytes(cost), collective_bytes(won)
+    if mine > theirs:
+        return f"{mine / theirs:.2f}x the chosen collective bytes" if theirs else "more collective bytes"
+    return "a higher peak"
 
 
 def _cpu_devices() -> int:
