@@ -3,6 +3,7 @@ map in docs/architecture.md.
 
 Stages sit in a stack, each importing only those below it:
 
+    _cli → _search → _costs | _suggest
     _cli → _placement | _costs → _tracing → _planning → _interop → _language → _errors
     _cli → _convert → _language
     _cli → _suggest → _planning
@@ -50,7 +51,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "_costs": PLANNING | {"_tracing", "_costs"},
     "_suggest": PLANNING | {"_suggest"},
     "_reports": PLANNING | {"_reports"},
-    "_cli": PLANNING | {"_placement", "_tracing", "_costs", "_convert", "_suggest", "_reports", "_cli"},
+    "_search": PLANNING | {"_tracing", "_costs", "_suggest", "_search"},
+    "_cli": PLANNING
+    | {"_placement", "_tracing", "_costs", "_convert", "_suggest", "_reports", "_search", "_cli"},
 }
 """For each stage (a folder, or a base module), the stages it may import."""
 
@@ -59,6 +62,7 @@ FRONT_DOORS: dict[str, frozenset[str]] = {
         {"shardrules._reports._dump", "shardrules._reports._dumpread", "shardrules._reports._html"}
     ),
     "shardrules._tracing._jit": frozenset({"shardrules._costs._step", "shardrules._costs._cost"}),
+    "shardrules._suggest._suggest": frozenset({"shardrules._search._api"}),
 }
 """The only imports up the stack: `Plan.to_json`, `Plan.from_json` and
 `Plan._repr_html_` are the plan's own doors to its file and its HTML page, so
@@ -66,7 +70,9 @@ they import the report that writes (or reads) it when called, inside the
 method, never at the top: planning still loads, and works, without reports.
 `RuleJit.cost` is the step's door to what it costs (`_costs`, the stage above
 tracing that compiles it for a target): imported inside the method, and the
-`StepCost` it returns named under `if TYPE_CHECKING:` only."""
+`StepCost` it returns named under `if TYPE_CHECKING:` only. `suggest` hands a
+search (`search=True`) to `_search`, the stage above it that compiles its drafts,
+importing it inside the function."""
 
 FACADE = {"__init__", "__main__"}  # the public names and `python -m shardrules`
 MAX_LINES = 400

@@ -199,7 +199,8 @@ def test_the_chosen_file_runs_the_step_on_its_mesh(found) -> None:
     result, _ = found
     rules = sr.loads(written(result))
     sizes = result.chosen.shape.mesh
-    mesh = jax.make_mesh(tuple(sizes.values()), tuple(sizes), devices=jax.devices()[:8])
+    explicit = (jax.sharding.AxisType.Explicit,) * len(sizes)
+    mesh = jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=explicit, devices=jax.devices()[:8])
     step, shapes = make_step(rules, mesh)
     key = iter(jax.random.split(jax.random.key(0), 64))
     args = jax.tree.map(
