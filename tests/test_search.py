@@ -222,7 +222,7 @@ def test_memory_rules_candidates_out_before_compiling() -> None:
     rejected = {r.shape.text: r for r in result.rows if "its arguments alone" in r.why}
     assert set(rejected) == {"data=2, fsdp=4", "data=4, fsdp=2"}
     assert all(r.cost is None and r.candidate.argument_bytes > hbm for r in rejected.values())
-    with pytest.raises(NoneFitsError, match="no candidate fits|could be compiled"):
+    with pytest.raises(NoneFitsError, match=r"no candidate fits|could be compiled"):
         sr.suggest(search=True, step=make_step, devices=8, hbm=1024, strategy="dp")
 
 
@@ -278,7 +278,7 @@ def test_a_step_whose_arguments_change_with_the_mesh_is_refused() -> None:
         rows = 8 * dict(mesh.shape).get("fsdp", 1)
         return step, (params, opt, {"tokens": jax.ShapeDtypeStruct((rows, SEQ), jnp.int32)})
 
-    with pytest.raises(StepError, match="must not\\s+change with the mesh"):
+    with pytest.raises(StepError, match=r"must not\s+change with the mesh"):
         search(grows, 8, strategy="fsdp")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import pytest
+from test_search import _params, make_step
 
 import shardrules as sr
 from shardrules._costs import _targets
@@ -14,8 +15,6 @@ from shardrules._costs._screen import NOTE, screened
 from shardrules._costs._targets import parse_target
 from shardrules._search._candidates import with_groups
 from shardrules._search._search import CONFIRM, search
-
-from test_search import _params, make_step
 
 tpu = pytest.mark.skipif(
     not _targets.has_libtpu(), reason="libtpu is not installed: pip install 'shardrules[tpu]'"
