@@ -49,7 +49,7 @@ def searched(
     min_bytes: int,
     embedding: str | None,
     others: dict[str, Any],
-    command: str = "shardrules suggest --search",
+    command: str = "sr.suggest(search=True)",
 ) -> Searched:
     """Check `suggest(search=True, ...)`'s arguments, search, write the file.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._language._sizes import byte_size
@@ -50,7 +50,7 @@ def suggest(
     hbm: int | str | None = None,
     hbm_headroom: float = 0.1,
     budget: float | None = None,
-    progress: Any = None,
+    progress: Callable[[str], None] | None = None,
 ) -> str:
     """Draft a rule file for `tree` on `mesh`.
 
@@ -127,7 +127,10 @@ def suggest(
     `"auto"` then drafts `"dp"` and says why), `fsdp_dim="largest"` with a
     strategy other than `"fsdp"`, an unknown `embedding` or `fsdp_dim`, a tree
     with no arrays, or a mesh axis name that a rule file cannot write;
-    `TypeError` for a `mesh` of another type.
+    `TypeError` for a `mesh` of another type. A search: `TypeError` for a
+    tree or a mesh given with it, or no step or device count; `ValueError`
+    when no candidate fits, or for a step that returns something else than
+    a step and its arguments, or arguments that change with the mesh.
 
     **Search** (`search=True`): the mesh and the strategy are chosen by what
     each candidate's step costs (see [the cookbook](cookbook/suggest.md#let-the-cost-choose)).
