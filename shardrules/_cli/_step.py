@@ -131,7 +131,7 @@ def make_step(
     """The step `spec` names, for `rules` on a mesh of `sizes`, and its example
     arguments, not traced yet (`trace`'s first half; its standard output sent
     to standard error)."""
-    from .._tracing._jit import RuleJit
+    from .._search._probe import StepError, checked
 
     with output_to_stderr():
         try:
@@ -157,18 +157,10 @@ def make_step(
             raise UsageError(
                 f"--step {spec}: calling it with (rules, mesh) raised {type(err).__name__}: {err}"
             ) from None
-    if not (
-        isinstance(result, tuple)
-        and len(result) == 2
-        and isinstance(result[0], RuleJit)
-        and isinstance(result[1], (tuple, list))
-    ):
-        got = type(result).__name__ if not isinstance(result, tuple) else f"a tuple of {len(result)}"
-        raise UsageError(
-            f"--step {spec} returned {got}; return the step and its example arguments, e.g. "
-            "`return sr.jit(train_step, rules, mesh, in_groups=(...)), (params, opt_state, batch)`"
-        )
-    return result[0], tuple(result[1])
+    try:
+        return checked(result, f"--step {spec}")
+    except StepError as err:
+        raise UsageError(str(err)) from None
 
 
 def trace_step(spec: str, step: Any, args: tuple[Any, ...]) -> Any:

@@ -56,9 +56,14 @@ class Probe:
 
 def made(factory: Factory, rules: Any, mesh: Any, name: str) -> tuple[Any, tuple[Any, ...]]:
     """`factory(rules, mesh)`, checked to be a `shardrules.jit` step and its arguments."""
+    return checked(factory(rules, mesh), f"the step {name}")
+
+
+def checked(result: Any, what: str) -> tuple[Any, tuple[Any, ...]]:
+    """`result` as a step and its arguments; `StepError` saying what `what`
+    (`the step train:make_step`) returned otherwise."""
     from .._tracing._jit import RuleJit
 
-    result = factory(rules, mesh)
     if not (
         isinstance(result, tuple)
         and len(result) == 2
@@ -67,7 +72,7 @@ def made(factory: Factory, rules: Any, mesh: Any, name: str) -> tuple[Any, tuple
     ):
         got = type(result).__name__ if not isinstance(result, tuple) else f"a tuple of {len(result)}"
         raise StepError(
-            f"the step {name} returned {got}; return the step and its example arguments, e.g. "
+            f"{what} returned {got}; return the step and its example arguments, e.g. "
             "`return sr.jit(train_step, rules, mesh, in_groups=(...)), (params, opt_state, batch)`"
         )
     return result[0], tuple(result[1])
