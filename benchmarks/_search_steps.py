@@ -15,6 +15,7 @@ devices only, never on the mesh's shape: `ROWS_PER_DEVICE` sequences per device.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,14 +45,20 @@ def _small(model: Any, rows: int, rules: Any, mesh: Any) -> tuple[Any, tuple[Any
     return step, shapes
 
 
+@functools.cache
+def _model(name: str) -> Any:
+    """The model, built once: it is the same for every mesh (a factory may keep it)."""
+    return _models.transformer() if name == "transformer" else _models.nnx_moe(layers=4, abstract=True)
+
+
 def transformer(rules: Any, mesh: Any) -> tuple[Any, tuple[Any, Any]]:
     """`examples/transformer`'s train step."""
-    return _small(_models.transformer(), _rows("transformer", mesh), rules, mesh)
+    return _small(_model("transformer"), _rows("transformer", mesh), rules, mesh)
 
 
 def nnx_moe(rules: Any, mesh: Any) -> tuple[Any, tuple[Any, Any]]:
     """The NNX GQA+MoE decoder, 4 layers."""
-    return _small(_models.nnx_moe(layers=4, abstract=True), _rows("nnx_moe", mesh), rules, mesh)
+    return _small(_model("nnx_moe"), _rows("nnx_moe", mesh), rules, mesh)
 
 
 def llama7b(rules: Any, mesh: Any) -> tuple[Any, tuple[dict, dict]]:

@@ -272,6 +272,30 @@ def test_the_budget_stops_with_the_best_so_far() -> None:
     sr.loads(found)
 
 
+def test_an_expert_axis_must_divide_the_experts() -> None:
+    """Stacked experts (4) split over an expert axis that divides them; 8
+    would not, and is set aside before anything is drafted or compiled."""
+
+    def moe(rules, mesh):
+        def f(p, batch):
+            h = jnp.einsum("btd,edf->btef", batch["x"], p["moe"]["w_in"])
+            return jnp.einsum("btef,efd->btd", h, p["moe"]["w_out"]).mean()
+
+        S = jax.ShapeDtypeStruct
+        params = {"moe": {"w_in": S((4, 64, 128), jnp.float32), "w_out": S((4, 128, 64), jnp.float32)}}
+        step = sr.jit(jax.grad(f), rules, mesh, in_groups=("params", "inputs"), out_groups="params")
+        return step, (params, {"x": S((16, 4, 64), jnp.float32)})
+
+    from shardrules._search._space import Shape
+
+    result = search(moe, 8, strategy="ep", budget=1e-9)  # drafted, nothing compiled
+    by_mesh = {r.shape.sizes: r for r in result.rows}
+    assert by_mesh[(("expert", 8),)].why == "expert=8 does not divide the 4 experts"
+    assert by_mesh[(("expert", 8),)].candidate.text == ""  # not even drafted
+    assert by_mesh[(("fsdp", 2), ("expert", 4))].candidate.rules is not None
+    assert Shape("ep", (("expert", 8),)) in [r.shape for r in result.rows]
+
+
 def test_a_step_whose_arguments_change_with_the_mesh_is_refused() -> None:
     def grows(rules, mesh):
         step, (params, opt, _) = make_step(rules, mesh)

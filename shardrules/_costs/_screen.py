@@ -26,16 +26,21 @@ NOTE = (
 )
 
 
-def screened(step: Any, args: tuple[Any, ...], target: Target) -> StepCost:
+def screened(step: Any, args: tuple[Any, ...], target: Target | None) -> StepCost:
     """What `step` (a `RuleJit` on a mesh of CPU devices) costs each device
-    with arguments like `args`, estimated on `target`'s chip: compiled on
-    its own mesh for the figures only (no machine code optimised), without
-    its one-device ideal or its collectives' owners."""
+    with arguments like `args`, estimated on `target`'s chip (none: the
+    figures alone): compiled on its own mesh for the figures only (no
+    machine code optimised: the FLOPs, bytes, peak and collectives are those
+    `step.cost` reads), without its one-device ideal or its collectives'
+    owners. For a GPU target, what `step.cost(target=)` says without those;
+    for a TPU target, a CPU compile's figures (`NOTE`)."""
     shapes = shapes_only(args)
     with quiet():
         mesh = step._entry(shapes, stacklevel=4).mesh
         lowered = step.lower(*shapes)
         compiled = _for_its_figures(lowered)
     cost = cost_of(compiled, int(mesh.devices.size), None, compiler="cpu")
+    if target is None:
+        return cost
     out = on_target(cost, target, mesh, _Compiled(compiled, lowered), compiler="cpu")
-    return dataclasses.replace(out, notes=(*out.notes, NOTE))
+    return dataclasses.replace(out, notes=(*out.notes, NOTE)) if target.compiler == "tpu" else out

@@ -117,10 +117,13 @@ def search(
     found = P.probe(step, args)
     tree = P.params_tree(found)
     kinds = kinds_of(tree)
-    experts = facts_of(kinds, head_dim).experts is not None if kinds else False
     options = {"head_dim": head_dim, "min_bytes": min_bytes, "embedding": embedding}
+    count = facts_of(kinds, head_dim).experts if kinds else None
     rows = [
-        Row(draft(shape, found, tree, options)) for shape in shapes(devices, experts=experts, only=strategy)
+        Row(Candidate(shape, rejected=f"expert={shape.size('expert')} does not divide the {count} experts"))
+        if count and count % shape.size("expert")
+        else Row(draft(shape, found, tree, options))
+        for shape in shapes(devices, experts=count is not None, only=strategy)
     ]
     seen: dict[Any, Row] = {}
     for row in rows:
@@ -144,7 +147,7 @@ def search(
         f"({len(rows) - len(live)} set aside before compiling)"
     )
     clock = _Clock(start, budget)
-    ideal: list[float | None] = [None]
+    ideal: dict[str, Any] = {"tried": False, "flops": None}  # the one-device step's, compiled once
 
     def cost(row: Row, how: str) -> None:
         c = row.candidate
@@ -157,12 +160,13 @@ def search(
                     "change with the mesh"
                 )
             if how == "screen":
-                row.screen = screened(step, args, chosen_target)  # type: ignore[arg-type]
-            else:
-                first = ideal[0] is None
-                row.cost = step_cost(step, args, ideal=first, target=chosen_target)
-                if first and row.cost.ideal_flops_per_device is not None:
-                    ideal[0] = row.cost.ideal_flops_per_device
+                row.screen = screened(step, args, chosen_target)
+            elif not ideal["tried"] or tpu:  # the first compiles the one-device ideal too
+                row.cost = step_cost(step, args, ideal=not ideal["tried"], target=chosen_target)
+                if not ideal["tried"]:
+                    ideal["tried"], ideal["flops"] = True, row.cost.ideal_flops_per_device
+            else:  # on CPU devices: step.cost's figures, compiled for them alone (no attribution)
+                row.cost = screened(step, args, chosen_target)
 
     stopped = ""
     if tpu and cpu and not exhaustive and len(live) > CONFIRM:
@@ -182,8 +186,8 @@ def search(
     else:
         stopped = _run(live, "target" if chosen_target else "mesh", cost, clock, say)
     for r in live:
-        if r.cost is not None and ideal[0] is not None and r.cost.ideal_flops_per_device is None:
-            r.cost = dataclasses.replace(r.cost, ideal_flops_per_device=ideal[0])
+        if r.cost is not None and ideal["flops"] and r.cost.ideal_flops_per_device is None:
+            r.cost = dataclasses.replace(r.cost, ideal_flops_per_device=ideal["flops"])
     chosen = _choose([r for r in live if r.cost is not None], usable, chosen_target is not None)
     if chosen is None and not any(r.cost for r in live):  # the budget ran out while screening
         chosen = min((r for r in live if r.screen is not None), key=lambda r: _time(r.screen), default=None)
@@ -195,7 +199,9 @@ def search(
             r.why = _lost(r.cost, chosen, usable, chosen_target is not None)
         elif not r.status:
             r.status = "not costed" if r.screen is None else "screened"
-    return Search(rows, chosen, devices, chosen_target, usable, headroom, ideal[0], clock.elapsed(), stopped)
+    return Search(
+        rows, chosen, devices, chosen_target, usable, headroom, ideal["flops"], clock.elapsed(), stopped
+    )
 
 
 @dataclasses.dataclass
