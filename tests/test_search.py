@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import shardrules as sr
 from shardrules._cli._main import main
+from shardrules._costs import _targets
 from shardrules._search import _space
 from shardrules._search._api import NoneFitsError
 from shardrules._search._candidates import with_groups
@@ -156,7 +157,7 @@ def test_the_search_compiles_every_candidate_that_can_run_and_picks_by_its_rule(
     result, lines = found
     assert {(r.shape.strategy, r.shape.sizes) for r in result.rows} == _brute(8, False)
     costed = [r for r in result.rows if r.cost is not None]
-    assert costed and all(r.status in ("chosen", "costed") for r in costed)
+    assert costed and all(r.status in ("chosen", "compiled") for r in costed)
     assert sum(r.status == "chosen" for r in result.rows) == 1
     # without a target: the fewest FLOPs per device (within 5%), then the fewest collective bytes
     chosen = result.chosen.cost
@@ -184,9 +185,10 @@ def test_the_written_file_lints_clean_is_fmt_stable_and_lists_every_candidate(fo
     for tree, group in ((params, "params"), (opt, "opt"), (batch, "batch")):
         plan = sr.plan(tree, rules, sizes, group=group)
         assert plan.ok and not plan.diagnostics, plan.diagnostics
-    table = text[text.index("# Candidates") :].splitlines()[3:]
+    table = [line for line in text[text.index("# Candidates") :].splitlines() if line.startswith("#   ")][1:]
     assert len(table) == len(result.rows)
-    assert table[0].split()[-1] == "chosen" or "chosen" in table[0]
+    assert table[0].split()[-1] == "chosen"
+    assert "FLOPs x: each device's FLOPs over its share" in text and "`screened`" not in text
     for row in result.rows:
         assert any(line.startswith(f"#   {row.shape.text} ") for line in table)
 
@@ -233,7 +235,7 @@ def test_a_batch_that_does_not_divide_is_set_aside() -> None:
 
     result = search(odd_batch, 8, strategy="fsdp")
     by_mesh = {r.shape.text: r for r in result.rows}
-    assert "the batch of 12 rows does not divide over fsdp=8 = 8" in by_mesh["fsdp=8"].why
+    assert "the batch of 12 rows does not divide over fsdp=8" in by_mesh["fsdp=8"].why
     assert by_mesh["fsdp=8"].cost is None
     assert by_mesh["data=2, fsdp=4"].why.startswith("the batch of 12 rows does not divide")
 
@@ -268,7 +270,7 @@ def test_the_budget_stops_with_the_best_so_far() -> None:
     found = sr.suggest(search=True, step=make_step, devices=8, budget=1.0, progress=slow, strategy="fsdp+tp")
     assert "# Stopped early: the budget of 1 s ran out" in found
     assert sum("[mesh " in line for line in lines) == 1
-    assert "not costed" in found and "chosen" in found
+    assert "not compiled" in found and "chosen" in found
     sr.loads(found)
 
 
@@ -302,8 +304,38 @@ def test_a_step_whose_arguments_change_with_the_mesh_is_refused() -> None:
         rows = 8 * dict(mesh.shape).get("fsdp", 1)
         return step, (params, opt, {"tokens": jax.ShapeDtypeStruct((rows, SEQ), jnp.int32)})
 
-    with pytest.raises(StepError, match=r"must not\s+change with the mesh"):
+    with pytest.raises(StepError, match=r"must not\s+change with the mesh") as err:
         search(grows, 8, strategy="fsdp")
+    assert "made `args[2]['tokens']` of shape (64, 8) int32 (for the first, (8, 8) int32)" in str(err.value)
+    assert "for the mesh fsdp=8 than for the first, data=8" in str(err.value)
+
+
+def test_a_factory_that_fails_or_returns_another_thing_is_named() -> None:
+    def raises(rules, mesh):
+        raise RuntimeError("no checkpoint here")
+
+    with pytest.raises(
+        StepError, match="called with \\(rules, mesh\\) for the mesh data=8, raised RuntimeError"
+    ):
+        search(raises, 8, name="raises")
+
+    def plain(rules, mesh):
+        return jax.jit(_train), _args()
+
+    with pytest.raises(StepError, match=r"returned a PjitFunction as its step, not a `shardrules.jit` step"):
+        search(plain, 8)
+
+    def listed(rules, mesh):
+        step, args = make_step(rules, mesh)
+        return step, {"args": args}
+
+    with pytest.raises(StepError, match="returned a dict as its arguments; return them as a tuple"):
+        search(listed, 8)
+
+
+def test_ep_without_experts_says_so() -> None:
+    with pytest.raises(StepError, match="strategy ep: no experts recognised"):
+        sr.suggest(search=True, step=make_step, devices=8, strategy="ep")
 
 
 @pytest.mark.parametrize(
@@ -393,6 +425,11 @@ def test_the_command_writes_the_file_and_says_its_progress(steps, capsys) -> Non
         ([], "give the shapes to draft from"),
         (["--search", "--step", "search_steps:nothing", "--devices", "8"], "nothing"),
         (["--search", "--step", "search_steps:make_step", "--target", "v9:2"], "SR126"),
+        (["--search", "--step", "search_steps:make_step", "--target", "h100"], "names a GPU, not how many"),
+        (
+            ["--search", "--step", "search_steps:make_step", "--devices", "8", "--strategy", "ep"],
+            "no experts",
+        ),
     ],
 )
 def test_the_command_says_what_a_search_needs(steps, capsys, argv, message) -> None:
@@ -402,6 +439,20 @@ def test_the_command_says_what_a_search_needs(steps, capsys, argv, message) -> N
 
 def test_the_command_exits_1_when_nothing_fits(steps, capsys) -> None:
     argv = ["suggest", "--search", "--step", "search_steps:make_step", "--devices", "8", "--strategy", "dp"]
-    assert main([*argv, "--hbm", "1KiB", "-o", str(steps / "x.shard")]) == 1
-    assert "no candidate" in capsys.readouterr().err
+    assert main([*argv, "--hbm", "200KiB", "-o", str(steps / "x.shard")]) == 1  # arguments fit, peaks do not
+    err = capsys.readouterr().err
+    assert "no candidate fits: the lowest peak is" in err and "(10% of the memory kept free)" in err
+    assert "#   data=8  dp" in err and "its peak is" in err  # the table, each candidate's reason
     assert not (steps / "x.shard").exists()
+    assert main([*argv, "--hbm", "1KiB", "-o", str(steps / "x.shard")]) == 1  # nothing to compile
+    err = capsys.readouterr().err
+    assert "no candidate could be compiled: 1 set aside, most often because: 1 x its arguments alone" in err
+
+
+@pytest.mark.skipif(_targets.has_libtpu(), reason="libtpu is installed here")
+def test_a_tpu_target_without_the_tpu_compiler_says_how_to_get_it(steps, capsys) -> None:
+    argv = ["suggest", "--search", "--step", "search_steps:make_step", "--target", "v5e:2x4"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "SR126" in err and "TPU compiler is not installed" in err and "shardrules[tpu]" in err
+    assert "jax.make_mesh" not in err

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace, min_bytes: int) -> int:
     from .._errors import TargetError
     from .._search._api import NoneFitsError, searched
     from .._search._probe import StepError
+    from .._search._report import table_lines
     from ._step import _ensure_devices
 
     try:
@@ -103,12 +104,21 @@ def run(args: argparse.Namespace, min_bytes: int) -> int:
         raise UsageError(f"--target: SR126 {err.diagnostics[0].message}; {err.hint}") from None
     devices = args.devices
     if devices is None:
+        if not chips:
+            raise UsageError(
+                f"--target {args.target} names a GPU, not how many: give --devices N (how many to lay the "
+                "step out on)"
+            )
         devices = 1
         for n in chips:
             devices *= n
     if args.target and chips:
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
         os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    # Each candidate the compiler lays out poorly has it warn on standard error (an "involuntary full
+    # rematerialization"): the table says what each candidate costs, so a search keeps XLA's warnings
+    # quiet, unless the environment asks for them.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _ensure_devices(devices)
 
     def say(line: str) -> None:
@@ -138,7 +148,11 @@ def run(args: argparse.Namespace, min_bytes: int) -> int:
             )
     except NoneFitsError as err:
         print(f"shardrules suggest: {err}", file=sys.stderr)
+        for line in table_lines(err.search):
+            print(line, file=sys.stderr)
         return 1
+    except TargetError as err:
+        raise UsageError(f"--target: SR126 {err.diagnostics[0].message}; {err.hint}") from None
     except (StepError, TypeError, ValueError) as err:
         raise UsageError(f"--search: {err}") from None
     except ShardRulesError:

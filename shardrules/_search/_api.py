@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from .._costs._targets import parse_target
 from .._language._sizes import byte_size
+from .._planning._plan import format_bytes
 from .._planning._shapes import import_callable
 from .._suggest._strategy import STRATEGIES
 from ._probe import StepError
@@ -71,6 +74,11 @@ def searched(
     chosen = parse_target(target) if target is not None else None
     chips = math.prod(chosen.shape) if chosen is not None and chosen.shape else None
     if devices is None:
+        if chosen is not None and chips is None:
+            raise TypeError(
+                f"target {chosen.name!r} names a GPU, not how many: a search needs devices= (how many GPUs "
+                "to lay the step out on)"
+            )
         if chips is None:
             raise TypeError("a search needs devices= (how many devices to lay the step out on)")
         devices = chips
@@ -104,20 +112,27 @@ def searched(
         embedding=embedding,
     )
     if found.chosen is None:
-        costed = [r for r in found.rows if r.cost is not None]
-        if not costed:
-            raise NoneFitsError(
-                "no candidate could be compiled: "
-                + "; ".join(f"{r.shape.text}: {r.why}" for r in found.rows[:5]),
-                found,
-            )
-        low = min(costed, key=lambda r: r.cost.peak_bytes_per_device)  # type: ignore[union-attr]
-        from .._planning._plan import format_bytes
-
-        raise NoneFitsError(
-            f"no candidate fits: the lowest peak is {format_bytes(low.cost.peak_bytes_per_device)} per device "  # type: ignore[union-attr]
-            f"({low.shape.text}, {low.shape.strategy}), over {format_bytes(found.usable or 0)}; give more "
-            "devices, a chip with more memory, or a smaller batch",
-            found,
-        )
+        raise NoneFitsError(_none(found), found)
     return Searched(written(found, command), found)
+
+
+def _none(found: Search) -> str:
+    """Why no candidate was chosen: the lowest peak, or the reasons candidates were set aside."""
+    costed = [r for r in found.rows if r.cost is not None]
+    kept = f"{found.headroom:.0%} of the memory kept free"
+    if costed:
+        low = min(costed, key=lambda r: r.cost.peak_bytes_per_device)  # type: ignore[union-attr]
+        peak = format_bytes(low.cost.peak_bytes_per_device)  # type: ignore[union-attr]
+        return (
+            f"no candidate fits: the lowest peak is {peak} per device ({low.shape.text}, "
+            f"{low.shape.strategy}), over the {format_bytes(found.usable or 0)} a device may use ({kept}); "
+            "give more devices, a chip with more memory, or a smaller batch"
+        )
+    if found.stopped:
+        return f"no candidate was compiled: {found.stopped}; give a larger budget"
+    reasons = Counter(re.sub(r"\d+", "N", r.why.split(":")[0]) for r in found.rows)
+    common = "; ".join(f"{n} x {why}" for why, n in reasons.most_common(3))
+    batch = ""
+    if any(r.why.startswith("the batch of") for r in found.rows):
+        batch = f"; a global batch that divides by {found.devices} lets every mesh split it"
+    return f"no candidate could be compiled: {len(found.rows)} set aside, most often because: {common}{batch}"

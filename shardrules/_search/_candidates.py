@@ -44,7 +44,8 @@ def draft(shape: Shape, found: Probe, tree: Any, options: dict[str, Any]) -> Can
         over = batch_product(shape, batch)
         if found.rows % over:
             names = " x ".join(f"{a}={sizes[a]}" for a in batch)
-            out.rejected = f"the batch of {found.rows} rows does not divide over {names} = {over}"
+            product = f" = {over}" if len(batch) > 1 else ""
+            out.rejected = f"the batch of {found.rows} rows does not divide over {names}{product}"
             return out
     try:
         suggestion = drafted(tree, sizes, shape.strategy, **options)

@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._errors import ShardRulesError
+
 Factory = Callable[[Any, Any], Any]
 
 
@@ -55,8 +57,19 @@ class Probe:
 
 
 def made(factory: Factory, rules: Any, mesh: Any, name: str) -> tuple[Any, tuple[Any, ...]]:
-    """`factory(rules, mesh)`, checked to be a `shardrules.jit` step and its arguments."""
-    return checked(factory(rules, mesh), f"the step {name}")
+    """`factory(rules, mesh)`, checked to be a `shardrules.jit` step and its
+    arguments; `StepError` saying what it raised, for a factory that fails."""
+    try:
+        result = factory(rules, mesh)
+    except (StepError, ShardRulesError):
+        raise
+    except Exception as err:
+        shown = ", ".join(f"{k}={v}" for k, v in dict(mesh.shape).items())
+        raise StepError(
+            f"the step {name}, called with (rules, mesh) for the mesh {shown}, raised "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    return checked(result, f"the step {name}")
 
 
 def checked(result: Any, what: str) -> tuple[Any, tuple[Any, ...]]:
@@ -64,18 +77,38 @@ def checked(result: Any, what: str) -> tuple[Any, tuple[Any, ...]]:
     (`the step train:make_step`) returned otherwise."""
     from .._tracing._jit import RuleJit
 
-    if not (
-        isinstance(result, tuple)
-        and len(result) == 2
-        and isinstance(result[0], RuleJit)
-        and isinstance(result[1], (tuple, list))
-    ):
+    example = "`return sr.jit(train_step, rules, mesh, in_groups=(...)), (params, opt_state, batch)`"
+    if not (isinstance(result, tuple) and len(result) == 2):
         got = type(result).__name__ if not isinstance(result, tuple) else f"a tuple of {len(result)}"
+        raise StepError(f"{what} returned {got}; return the step and its example arguments, e.g. {example}")
+    if not isinstance(result[0], RuleJit):
         raise StepError(
-            f"{what} returned {got}; return the step and its example arguments, e.g. "
-            "`return sr.jit(train_step, rules, mesh, in_groups=(...)), (params, opt_state, batch)`"
+            f"{what} returned a {type(result[0]).__name__} as its step, not a `shardrules.jit` step (whose "
+            f"shardings come from the rules it is given); e.g. {example}"
+        )
+    if not isinstance(result[1], (tuple, list)):
+        raise StepError(
+            f"{what} returned a {type(result[1]).__name__} as its arguments; return them as a tuple, one "
+            f"item per positional argument of the step, e.g. {example}"
         )
     return result[0], tuple(result[1])
+
+
+def changed(now: tuple[Any, ...], first: tuple[Any, ...]) -> str:
+    """The first array of `now` whose shape or dtype differs from `first`'s, in words."""
+    a = jax.tree_util.tree_flatten_with_path(now)[0]
+    b = jax.tree_util.tree_flatten_with_path(first)[0]
+    if [p for p, _ in a] != [p for p, _ in b]:
+        return "other arguments (another tree)"
+    for (path, x), (_, y) in zip(a, b, strict=True):
+        mine, theirs = (
+            (tuple(np.shape(x)), str(getattr(x, "dtype", ""))),
+            (tuple(np.shape(y)), str(getattr(y, "dtype", ""))),
+        )
+        if mine != theirs:
+            where = jax.tree_util.keystr(path)
+            return f"`args{where}` of shape {mine[0]} {mine[1]} (for the first, {theirs[0]} {theirs[1]})"
+    return "other arguments"
 
 
 def signature(args: tuple[Any, ...]) -> Any:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from .._language._format import format_text
 from .._language._load import loads
 from .._planning._plan import format_bytes
-from ._search import Row, Search, collective_bytes
+from ._search import Row, Search, collective_bytes, seconds
 
-_ORDER = {"chosen": 0, "costed": 1, "screened": 2, "not costed": 3, "rejected": 4}
+_ORDER = {"chosen": 0, "compiled": 1, "screened": 2, "not compiled": 3, "rejected": 4}
 
 
 def written(found: Search, command: str = "shardrules suggest --search") -> str:
@@ -20,6 +20,12 @@ def written(found: Search, command: str = "shardrules suggest --search") -> str:
     head = [f"# Chosen by `{command}`: {_how(found)}"]
     if found.stopped:
         head.append(f"# Stopped early: {found.stopped}; this is the best found so far.")
+    ratio = _ratio(found.chosen, found)
+    if ratio is not None and ratio >= 1.5:
+        head.append(
+            f"# Each device runs {ratio:.2f}x its share of the one-device step: {found.devices} devices "
+            "divide few of the model's sizes (a device count with more factors of 2 splits it better)."
+        )
     if found.chosen.cost is None:
         head.append(
             "# Only screened (on CPU devices, with the chip's figures): no candidate was compiled for the "
@@ -77,19 +83,26 @@ def table_lines(found: Search) -> list[str]:
     header = ["mesh", "strategy", "peak/device", "time" if timed else "FLOPs x", "collectives", "outcome"]
     cells = [header] + [_cells(r, found, timed) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header) - 1)]
-    out = [
-        "# Candidates (peak, time and collective bytes per device per step, from the compiled step;",
-        "# `screened`: from a compile on CPU devices with the chip's figures, not compiled for the target):",
-    ]
+    figure = (
+        "time: the step's estimated time on the target"
+        if timed
+        else "FLOPs x: each device's FLOPs over its share of the one-device step's"
+    )
+    out = [f"# Candidates, per device and step: the peak memory, {figure}, the bytes of its collectives."]
+    if any(r.screen is not None for r in found.rows):
+        out.append(
+            "# `screened`: compiled on simulated CPU devices and timed with the chip's figures, not compiled "
+            "for the target."
+        )
     for c in cells:
         line = "#   " + "  ".join(v.ljust(w) for v, w in zip(c, widths, strict=False)) + "  " + c[-1]
         out.append(line.rstrip())
     return out
 
 
-def seconds(value: float) -> str:
-    """`0.408 s`, `1.91 ms`, `0.173 ms`: three significant figures."""
-    return f"{value:.3g} s" if value >= 1e-3 else f"{value * 1e3:.3g} ms"
+def _ratio(row: Row, found: Search) -> float | None:
+    cost = row.cost
+    return cost.flops_per_device / found.ideal_flops if cost is not None and found.ideal_flops else None
 
 
 def _sort(row: Row, timed: bool) -> float:

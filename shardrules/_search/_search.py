@@ -24,7 +24,7 @@ from typing import Any
 from .._costs._cost import StepCost
 from .._costs._screen import screened
 from .._costs._step import step_cost
-from .._costs._targets import Target, parse_target, target_mesh
+from .._costs._targets import Target, parse_target, target_mesh, tpu_devices
 from .._planning._plan import format_bytes
 from .._quiet import quiet
 from .._suggest._facts import facts_of
@@ -51,7 +51,7 @@ class Row:
     candidate: Candidate
     cost: StepCost | None = None  # compiled for the target (or the mesh, without one)
     screen: StepCost | None = None  # screened on CPU devices with the target's figures
-    status: str = ""  # "chosen", "costed", "screened", "rejected", "not costed"
+    status: str = ""  # "chosen", "compiled", "screened", "rejected", "not compiled"
     why: str = ""
 
     @property
@@ -101,6 +101,8 @@ def search(
     memory = hbm if hbm is not None else chosen_target.chip.hbm_bytes if chosen_target else None
     usable = None if memory is None else int(memory * (1 - headroom))
     tpu = chosen_target is not None and chosen_target.compiler == "tpu"
+    if tpu:
+        tpu_devices(chosen_target.name)  # type: ignore[union-attr]  # SR126 now, without libtpu
     cpu = _cpu_devices() >= devices
     if not cpu and not tpu:
         raise P.StepError(
@@ -115,10 +117,16 @@ def search(
     with quiet():
         step, args = P.made(factory, nothing, mesh_of({"data": devices}), name)
     found = P.probe(step, args)
+    first_args = args
     tree = P.params_tree(found)
     kinds = kinds_of(tree)
     options = {"head_dim": head_dim, "min_bytes": min_bytes, "embedding": embedding}
     count = facts_of(kinds, head_dim).experts if kinds else None
+    if strategy == "ep" and count is None:
+        raise P.StepError(
+            "strategy ep: no experts recognised in the weights (stacked `experts` arrays, or a router); "
+            "search fsdp, fsdp+tp or tp, or every strategy (auto)"
+        )
     rows = [
         Row(Candidate(shape, rejected=f"expert={shape.size('expert')} does not divide the {count} experts"))
         if count and count % shape.size("expert")
@@ -155,9 +163,9 @@ def search(
             step, args = P.made(factory, c.rules, mesh_of(c.shape.mesh), name)
             if P.signature(args) != found.signature:
                 raise P.StepError(
-                    f"the step {name} made other arguments for mesh {c.shape.text} than for the first: a "
-                    "search compares one step's layouts, so its arguments (the global batch too) must not "
-                    "change with the mesh"
+                    f"the step {name} made {P.changed(args, first_args)} for the mesh {c.shape.text} than for "
+                    f"the first, data={devices}: a search compares one step's layouts, so its arguments (the "
+                    "global batch too) must not change with the mesh"
                 )
             if how == "screen":
                 row.screen = screened(step, args, chosen_target)
@@ -177,14 +185,16 @@ def search(
         for i, r in enumerate(ranked):  # the best few by the screen, past any the TPU compiler refuses
             if stopped or (compiled >= CONFIRM and _time(r.screen) > best * (1 + CLOSE)):
                 break
-            stopped = _run([r], "target", cost, clock, say, (i + 1, len(ranked)))
+            stopped = _run([r], "target", cost, clock, say, (i + 1, len(ranked)), lambda: ideal["flops"])
             compiled += r.cost is not None
         for r in ranked:
             if r.cost is None and not r.status:
                 r.status = "screened"
                 r.why = f"{_time(r.screen) / best:.2f}x the best screened time" if best else ""
     else:
-        stopped = _run(live, "target" if chosen_target else "mesh", cost, clock, say)
+        stopped = _run(
+            live, "target" if chosen_target else "mesh", cost, clock, say, None, lambda: ideal["flops"]
+        )
     for r in live:
         if r.cost is not None and ideal["flops"] and r.cost.ideal_flops_per_device is None:
             r.cost = dataclasses.replace(r.cost, ideal_flops_per_device=ideal["flops"])
@@ -195,10 +205,10 @@ def search(
         if r is chosen:
             r.status = "chosen"
         elif r.cost is not None:
-            r.status = "costed"
+            r.status = "compiled"
             r.why = _lost(r.cost, chosen, usable, chosen_target is not None)
         elif not r.status:
-            r.status = "not costed" if r.screen is None else "screened"
+            r.status = "not compiled" if r.screen is None else "screened"
     return Search(
         rows, chosen, devices, chosen_target, usable, headroom, ideal["flops"], clock.elapsed(), stopped
     )
@@ -223,9 +233,11 @@ def _run(
     clock: _Clock,
     say: Any,
     place: tuple[int, int] | None = None,
+    ideal: Callable[[], float | None] = lambda: None,
 ) -> str:
     """Cost `rows` in order until the budget runs out; why it stopped, or ""
-    (`place`: the first row's number and the count, for the progress lines)."""
+    (`place`: the first row's number and the count, for the progress lines;
+    `ideal`: the one-device step's FLOPs per device, once known)."""
     first, count = place or (1, len(rows))
     for i, row in enumerate(rows):
         if clock.out():
@@ -241,20 +253,25 @@ def _run(
         except Exception as err:  # a layout the compiler refuses is a rejected candidate, not a failed search
             row.status, row.why = "rejected", f"{how} failed: {type(err).__name__}: {_first_line(err)}"
         found = row.screen if how == "screen" else row.cost
-        said = _said(found) if found is not None else row.why
-        say(
-            f"  [{how} {i + 1}/{len(rows)}] {row.shape.text} ({row.shape.strategy}): {said} ({clock.elapsed():.0f} s)"
-        )
+        said = _said(found, ideal()) if found is not None else row.why
+        shape = f"{row.shape.text} ({row.shape.strategy})"
+        say(f"  [{how} {first + i}/{count}] {shape}: {said} ({clock.elapsed():.0f} s)")
     return ""
 
 
-def _said(cost: StepCost) -> str:
-    time_s = f"{cost.time_estimate_s:.3g} s, " if cost.time_estimate_s is not None else ""
-    moved = sum(c.bytes_per_device for c in cost.collectives)
+def _said(cost: StepCost, ideal: float | None) -> str:
+    time_s = f"{seconds(cost.time_estimate_s)}, " if cost.time_estimate_s is not None else ""
+    flops = cost.ideal_flops_per_device or ideal
+    work = f"FLOPs {cost.flops_per_device / flops:.3f}x" if flops else f"{cost.flops_per_device:.3g} FLOPs"
     return (
-        f"{time_s}peak {format_bytes(cost.peak_bytes_per_device)}, {cost.flops_per_device:.3g} FLOPs, "
-        f"{format_bytes(moved)} collective"
+        f"{time_s}peak {format_bytes(cost.peak_bytes_per_device)}, {work}, "
+        f"collectives {format_bytes(collective_bytes(cost))}"
     )
+
+
+def seconds(value: float) -> str:
+    """`0.408 s`, `1.91 ms`, `0.173 ms`: three significant figures."""
+    return f"{value:.3g} s" if value >= 1e-3 else f"{value * 1e3:.3g} ms"
 
 
 def _first_line(err: BaseException) -> str:
@@ -302,18 +319,24 @@ def _unplaced(target: Target, sizes: dict[str, int]) -> str:
 def _lost(cost: StepCost, chosen: Row | None, usable: int | None, timed: bool) -> str:
     """Why a compiled candidate was not chosen."""
     if usable is not None and cost.peak_bytes_per_device > usable:
-        return f"its peak is over {format_bytes(usable)}"
+        over = cost.peak_bytes_per_device - usable
+        return f"its peak is {format_bytes(over)} over the {format_bytes(usable)} a device may use"
     won = chosen.cost if chosen is not None else None
     if won is None:
         return ""
     if timed:
-        return f"{_time(cost) / _time(won):.2f}x the chosen time" if _time(won) else ""
+        return f"{times(_time(cost) / _time(won))} the chosen time" if _time(won) else ""
     if cost.flops_per_device > won.flops_per_device * (1 + SAME_FLOPS):
-        return f"{cost.flops_per_device / won.flops_per_device:.2f}x the chosen FLOPs"
+        return f"{times(cost.flops_per_device / won.flops_per_device)} the chosen FLOPs"
     mine, theirs = collective_bytes(cost), collective_bytes(won)
     if mine > theirs:
-        return f"{mine / theirs:.2f}x the chosen collective bytes" if theirs else "more collective bytes"
-    return "a higher peak"
+        return f"{times(mine / theirs)} the chosen collective bytes" if theirs else "more collective bytes"
+    return f"the same FLOPs (within {SAME_FLOPS:.0%}) and collective bytes, a higher peak"
+
+
+def times(ratio: float) -> str:
+    """`1.35x`, or `1.004x` where two places would read as a tie."""
+    return f"{ratio:.3f}x" if ratio < 1.01 else f"{ratio:.2f}x"
 
 
 def _cpu_devices() -> int:

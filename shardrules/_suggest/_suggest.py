@@ -150,7 +150,7 @@ def suggest(
       (arrays or `jax.ShapeDtypeStruct`s) must not change with the mesh.
       The group `params` (else the one holding the most bytes) is drafted as the weights; a group
       whose arrays share their leading dimension is a batch, split over the
-      batch axes; every group the step names gets rules.
+      batch axes; each group of its arguments gets rules.
     - `devices`: how many devices (default: the TPU target's chips). On
       simulated CPU devices, JAX needs that many (`jax_num_cpu_devices`).
     - `target`: the chips (`"v5p:8x8x4"`, `"h100"`), as `step.cost` takes it.
