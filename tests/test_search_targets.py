@@ -80,4 +80,7 @@ def test_a_mesh_the_topology_cannot_lay_out_is_set_aside() -> None:
     assert _unplaced(v5p, {"fsdp": 16, "model": 4}) == ""
     assert _unplaced(v5p, {"fsdp": 64}) == ""
     why = _unplaced(v5p, {"fsdp": 32, "model": 2})
-    assert why.startswith("jax.make_mesh cannot lay it out on v5p:4x4x4's 4x4x4 chips")
+    assert why == (
+        "jax.make_mesh lays each axis over whole dimensions of v5p:4x4x4's 4x4x4 chips, so an axis has "
+        "4, 16, 64 of them; fsdp=32, model=2 is not"
+    )

@@ -17,6 +17,8 @@ collective bytes, then the lowest peak). `_report` writes the file.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -301,17 +303,23 @@ def _choose(rows: list[Row], usable: int | None, timed: bool) -> Row | None:
 
 def _unplaced(target: Target, sizes: dict[str, int]) -> str:
     """Why a mesh of `sizes` cannot be laid out on `target`'s chips, or "".
-    `jax.make_mesh` maps each axis to whole dimensions of the topology (an
+    `jax.make_mesh` lays each axis over whole dimensions of the topology (an
     axis of 2 on a 4x4x4 slice would split a ring of 4)."""
     from jax.sharding import AxisType
 
     try:
         target_mesh(target, _Sizes(sizes, (AxisType.Explicit,) * len(sizes)))
-    except Exception as err:
-        chips = "x".join(map(str, target.shape))
+    except Exception:
+        dims = target.shape
+        products = sorted(
+            {math.prod(c) for k in range(1, len(dims) + 1) for c in itertools.combinations(dims, k)}
+        )
+        bad = [f"{a}={n}" for a, n in sizes.items() if n not in products]
+        chips = "x".join(map(str, dims))
+        which = f"{', '.join(bad)} is not" if bad else "these sizes together are not"
         return (
-            f"jax.make_mesh cannot lay it out on {target.name}'s {chips} chips: each axis must be whole "
-            f"dimensions of the topology ({_first_line(err)[:80]})"
+            f"jax.make_mesh lays each axis over whole dimensions of {target.name}'s {chips} chips, so an axis "
+            f"has {', '.join(map(str, products))} of them; {which}"
         )
     return ""
 
@@ -359,7 +367,7 @@ def _meshes(tpu: Target | None) -> Callable[[dict[str, int]], Any]:
         types = (AxisType.Explicit,) * len(sizes)
         if tpu is not None:
             return target_mesh(tpu, _Sizes(sizes, types))
-        devices = jax.devices("cpu")[: _product(sizes)]
+        devices = jax.devices("cpu")[: math.prod(sizes.values())]
         return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
 
     return make
@@ -371,10 +379,3 @@ class _Sizes:
 
     shape: dict[str, int]
     axis_types: tuple[Any, ...]
-
-
-def _product(sizes: dict[str, int]) -> int:
-    out = 1
-    for n in sizes.values():
-        out *= n
-    return out
