@@ -132,11 +132,13 @@ def suggest(
     when no candidate fits, or for a step that returns something else than
     a step and its arguments, or arguments that change with the mesh.
 
-    **Search** (`search=True`): the mesh and the strategy are chosen by what
-    each candidate's step costs (see [the cookbook](cookbook/suggest.md#let-the-cost-choose)).
-    Every mesh of `devices` devices over each strategy's axes (`data`,
-    `fsdp`, `expert`, `model`) is drafted as above from the step's own
-    weights; candidates whose batch does not divide, whose plan has an
+    - `search`: choose the mesh and the strategy by what each candidate's
+      step costs (see [the cookbook](cookbook/suggest.md#let-the-cost-choose)),
+      with the arguments below; the tree and the mesh are then not given.
+
+    **Search** (`search=True`): every mesh of `devices` devices over each
+    strategy's axes (`data`, `fsdp`, `expert`, `model`) is drafted as above
+    from the step's own weights; candidates whose batch does not divide, whose plan has an
     error, whose arguments alone do not fit, or whose layout is another's
     are set aside; the rest are compiled with `step.cost` (on `target`: a
     TPU topology's candidates are first screened on simulated CPU devices
