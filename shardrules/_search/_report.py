@@ -91,8 +91,8 @@ def table_lines(found: Search) -> list[str]:
     out = [f"# Candidates, per device and step: the peak memory, {figure}, the bytes of its collectives."]
     if any(r.screen is not None for r in found.rows):
         out.append(
-            "# `screened`: compiled on simulated CPU devices and timed with the chip's figures, not compiled "
-            "for the target."
+            "# `screened`, `(CPU)`: compiled on simulated CPU devices and timed with the chip's figures, "
+            "not compiled for the target."
         )
     for c in cells:
         line = "#   " + "  ".join(v.ljust(w) for v, w in zip(c, widths, strict=False)) + "  " + c[-1]
@@ -117,12 +117,10 @@ def _sort(row: Row, timed: bool) -> float:
 def _cells(row: Row, found: Search, timed: bool) -> list[str]:
     cost = row.cost or row.screen
     outcome = row.status + (f": {row.why}" if row.why else "")
-    if row.status == "screened":
-        outcome = "screened" + (f": {row.why}" if row.why else "")
     if cost is None:
         return [row.shape.text, row.shape.strategy, "-", "-", "-", outcome]
     if timed and cost.time_estimate_s is not None:
-        figure = seconds(cost.time_estimate_s)
+        figure = seconds(cost.time_estimate_s) + (" (CPU)" if row.cost is None else "")
     elif found.ideal_flops:
         figure = f"{cost.flops_per_device / found.ideal_flops:.3f}"
     else:
