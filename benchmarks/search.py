@@ -165,6 +165,25 @@ def _figures(cost: Any) -> dict[str, Any]:
     }
 
 
+def lint_clean(factory: Any, text: str) -> list[str]:
+    """What `shardrules lint` would report of a written file on the step's own
+    arguments (every group's plan, as `lint --shapes` plans it), and whether
+    `shardrules fmt` would change it: [] when clean."""
+    import shardrules as sr
+    from shardrules._search._probe import probe
+    from shardrules._search._search import _meshes
+
+    rules = sr.loads(text, name="<written>")
+    sizes = {a.name: int(a.size) for a in rules.mesh.axes}
+    step, args = factory(rules, _meshes(None)(sizes))
+    found = [] if sr.format_text(text, "<written>") == text else ["fmt would change it"]
+    for group, trees in probe(step, args).groups.items():
+        for tree in trees:
+            plan = sr.plan(tree, rules, sizes, group=group)
+            found += [f"{d.code} {d.message}" for d in plan.diagnostics]
+    return found
+
+
 def one(case: str) -> dict[str, Any]:
     """Run `case` in this process (JAX not started yet): its results."""
     name, n, target = CASES[case]
@@ -218,6 +237,7 @@ def one(case: str) -> dict[str, Any]:
         "compiled": sum(1 for r in found.search.rows if r.cost is not None),
         "chosen": {"mesh": chosen.shape.text, "strategy": chosen.shape.strategy, **_figures(chosen.cost)},
         "text": found.text,
+        "lint": lint_clean(factory, found.text),
     }
     if any(r.screen is not None for r in found.search.rows):  # a TPU target: compile every candidate for it
         sweep = search(
@@ -308,11 +328,14 @@ def _report(r: dict[str, Any]) -> list[str]:
     print(
         f"chosen: {chosen['mesh']} ({chosen['strategy']}) {chosen['time_s']:.4g} s, peak {chosen['peak'] / 2**30:.2f} GiB"
     )
+    lint = r.get("lint", ["not checked"])
+    print(f"written file: {'lint-clean and fmt-stable' if not lint else '; '.join(lint)}")
     print(
         f"exhaustive best of {r['exhaustive']['compiled']}: {best['mesh']} ({best['strategy']}) "
         f"{best['time_s']:.4g} s: chosen / best = {1 + gap:.3f}"
     )
     missed = [f"{r['case']}: {gap:.1%} over the exhaustive best"] if gap > WITHIN else []
+    missed += [f"{r['case']}: the written file: {line}" for line in lint]
     for label, e in r["experts"].items():
         fits = "fits" if e["fits"] else "does not fit"
         print(
