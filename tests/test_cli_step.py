@@ -281,7 +281,7 @@ def test_a_strict_step_reports_its_error(project, capsys) -> None:
     ("attr", "said"),
     [
         ("not_a_pair", "returned RuleJit; return the step and its example arguments"),
-        ("plain_jit", "returned a tuple of 2; return the step"),
+        ("plain_jit", "returned a PjitFunction as its step, not a `shardrules.jit` step"),
         ("no_arguments", "raised TypeError"),
         ("raises", "raised RuntimeError: no checkpoint here"),
         ("missing", "has no attribute 'missing'"),
