@@ -1211,3 +1211,25 @@ def test_kinds_of_a_moe_search_paths_once_per_form(monkeypatch: pytest.MonkeyPat
     }
     # layer numbers of 1 or 2 digits, expert numbers of 1, 2 or 3; `fc1` and `fc2` one form, `up_proj` another
     assert len(runs) == 2 * 3 * 2
+
+
+def test_an_output_head_under_a_train_states_containers_is_the_output_head() -> None:
+    """`head/kernel` is the output head at a model's top level, and so it is
+    under the containers a train state keeps the model in (`params/`, Adam's
+    `mu/` and `nu/`); a `head` inside a module is not (attention heads)."""
+    S = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+    model = {
+        "embed": {"embedding": S(4096, 256)},
+        "head": {"kernel": S(256, 4096)},
+        "attn": {"head": {"kernel": S(256, 256)}},
+    }
+    state = {"params": model, "mu": model, "nu": model}
+    text = sr.suggest(state, {"fsdp": 4, "model": 2}, strategy="fsdp+tp")
+    assert "# output head, vocab-parallel: 3 arrays" in text
+    specs = sr.specs(state, sr.loads(text), {"fsdp": 4, "model": 2})
+    for part in ("params", "mu", "nu"):
+        assert specs[part]["head"]["kernel"] == jax.sharding.PartitionSpec("fsdp", "model")
+    from shardrules._suggest._roles import role_of
+
+    assert role_of(("params", "head", "kernel")).name == "lm_head"  # type: ignore[union-attr]
+    assert role_of(("attn", "head", "kernel")) is None

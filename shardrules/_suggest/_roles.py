@@ -168,6 +168,16 @@ def role_of(tokens: tuple[str, ...]) -> Role | None:
     return role
 
 
+_STATES = {"params", "param", "mu", "nu", "opt_state", "state", "model", "ema", "trace"}
+"""Containers a train state puts the whole model under (`params/head/kernel`, Adam's
+`mu/head/kernel`): a module right under them is at the model's top level."""
+
+
+def _top(chain: tuple[str, ...]) -> bool:
+    """Whether a module under `chain` is at the model's top level (under train-state containers only)."""
+    return all(t in _STATES or t.isdigit() or t == "*" for t in chain)
+
+
 def _module_role(tokens: tuple[str, ...], module: str, out_first: bool) -> Role | None:
     chain = tokens[:-1]
     in_attn = any(t in _ATTN or "attention" in t or "attn" in t for t in chain[-3:])
@@ -179,7 +189,7 @@ def _module_role(tokens: tuple[str, ...], module: str, out_first: bool) -> Role 
         return Role(EMBEDDING)
     if module in _POSITIONS:
         return Role(POSITIONS)
-    if module in _LM_HEAD or (module == "output" and len(tokens) <= 2) or (module == "head" and not chain):
+    if module in _LM_HEAD or (module == "output" and len(tokens) <= 2) or (module == "head" and _top(chain)):
         return Role(LM_HEAD, out_first=out_first)
     if module in _ROUTER or module == "gate":
         return Role(ROUTER if module != "gate" else GATE, out_first=out_first)
