@@ -259,19 +259,30 @@ def test_equivalent_candidates_are_compiled_once() -> None:
     assert len(keys) == len(set(keys))
 
 
-def test_the_budget_stops_with_the_best_so_far() -> None:
+def test_the_budget_stops_with_the_best_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's clock (made to stand still but for 10 s that pass while
+    the first candidate is reported) runs out after one candidate of a budget of 5 s."""
+    import types
+
+    from shardrules._search import _search as module
+
+    now = [0.0]
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     lines: list[str] = []
 
     def slow(line: str) -> None:
         lines.append(line)
         if "[mesh 1/" in line:
-            time.sleep(1.2)
+            now[0] += 10.0
 
-    found = sr.suggest(search=True, step=make_step, devices=8, budget=1.0, progress=slow, strategy="fsdp+tp")
-    assert "# Stopped early: the budget of 1 s ran out" in found
+    found = sr.suggest(search=True, step=make_step, devices=8, budget=5.0, progress=slow, strategy="fsdp+tp")
+    assert "# Stopped early: the budget of 5 s ran out after 10 s, with 2 of 3 candidates not compiled" in found
     assert sum("[mesh " in line for line in lines) == 1
     assert "not compiled" in found and "chosen" in found
     sr.loads(found)
+    now[0] = 0.0
+    with pytest.raises(NoneFitsError, match="no candidate was compiled: the budget of 1e-09 s ran out"):
+        sr.suggest(search=True, step=make_step, devices=8, budget=1e-9, progress=lambda _: now.__setitem__(0, 1.0))
 
 
 def test_an_expert_axis_must_divide_the_experts() -> None:
