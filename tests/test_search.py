@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from pathlib import Path
 
 import jax
@@ -276,13 +275,17 @@ def test_the_budget_stops_with_the_best_so_far(monkeypatch: pytest.MonkeyPatch) 
             now[0] += 10.0
 
     found = sr.suggest(search=True, step=make_step, devices=8, budget=5.0, progress=slow, strategy="fsdp+tp")
-    assert "# Stopped early: the budget of 5 s ran out after 10 s, with 2 of 3 candidates not compiled" in found
+    assert (
+        "# Stopped early: the budget of 5 s ran out after 10 s, with 2 of 3 candidates not compiled" in found
+    )
     assert sum("[mesh " in line for line in lines) == 1
     assert "not compiled" in found and "chosen" in found
     sr.loads(found)
     now[0] = 0.0
     with pytest.raises(NoneFitsError, match="no candidate was compiled: the budget of 1e-09 s ran out"):
-        sr.suggest(search=True, step=make_step, devices=8, budget=1e-9, progress=lambda _: now.__setitem__(0, 1.0))
+        sr.suggest(
+            search=True, step=make_step, devices=8, budget=1e-9, progress=lambda _: now.__setitem__(0, 1.0)
+        )
 
 
 def test_an_expert_axis_must_divide_the_experts() -> None:
