@@ -115,6 +115,38 @@ def test_keras_hub_gemma_trains_under_sr_jit() -> None:
     check_one_step(models.keras_gemma())
 
 
+def test_keras_hub_gemma_search_writes_a_file_that_trains_it(tmp_path: Path) -> None:
+    """`suggest(search=True)` on keras-hub's Gemma (its own code, JAX's default
+    Explicit mesh): the file it writes lays the model out on its mesh, and one
+    step there computes what one device computes."""
+    import dataclasses
+
+    pytest.importorskip(
+        "keras_hub",
+        reason="keras-hub is not installed (pip install -e '.[models]' && pip install --no-deps keras-hub)",
+    )
+    model = models.keras_gemma()
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (model.params, model.batch))
+
+    def make_step(rules, mesh):
+        step = sr.jit(
+            model.step_on(mesh), rules, mesh, in_groups=("params", "inputs"), out_groups=("params", None)
+        )
+        return step, shapes
+
+    text = sr.suggest(search=True, step=make_step, devices=8, target="h100", strategy="fsdp+tp")
+    rules = sr.loads(text)
+    sizes = {axis.name: int(axis.size) for axis in rules.mesh.axes}
+    assert "\n#   " in text and "chosen" in text  # the table of candidates
+    for tree, group in zip(shapes, ("params", "inputs"), strict=True):
+        assert not sr.plan(tree, rules, sizes, group=group).diagnostics  # lint-clean on the model's own tree
+    (tmp_path / "chosen.shard").write_text(text)
+    chosen = dataclasses.replace(
+        model, rules=tmp_path / "chosen.shard", shape=tuple(sizes.values()), axes=tuple(sizes)
+    )
+    check_one_step(chosen, vs_auto=False)
+
+
 def test_recurrentgemma_griffin_trains_under_sr_jit() -> None:
     pytest.importorskip(
         "recurrentgemma.jax", reason="recurrentgemma is not installed (pip install -e '.[models]')"
