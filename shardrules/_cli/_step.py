@@ -84,7 +84,7 @@ def _target_mesh(target: str, sizes: Mapping[str, int], types: tuple[Any, ...]) 
     """The mesh of `sizes` on the TPU topology `target` names; `None` for a
     GPU target (simulated CPU devices). A target that cannot be compiled
     for is a usage error."""
-    from .._costs._targets import parse_target, target_mesh
+    from .._costs._targets import MeshSizes, parse_target, target_mesh
     from .._errors import TargetError
 
     try:
@@ -92,21 +92,9 @@ def _target_mesh(target: str, sizes: Mapping[str, int], types: tuple[Any, ...]) 
         if chosen.compiler != "tpu":
             return None
         _ensure_devices(1)  # JAX on the CPU: the device a TPU target's ideal is compiled on
-        return target_mesh(chosen, _Sizes(sizes, types))
+        return target_mesh(chosen, MeshSizes(sizes, types))
     except TargetError as err:
         raise UsageError(f"--target: SR126 {err.diagnostics[0].message}; {err.hint}") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Sizes:
-    """A mesh's axis sizes and types without devices (what `target_mesh` lays out)."""
-
-    sizes: Mapping[str, int]
-    axis_types: tuple[Any, ...]
-
-    @property
-    def shape(self) -> Mapping[str, int]:
-        return self.sizes
 
 
 def trace(

@@ -19,6 +19,7 @@ import importlib.util
 import math
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from .._errors import Diagnostic, TargetError
@@ -142,6 +143,15 @@ def tpu_devices(name: str) -> tuple[Any, ...]:
             "name a topology of v4, v5e, v5p or v6e chips",
         )
     return devices
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSizes:
+    """A mesh's axis sizes (`shape`, in mesh order) and types without devices:
+    what `target_mesh` lays out on a topology."""
+
+    shape: Mapping[str, int]
+    axis_types: tuple[Any, ...]
 
 
 def target_mesh(target: Target, mesh: Any) -> Any:

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from .._errors import ShardRulesError
+from .._tracing._groups import signature
 
 Factory = Callable[[Any, Any], Any]
 
@@ -109,11 +110,6 @@ def changed(now: tuple[Any, ...], first: tuple[Any, ...]) -> str:
             where = jax.tree_util.keystr(path)
             return f"`args{where}` of shape {mine[0]} {mine[1]} (for the first, {theirs[0]} {theirs[1]})"
     return "other arguments"
-
-
-def signature(args: tuple[Any, ...]) -> Any:
-    leaves, treedef = jax.tree_util.tree_flatten(args)
-    return treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
 
 
 def probe(step: Any, args: tuple[Any, ...]) -> Probe:

@@ -26,7 +26,7 @@ from typing import Any
 from .._costs._cost import StepCost
 from .._costs._screen import screened
 from .._costs._step import step_cost
-from .._costs._targets import Target, parse_target, target_mesh, tpu_devices
+from .._costs._targets import MeshSizes, Target, parse_target, target_mesh, tpu_devices
 from .._planning._plan import format_bytes
 from .._quiet import quiet
 from .._suggest._facts import facts_of
@@ -308,7 +308,7 @@ def _unplaced(target: Target, sizes: dict[str, int]) -> str:
     from jax.sharding import AxisType
 
     try:
-        target_mesh(target, _Sizes(sizes, (AxisType.Explicit,) * len(sizes)))
+        target_mesh(target, MeshSizes(sizes, (AxisType.Explicit,) * len(sizes)))
     except Exception:
         dims = target.shape
         products = sorted(
@@ -366,16 +366,8 @@ def _meshes(tpu: Target | None) -> Callable[[dict[str, int]], Any]:
     def make(sizes: dict[str, int]) -> Any:
         types = (AxisType.Explicit,) * len(sizes)
         if tpu is not None:
-            return target_mesh(tpu, _Sizes(sizes, types))
+            return target_mesh(tpu, MeshSizes(sizes, types))
         devices = jax.devices("cpu")[: math.prod(sizes.values())]
         return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
 
     return make
-
-
-@dataclasses.dataclass(frozen=True)
-class _Sizes:
-    """A mesh's axis sizes and types without devices (what `target_mesh` lays out)."""
-
-    shape: dict[str, int]
-    axis_types: tuple[Any, ...]
